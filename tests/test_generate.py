@@ -1,0 +1,89 @@
+"""generate(): greedy equals transformers' greedy token for token, for every drafter and tree shape."""
+
+import pytest
+import torch
+
+from treespec import Tree, generate
+from treespec.heads import DraftModel, PromptLookup
+
+from .tiny_models import hf_greedy, perturbed, tiny_llama
+
+TREES = {
+    "chain": Tree.chain(3),
+    "full": Tree.full(2, 2),
+    "paths": Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {"self": target, "perturbed": perturbed(target), "unrelated": tiny_llama(seed=7)}
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("tree_name", list(TREES))
+@pytest.mark.parametrize("draft_name", ["self", "perturbed", "unrelated"])
+def test_greedy_equals_transformers(target, drafts, prompt, tree_name, draft_name):
+    expected = hf_greedy(target, prompt, 40)
+    out = generate(target, prompt, drafter=DraftModel(drafts[draft_name]), tree=TREES[tree_name], max_new_tokens=40)
+    assert torch.equal(out.sequences, expected)
+    assert sum(out.accept_lengths) == 40 - 1  # the prefill commits the first token
+    if draft_name == "self":  # a perfect draft: every candidate path is accepted in full
+        assert all(n == TREES[tree_name].depth + 1 for n in out.accept_lengths[:-1])
+    else:
+        assert out.mean_accept_length >= 1.0
+
+
+def test_vanilla_is_one_token_per_pass(target, prompt):
+    out = generate(target, prompt, max_new_tokens=12)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 12))
+    assert out.accept_lengths == [1] * 11 and out.target_passes == 11
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 7, 11])
+def test_max_new_tokens_lands_mid_path(target, prompt, max_new_tokens):
+    out = generate(target, prompt, drafter=DraftModel(target), tree=Tree.full(2, 3), max_new_tokens=max_new_tokens)
+    assert out.new_tokens == max_new_tokens
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, max_new_tokens))
+
+
+@pytest.mark.parametrize("eos_index", [0, 3, 6])
+def test_eos_mid_tree(target, prompt, eos_index):
+    reference = hf_greedy(target, prompt, 20)
+    eos = int(reference[0, prompt.shape[1] + eos_index])
+    expected = hf_greedy(target, prompt, 20, eos_token_id=eos)
+    out = generate(target, prompt, drafter=DraftModel(target), tree=Tree.chain(5), max_new_tokens=20, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    assert int(out.sequences[0, -1]) == eos
+
+
+def test_prompt_lookup_greedy(target):
+    pattern = torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13, 2, 7, 5, 9]])
+    for tree in (Tree.chain(4), Tree.full(2, 2)):
+        out = generate(target, pattern, drafter=PromptLookup(), tree=tree, max_new_tokens=30)
+        assert torch.equal(out.sequences, hf_greedy(target, pattern, 30))
+
+
+def test_prompt_lookup_proposes_continuations():
+    lookup = PromptLookup(max_ngram=2)
+    committed = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 6, 1, 2]])
+    proposal = lookup.propose(committed, None, Tree.full(2, 2), None)
+    # "1 2" was followed by 5 (most recent) then 3; after "2 5" comes 6, after "2 3" comes 4
+    assert proposal.tree.paths == ((0,), (1,), (0, 0), (1, 0))
+    assert proposal.tokens.tolist() == [5, 3, 6, 4]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attention_implementations(attn, prompt):
+    target = tiny_llama(seed=0, attn=attn)
+    out = generate(target, prompt, drafter=DraftModel(perturbed(target)), tree=Tree.full(2, 2), max_new_tokens=16)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))

@@ -1,0 +1,89 @@
+"""Training the reference models: loss goes down, resume is exact, bad input gets a clear error."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from treespec.train.data import TokenBatches, load_corpus, train_tokenizer
+from treespec.train.lm import run
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def lm_config(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(
+            config_name="train_lm",
+            overrides=["experiment=tiny_lm", f"run_dir={tmp_path}", f"data.cache_dir={tmp_path.parent / 'cache'}",
+                       *overrides],
+        )
+
+
+def test_tiny_training_lowers_loss(tmp_path):
+    summary = run(lm_config(tmp_path))
+    losses = [r["metrics"]["train/loss"] for r in map(json.loads, open(tmp_path / "metrics.jsonl"))
+              if "train/loss" in r.get("metrics", {})]
+    assert losses[-1] < losses[0] - 0.3
+    assert summary["steps"] == 30 and 0 <= summary["val_top1"] <= 1
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_resume_reproduces_uninterrupted_weights(tmp_path):
+    whole = run(lm_config(tmp_path / "whole"))
+    run(lm_config(tmp_path / "split", "trainer.stop_after=13"))  # interrupted after 13 steps
+    assert not (tmp_path / "split" / "final").exists()
+    split = run(lm_config(tmp_path / "split", "resume=true"))
+    assert split["steps"] == whole["steps"] == 30
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_checkpoint_from_other_model_is_refused(tmp_path):
+    run(lm_config(tmp_path, "trainer.stop_after=10"))
+    with pytest.raises(ValueError, match="different configuration.*hidden_size"):
+        run(lm_config(tmp_path, "resume=true", "model.hidden_size=48"))
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no documents"):
+        load_corpus(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="neither 'stdlib', a directory"):
+        load_corpus(str(tmp_path / "missing"))
+
+
+def test_vocab_below_byte_alphabet_is_refused():
+    with pytest.raises(ValueError, match="below the byte alphabet"):
+        train_tokenizer(["def f(): pass"], vocab_size=100)
+
+
+def test_corpus_split_is_deterministic_and_jsonl_works(tmp_path):
+    a, b = load_corpus(max_files=40), load_corpus(max_files=40)
+    assert [n for n, _ in a.val] == [n for n, _ in b.val] and a.val
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": f"x = {i}\n"}) for i in range(50)))
+    corpus = load_corpus(str(jsonl))
+    assert len(corpus.train) + len(corpus.val) == 50
+
+
+def test_tokenizer_round_trip_on_code(tmp_path):
+    corpus = load_corpus(max_files=20)
+    tok = train_tokenizer([t for _, t in corpus.train], 400, tmp_path)
+    for _, text in corpus.val[:3] + corpus.train[:3]:
+        assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_batches_depend_only_on_step():
+    tokens = torch.arange(5000, dtype=torch.int32)
+    a, b = TokenBatches(tokens, 16, 4, seed=1), TokenBatches(tokens, 16, 4, seed=1)
+    assert torch.equal(a.batch(37), b.batch(37))
+    assert not torch.equal(a.batch(0), a.batch(a.steps_per_epoch))  # a new epoch reshuffles
+    with pytest.raises(ValueError, match="fewer than batch_size"):
+        TokenBatches(tokens[:40], 16, 4)

@@ -1,0 +1,37 @@
+"""Tiny random-weight causal LMs for tests (built from configs: nothing is downloaded)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0, attn: str = "sdpa",
+               max_positions: int = 256, init_std: float = 0.2):
+    # init_std well above the usual 0.02 makes the logits peaked, so greedy argmax has no near-ties that
+    # 1e-7 numerical differences between tree and sequential attention could flip.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         initializer_range=init_std, attn_implementation=attn,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+def perturbed(model, scale: float = 0.5, seed: int = 1):
+    """A copy of ``model`` with every weight jittered: agrees with it often, not always."""
+    g = torch.Generator().manual_seed(seed)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std().nan_to_num(0.0) * scale)
+    return other
+
+
+def hf_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> torch.Tensor:
+    """transformers' own greedy decoding, the reference for token-for-token equality."""
+    return model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                          do_sample=False, eos_token_id=eos_token_id, pad_token_id=0)

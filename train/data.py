@@ -1,0 +1,173 @@
+"""Corpus, tokenizer and token batches for training the reference models.
+
+The default corpus is the running interpreter's standard library (no download needed): every
+``.py`` file under ``sysconfig.get_paths()["stdlib"]`` except site-packages. Files are split into
+train/validation deterministically by a hash of their relative path, so the split never depends on
+directory order or on the machine. Any other directory of text files, or a JSONL file of
+``{"text": ...}`` records, can be selected instead.
+
+Token streams are one flat uint16/int32 tensor per split, documents joined by an EOS token; a
+training batch is a set of windows at positions drawn from a permutation that depends only on
+(seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
+BYTE_ALPHABET = 256
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _is_validation(name: str, val_fraction: float) -> bool:
+    digest = hashlib.sha1(name.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A list of named documents split into train and validation."""
+
+    train: list[tuple[str, str]]
+    val: list[tuple[str, str]]
+
+
+def load_corpus(
+    source: str = "stdlib",
+    *,
+    pattern: str = "*.py",
+    val_fraction: float = 0.02,
+    max_files: int | None = None,
+) -> Corpus:
+    """Read documents from ``source``: "stdlib", a directory (files matching ``pattern``) or a
+    ``.jsonl`` file of ``{"text": ...}`` records. Raises ValueError when nothing is found."""
+    docs: list[tuple[str, str]] = []
+    if source == "stdlib" or Path(source).is_dir():
+        root = stdlib_root() if source == "stdlib" else Path(source)
+        paths = sorted(p for p in root.rglob(pattern) if p.is_file() and "site-packages" not in p.parts)
+        for path in paths[:max_files] if max_files else paths:
+            docs.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
+    elif source.endswith(".jsonl") and Path(source).is_file():
+        with open(source, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    docs.append((f"{source}:{i}", json.loads(line)["text"]))
+                if max_files and len(docs) >= max_files:
+                    break
+    else:
+        raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
+    if not docs:
+        raise ValueError(f"corpus source {source!r} holds no documents matching {pattern!r}")
+    train = [d for d in docs if not _is_validation(d[0], val_fraction)]
+    val = [d for d in docs if _is_validation(d[0], val_fraction)]
+    if not val:  # tiny corpora: keep at least one validation document
+        val, train = train[-1:], train[:-1] or train
+    return Corpus(train=train, val=val)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | os.PathLike | None = None):
+    """Byte-level BPE over ``texts``; returns a transformers ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    min_size = BYTE_ALPHABET + len(SPECIAL_TOKENS)
+    if vocab_size < min_size:
+        raise ValueError(
+            f"vocab_size={vocab_size} is below the byte alphabet plus special tokens ({min_size})"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=SPECIAL_TOKENS[0], bos_token=SPECIAL_TOKENS[0],
+        pad_token=SPECIAL_TOKENS[1], clean_up_tokenization_spaces=False,
+    )
+    if out_dir is not None:
+        fast.save_pretrained(out_dir)
+    return fast
+
+
+def encode_documents(tokenizer, texts: list[str]) -> torch.Tensor:
+    """One flat token stream: each document followed by EOS. Shape [n_tokens], int32."""
+    ids: list[int] = []
+    for enc in tokenizer._tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLike):
+    """Tokenizer + train/val token streams, cached under ``cache_dir`` (keyed by the config)."""
+    from transformers import AutoTokenizer
+
+    key = hashlib.sha1(json.dumps({**corpus_cfg, "vocab": vocab_size}, sort_keys=True).encode()).hexdigest()[:10]
+    cache = Path(cache_dir) / f"tokens-{key}"
+    if (cache / "tokens.pt").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(cache / "tokenizer")
+        streams = torch.load(cache / "tokens.pt")
+        return tokenizer, streams["train"], streams["val"]
+    corpus = load_corpus(**corpus_cfg)
+    cache.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer([t for _, t in corpus.train], vocab_size, cache / "tokenizer")
+    streams = {
+        "train": encode_documents(tokenizer, [t for _, t in corpus.train]),
+        "val": encode_documents(tokenizer, [t for _, t in corpus.val]),
+    }
+    tmp = cache / "tokens.pt.tmp"
+    torch.save(streams, tmp)
+    os.replace(tmp, cache / "tokens.pt")
+    return tokenizer, streams["train"], streams["val"]
+
+
+class TokenBatches:
+    """Deterministic [batch, seq_len + 1] windows over a token stream.
+
+    Epoch e visits every non-overlapping window once in the order ``randperm(n, seed + e)``; the
+    position (epoch, index) is the whole sampler state, so resuming needs only the step count.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, seed: int = 0):
+        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
+        self.n_windows = (len(tokens) - 1) // seq_len
+        if self.n_windows < batch_size:
+            raise ValueError(
+                f"token stream of {len(tokens)} tokens has {self.n_windows} windows of {seq_len}, "
+                f"fewer than batch_size={batch_size}"
+            )
+        self.steps_per_epoch = self.n_windows // batch_size
+
+    def batch(self, step: int) -> torch.Tensor:
+        """The batch for global step ``step``: LongTensor [batch, seq_len + 1]."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(self.n_windows, generator=g)[i * self.batch_size : (i + 1) * self.batch_size]
+        starts = order * self.seq_len
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
+        return self.tokens[idx].long()
+
+
+def eval_windows(tokens: torch.Tensor, seq_len: int, max_windows: int | None = None) -> torch.Tensor:
+    """All non-overlapping validation windows, LongTensor [n, seq_len + 1]."""
+    n = (len(tokens) - 1) // seq_len
+    if max_windows:
+        n = min(n, max_windows)
+    idx = (torch.arange(n) * seq_len)[:, None] + torch.arange(seq_len + 1)[None, :]
+    return tokens[idx].long()

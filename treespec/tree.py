@@ -1,0 +1,139 @@
+"""Static tree topology: Medusa-style paths of top-k ranks ⇄ parents, depths, ranks, ancestors.
+
+Node numbering (used everywhere in treespec): node 0 is the root, the last committed token, which is
+verified together with the candidates; nodes 1..n are the candidates in breadth-first order (by depth,
+then by path). A path ``(r0, r1, ...)`` names the node reached by taking the r0-th ranked candidate at
+depth 1, then the r1-th ranked child of that, and so on (Medusa's "choices", Cai et al. 2024).
+``len(tree)`` is n, the number of candidates; a verification pass feeds n + 1 tokens.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from itertools import product
+
+import torch
+
+
+class Tree:
+    """An immutable token-tree topology. All tensors index nodes 0..n (0 = root)."""
+
+    def __init__(self, paths):
+        paths = [tuple(int(r) for r in p) for p in paths]
+        seen = set()
+        for p in paths:
+            if len(p) == 0:
+                raise ValueError("tree path () is empty: the root is implicit, list only candidate paths")
+            if any(r < 0 for r in p):
+                raise ValueError(f"tree path {p} has a negative rank")
+            if p in seen:
+                raise ValueError(f"tree path {p} appears twice")
+            seen.add(p)
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in seen:
+                raise ValueError(f"tree path {p} has no parent: its prefix {p[:-1]} is not in the tree")
+        self.paths: tuple[tuple[int, ...], ...] = tuple(sorted(paths, key=lambda p: (len(p), p)))
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        parents = [-1] + [index[p[:-1]] if len(p) > 1 else 0 for p in self.paths]
+        self.parents = torch.tensor(parents, dtype=torch.long)  # [N], N = n + 1
+        self.depths = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)  # [N]
+        self.ranks = torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)  # [N]
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def from_paths(cls, paths) -> Tree:
+        """A tree from Medusa-style choices; every prefix of a path must be a path too."""
+        paths = list(paths)
+        if not paths:
+            raise ValueError("a tree needs at least one path; use Tree.chain(0) for no candidates")
+        return cls(paths)
+
+    @classmethod
+    def chain(cls, depth: int) -> Tree:
+        """γ = depth top-1 candidates in a line: classic (chain) speculative decoding."""
+        if depth < 0:
+            raise ValueError(f"chain depth must be >= 0, got {depth}")
+        return cls([(0,) * d for d in range(1, depth + 1)])
+
+    @classmethod
+    def full(cls, width: int, depth: int) -> Tree:
+        """Every node has ``width`` children down to ``depth``: width + width² + ... nodes."""
+        if width < 1 or depth < 0:
+            raise ValueError(f"full tree needs width >= 1 and depth >= 0, got width={width}, depth={depth}")
+        return cls([p for d in range(1, depth + 1) for p in product(range(width), repeat=d)])
+
+    # -- topology -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Tree) and self.paths == other.paths
+
+    def __hash__(self) -> int:
+        return hash(self.paths)
+
+    def __repr__(self) -> str:
+        return f"Tree(nodes={len(self)}, depth={self.depth}, width={self.max_width})"
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes fed to the target per verification pass: candidates + root."""
+        return len(self.paths) + 1
+
+    @property
+    def depth(self) -> int:
+        return int(self.depths.max())
+
+    @cached_property
+    def max_width(self) -> int:
+        return int(torch.bincount(self.depths).max()) if len(self) else 1
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        """BoolTensor [N, N]: ancestors[i, j] is True iff j is i itself or an ancestor of i."""
+        n = self.num_nodes
+        anc = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):  # parents precede children, so row parent[i] is complete
+            anc[i] |= anc[self.parents[i]]
+        return anc
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """children[i]: child node indices of node i, in rank order."""
+        kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
+        for i in range(1, self.num_nodes):
+            kids[int(self.parents[i])].append(i)
+        return [sorted(k, key=lambda c: int(self.ranks[c])) for k in kids]
+
+    @cached_property
+    def is_leaf(self) -> torch.Tensor:
+        """BoolTensor [N]."""
+        has_child = torch.zeros(self.num_nodes, dtype=torch.bool)
+        has_child[self.parents[1:]] = True
+        return ~has_child
+
+    @cached_property
+    def leaf_paths(self) -> list[list[int]]:
+        """Root-to-leaf node-index paths (root excluded), one per leaf."""
+        return [
+            torch.nonzero(self.ancestors[i]).flatten()[1:].tolist()
+            for i in range(1, self.num_nodes)
+            if self.is_leaf[i]
+        ]
+
+    def path_to(self, node: int) -> torch.Tensor:
+        """LongTensor [depth(node)]: node indices from depth 1 down to ``node`` (root excluded)."""
+        return torch.nonzero(self.ancestors[node]).flatten()[1:]
+
+    def truncate(self, max_depth: int) -> Tree:
+        """The subtree of nodes at depth <= max_depth (used when few tokens remain to generate)."""
+        if max_depth >= self.depth:
+            return self
+        return Tree([p for p in self.paths if len(p) <= max_depth])
+
+    def top_k_per_depth(self) -> list[int]:
+        """Largest rank + 1 used at each depth 1..depth (how many top-k candidates a drafter needs)."""
+        ks = [0] * self.depth
+        for p in self.paths:
+            ks[len(p) - 1] = max(ks[len(p) - 1], p[-1] + 1)
+        return ks

@@ -1,0 +1,222 @@
+"""The walker: given the target's logits at every tree node, choose the accepted path and the next token.
+
+This is the project's one verification routine; every acceptance rule is a mode of ``walk``.
+
+Node i's logits (row i of ``logits``) are the target's prediction of the token that *follows* node i,
+i.e. a distribution over node i's children. Node 0 is the root (the last committed token). A walk
+returns the accepted candidate nodes (root excluded) and one more token, so every decoding step commits
+``len(path) + 1`` tokens.
+
+Modes
+-----
+* **Greedy** (``sampling.greedy``): accept the deepest path whose every token is the target's argmax
+  at its parent; the next token is the argmax at its end. Output identical to greedy decoding.
+* **Lossless sampling** (``acceptance="rejection"``, the default): speculative sampling (Leviathan et
+  al. 2023; Chen et al. 2023) generalised to trees. The committed tokens are distributed exactly as if
+  sampled from the target one at a time. Two sibling rules, chosen by how the drafter made its
+  candidates:
+
+  - deterministic candidates (``proposal.q_draft is None``, e.g. top-k ranks): EAGLE-2's rule (Li et
+    al. 2024), i.e. sampling without replacement. Try siblings in rank order, accept token x with
+    probability p(x) / Σp, and on rejection zero p(x) and renormalise; if every sibling fails, sample
+    from what is left. It is exactly "draw y ~ p, then look for y among the siblings".
+  - sampled candidates (``q_draft`` given; node i's children were drawn i.i.d. from ``q_draft[i]``):
+    SpecInfer's multi-candidate rejection sampling (Miao et al. 2024). Accept x with probability
+    min(1, p(x) / q(x)); on rejection p ← norm(max(p − q, 0)), and the next sibling, an independent
+    draw from the same q, is tested against that residual; if every sibling fails, sample from the
+    final residual. Each round is one Leviathan/Chen step whose target is the previous round's
+    residual, so by induction the emitted token is distributed as p.
+
+* **Typical acceptance** (``acceptance="typical"``; Medusa, Cai et al. 2024): NOT LOSSLESS, NEVER THE
+  DEFAULT. See ``walk``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from treespec.sampling import Sampling, probs, sample
+from treespec.tree import Tree
+
+if TYPE_CHECKING:  # annotation only: importing treespec.heads here would load every drafter
+    from treespec.heads.base import Proposal
+
+ACCEPTANCE_MODES = ("rejection", "typical")
+
+# Probability mass below which a distribution is treated as empty. p and q are float32 and sum to 1 up
+# to ~1e-7; a residual that small is rounding noise, and sampling from it would amplify that noise (or
+# fail outright when it is exactly zero). Treating it as empty biases the output by at most this much.
+_EMPTY_MASS = 1e-6
+# Below this many logits ([N, V]) the walk turns all of them into p_target in one call (see _walk_rejection).
+_ONE_CALL_NUMEL = 1 << 14
+
+
+@dataclass
+class Walk:
+    """One verification's outcome: the step commits the path's tokens, then ``next_token``.
+
+    ``next_token`` is the bonus drawn from p_target at the last accepted node when that node has no
+    children left to try, or the resample from the residual when all of its children were rejected.
+    """
+
+    path: torch.Tensor  # LongTensor [k]: accepted node indices (root excluded), in depth order
+    next_token: int
+
+
+def walk(
+    logits: torch.Tensor,
+    proposal: Proposal,
+    sampling: Sampling,
+    *,
+    acceptance: str = "rejection",
+    generator: torch.Generator | None = None,
+    typical_epsilon: float = 0.09,
+    typical_delta: float = 0.3,
+) -> Walk:
+    """Verify one proposal. logits: [N, V] target logits at nodes 0..n (N = tree.num_nodes).
+
+    ``generator`` (a CPU generator, or None for the global one) is used for every random draw, so a
+    seeded walk is reproducible. The sequential walk runs on the CPU; logits and q_draft may live on
+    an accelerator, and only the rows the walk visits are brought over.
+
+    ``acceptance="typical"`` is Medusa's typical acceptance (Cai et al. 2024): a child x of node i
+    passes if p_target_i(x) > min(ε, δ·exp(−H(p_target_i))), with p_target after this ``sampling``'s
+    temperature and top-p; the deepest all-passing path is accepted and the next token is sampled from
+    p_target at its end. **It is NOT lossless**: it accepts any sufficiently likely token with
+    certainty, so the output distribution is not the target's (e.g. a drafted token of probability 0.5
+    is always emitted). It trades fidelity for acceptance length, must be asked for explicitly, and is
+    never the default. With greedy sampling it is plain greedy verification.
+    """
+    tree = proposal.tree
+    if acceptance not in ACCEPTANCE_MODES:
+        raise ValueError(f"unknown acceptance mode {acceptance!r}; expected one of {ACCEPTANCE_MODES}")
+    if logits.dim() != 2 or logits.shape[0] != tree.num_nodes:
+        raise ValueError(
+            f"logits must be [N, V] with N = tree.num_nodes = {tree.num_nodes} (root + {len(tree)} candidates), "
+            f"got {tuple(logits.shape)}"
+        )
+    q_draft = proposal.q_draft
+    if q_draft is not None and q_draft.shape != logits.shape:
+        raise ValueError(
+            f"q_draft must match logits' shape [N, V] = {tuple(logits.shape)}, got {tuple(q_draft.shape)}"
+        )
+
+    if sampling.greedy:
+        return _walk_greedy(logits, proposal)
+    if acceptance == "typical":
+        return _walk_typical(logits, proposal, sampling, generator, typical_epsilon, typical_delta)
+    return _walk_rejection(logits, proposal, sampling, generator)
+
+
+# -- deepest passing path (greedy and typical) ---------------------------------------------------------
+def _deepest_passing(tree: Tree, passes: torch.Tensor) -> torch.Tensor:
+    """passes: BoolTensor [n], whether node j's token is acceptable at its parent → 0-d index of the
+    deepest node whose whole path passes (the first in node order among equally deep ones; 0 if none).
+
+    Vectorised with the ancestor matrix instead of a walk: a node is reachable iff no ancestor
+    (itself included, root excluded) fails.
+    """
+    ok = torch.cat([passes.new_ones(1), passes])  # [N]; the root always "passes"
+    ancestors = tree.ancestors.to(ok.device)  # [N, N]
+    reachable = ~(ancestors & ~ok).any(-1)  # [N]
+    depth = tree.depths.to(ok.device) * reachable  # [N]; unreachable nodes score 0, like the root
+    return depth.argmax()  # argmax returns the first maximal index: first in node order on ties
+
+
+def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
+    tree = proposal.tree
+    best_token = logits.argmax(-1)  # [N]
+    passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
+    best = _deepest_passing(tree, passes)
+    node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
+    return Walk(path=tree.path_to(node), next_token=next_token)
+
+
+def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk:
+    tree = proposal.tree
+    p_target = probs(logits, sampling)  # [N, V]
+    entropy = torch.special.entr(p_target).sum(-1)  # [N]; entr(0) = 0
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # [N]: min(ε, δ·e^−H)
+    parents = tree.parents[1:].to(p_target.device)  # [n]
+    tokens = proposal.tokens.to(p_target.device)  # [n]
+    passes = p_target[parents, tokens] > threshold[parents]  # [n]
+    node = int(_deepest_passing(tree, passes))
+    next_token = int(sample(p_target[node].cpu(), generator))
+    return Walk(path=tree.path_to(node), next_token=next_token)
+
+
+# -- lossless sampling ------------------------------------------------------------------------------
+def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
+    # The walk is sequential, so it runs on the host. Distributions are made and moved there only for
+    # the nodes it visits (depth + 1 rows, not N): with a real vocabulary, softmax (and top-p's sort)
+    # over every node of a 64-node tree, or copying them all off an accelerator, would dominate the walk.
+    # A tiny table is cheaper in one call than in depth + 1.
+    tree, q_draft = proposal.tree, proposal.q_draft
+    tokens = proposal.tokens.cpu()  # [n]; node j's token is tokens[j - 1]
+    p_table = probs(logits, sampling).cpu() if logits.numel() <= _ONE_CALL_NUMEL else None  # [N, V] or None
+    children = tree.children
+    path: list[int] = []
+    node = 0
+    while True:
+        p_target = p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()  # [V]
+        kids = children[node]
+        if not kids:  # every candidate on the path accepted: a free bonus token from the target
+            return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(p_target, generator)))
+        # Tree numbers nodes breadth-first by path, so siblings are consecutive, in rank order
+        drafted = tokens[kids[0] - 1 : kids[-1]]  # [k]
+        uniform = torch.rand(len(kids), generator=generator).tolist()  # one draw per sibling, drawn up front
+        if q_draft is None:
+            chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
+        else:
+            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform)
+        if chosen is None:  # all siblings rejected: the step ends with a draw from the residual
+            return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(residual, generator)))
+        node = kids[chosen]
+        path.append(node)
+
+
+def _siblings_deterministic(p_target, drafted, uniform):
+    """EAGLE-2's rule for deterministic candidates. p_target: [V]; drafted: LongTensor [k], sibling
+    tokens in rank order; uniform: k draws from U[0, 1). → (accepted sibling's index or None, residual [V]).
+
+    Accepting x with p(x)/remaining and removing it on rejection is sampling y ~ p and asking the
+    siblings in turn whether they are y, so it is lossless whatever the tokens (duplicates included:
+    a removed token has probability 0 and is rejected).
+    """
+    mass = p_target[drafted].tolist()  # p(x) of each sibling
+    drafted = drafted.tolist()
+    remaining = 1.0  # p's mass not yet rejected (p is normalised)
+    rejected: set[int] = set()
+    for j, x in enumerate(drafted):
+        if x in rejected:
+            continue
+        # u < p(x)/remaining; x holding (up to rounding) all remaining mass is accepted outright
+        if uniform[j] * remaining < mass[j] or mass[j] >= remaining - _EMPTY_MASS:
+            return j, None
+        rejected.add(x)
+        remaining -= mass[j]
+    residual = p_target.clone()
+    residual[list(rejected)] = 0.0  # multinomial renormalises
+    return None, residual
+
+
+def _siblings_sampled(p_target, q, drafted, uniform):
+    """SpecInfer's multi-candidate rejection sampling. p_target, q: [V] (q = q_draft of the parent,
+    which every sibling was drawn from i.i.d.); drafted: LongTensor [k]; uniform: k draws from U[0, 1).
+    → (accepted sibling's index or None, residual [V])."""
+    q_drafted = q[drafted].tolist()  # q(x) of each sibling
+    drafted = drafted.tolist()
+    residual = p_target
+    for j, x in enumerate(drafted):
+        # u < min(1, p(x)/q(x)) written without the division: q(x) = 0 < p(x) accepts, 0 = 0 rejects
+        if uniform[j] * q_drafted[j] < float(residual[x]):
+            return j, None
+        update = (residual - q).clamp_(min=0.0)  # [V]
+        mass = float(update.sum())
+        # max(p − q, 0) is empty only when p == q, where rejection happens only through rounding: keep p
+        if mass > _EMPTY_MASS:
+            residual = update / mass
+    return None, residual
