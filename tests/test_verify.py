@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import inspect
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import chisquare
 
 from treespec import verify
 from treespec.heads.base import Proposal
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
 from treespec.verify import Walk, walk
+
+from .stats import chi2_pvalue
 
 GREEDY = Sampling(0.0)
 T1 = Sampling(1.0)
@@ -204,23 +204,6 @@ def first_two_counts(world, walker, tree, sampling, *, sampled, duplicate_ranks=
     after_first = probs(world.target[world.child_code(0, firsts[missing])], sampling)  # [m, V]
     seconds[missing] = sample(after_first, g)
     return torch.bincount(firsts * world.vocab + seconds, minlength=world.vocab**2).view(world.vocab, -1).numpy()
-
-
-def chi2_pvalue(counts, expected_probs):
-    """Chi-square goodness of fit; impossible outcomes that occur give 0; cells with expected count < 5
-    are merged into one. Needs an informative case: several outcomes with a fair expected count."""
-    observed = counts.ravel().astype(np.float64)
-    expected = expected_probs.ravel() * observed.sum()
-    impossible = expected == 0
-    if observed[impossible].sum() > 0:
-        return 0.0
-    observed, expected = observed[~impossible], expected[~impossible]
-    small = expected < 5
-    assert (~small).sum() >= 4, "degenerate test case: too few outcomes with a fair expected count"
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
 LOSSLESS_CASES = [
