@@ -114,19 +114,26 @@ def encode_documents(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int32)
 
 
-def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLike):
-    """Tokenizer + train/val token streams, cached under ``cache_dir`` (keyed by the config)."""
+def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLike, tokenizer=None):
+    """Tokenizer + train/val token streams [n] int32, cached under ``cache_dir`` (keyed by the config).
+
+    With ``tokenizer`` given (training heads for an existing target), the corpus is encoded with it;
+    otherwise a new tokenizer of ``vocab_size`` is trained on the train split."""
     from transformers import AutoTokenizer
 
-    key = hashlib.sha1(json.dumps({**corpus_cfg, "vocab": vocab_size}, sort_keys=True).encode()).hexdigest()[:10]
+    key_data = {**corpus_cfg, "vocab": vocab_size}
+    if tokenizer is not None:
+        key_data["tokenizer"] = hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest()
+    key = hashlib.sha1(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:10]
     cache = Path(cache_dir) / f"tokens-{key}"
     if (cache / "tokens.pt").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(cache / "tokenizer")
         streams = torch.load(cache / "tokens.pt")
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(cache / "tokenizer")
         return tokenizer, streams["train"], streams["val"]
     corpus = load_corpus(**corpus_cfg)
     cache.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer([t for _, t in corpus.train], vocab_size, cache / "tokenizer")
+    if tokenizer is None:
+        tokenizer = train_tokenizer([t for _, t in corpus.train], vocab_size, cache / "tokenizer")
     streams = {
         "train": encode_documents(tokenizer, [t for _, t in corpus.train]),
         "val": encode_documents(tokenizer, [t for _, t in corpus.val]),
@@ -135,6 +142,37 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
     torch.save(streams, tmp)
     os.replace(tmp, cache / "tokens.pt")
     return tokenizer, streams["train"], streams["val"]
+
+
+@torch.no_grad()
+def self_distill(target, tokens: torch.Tensor, *, n_prompts: int, prompt_tokens: int, new_tokens: int,
+                 temperature: float, batch_size: int, seed: int, cache_path: str | os.PathLike,
+                 eos_token_id: int | None = None) -> torch.Tensor:
+    """Continuations the target itself generates from corpus prompts (Medusa's self-distillation: the
+    heads learn what the target will actually verify). Returns one flat stream [n] int32 of
+    prompt + continuation sequences joined by EOS, cached at ``cache_path``."""
+    cache_path = Path(cache_path)
+    if cache_path.is_file():
+        return torch.load(cache_path)
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - prompt_tokens, (n_prompts,), generator=g)
+    pieces = []
+    for i in range(0, n_prompts, batch_size):
+        idx = starts[i : i + batch_size, None] + torch.arange(prompt_tokens)[None]
+        prompts = tokens[idx].long().to(target.device)  # [b, prompt_tokens]
+        torch.manual_seed(seed + i)
+        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=temperature > 0,
+                              temperature=temperature if temperature > 0 else None, top_k=0,
+                              pad_token_id=eos_token_id, eos_token_id=None)
+        for row in out.cpu():
+            pieces += [row.to(torch.int32), torch.tensor([eos_token_id or 0], dtype=torch.int32)]
+    stream = torch.cat(pieces)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_path.with_suffix(".tmp")
+    torch.save(stream, tmp)
+    os.replace(tmp, cache_path)
+    return stream
 
 
 class TokenBatches:

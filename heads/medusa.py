@@ -1,0 +1,127 @@
+"""Medusa heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
+Decoding Heads"): K extra heads on the target's last (final-norm) hidden state.
+
+With the hidden state at position t (whose lm_head logits give token t+1, the tree's root), head k
+predicts token t+k+2, i.e. the candidates at tree depth k+1. Each head is a stack of residual blocks
+``x + SiLU(W x + b)`` (W and b zero-initialised, so an untrained head starts as the identity and, with a shared
+lm_head, predicts what the base head predicts) and a vocabulary projection: its own, or the target's
+frozen lm_head (``share_lm_head``; keeps heads cheap on a small, vocabulary-heavy target). Every block
+is its own module (the reference code repeats one block object, sharing weights by accident).
+
+A static tree's path (r0, r1, ...) is rank r0 of head 0, then rank r1 of head 1, and so on: children do
+not depend on their parent's token, so the candidates are deterministic given the context and are
+verified losslessly by the walker's deterministic-candidate rule.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from treespec.sampling import Sampling
+from treespec.tree import Tree
+
+from .base import Drafter, Proposal, vocab_size_of
+
+CONFIG_NAME = "medusa_config.json"
+WEIGHTS_NAME = "medusa.safetensors"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # with a zero bias too, the block starts as the identity
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x):
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
+                 share_lm_head: bool = True, lm_head: nn.Module | None = None):
+        super().__init__()
+        if share_lm_head and lm_head is None:
+            raise ValueError("share_lm_head=True needs the target's lm_head")
+        self.config = {"hidden_size": hidden_size, "vocab_size": vocab_size, "num_heads": num_heads,
+                       "num_layers": num_layers, "share_lm_head": share_lm_head}
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)
+        )
+        if share_lm_head:
+            self.projections = None
+            self._lm_head = [lm_head]  # a list keeps the frozen target weight out of our parameters / state_dict
+        else:
+            self.projections = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+            if lm_head is not None:  # start every head from the base head's projection (Medusa does too)
+                for proj in self.projections:
+                    proj.weight.data.copy_(lm_head.weight.data)
+
+    @property
+    def num_heads(self) -> int:
+        return self.config["num_heads"]
+
+    def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """hidden [..., h] → logits [k, ..., V] for the first ``heads`` heads (default all)."""
+        out = []
+        for k in range(heads or self.num_heads):
+            x = self.blocks[k](hidden)
+            out.append(self._lm_head[0](x) if self.projections is None else self.projections[k](x))
+        return torch.stack(out)
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def save_pretrained(self, folder) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_NAME).write_text(json.dumps({"drafter": "medusa", **self.config}, indent=2))
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_NAME)
+
+    @classmethod
+    def from_pretrained(cls, folder, target) -> MedusaHeads:
+        """Load heads for ``target``; refuse heads trained for another hidden size or vocabulary."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        config = json.loads((folder / CONFIG_NAME).read_text())
+        config.pop("drafter", None)
+        check_fits_target(config, target)
+        heads = cls(**config, lm_head=target.get_output_embeddings())
+        heads.load_state_dict(load_file(folder / WEIGHTS_NAME))
+        return heads.to(device=target.device, dtype=target.dtype).eval()
+
+
+def check_fits_target(config: dict, target) -> None:
+    hidden, vocab = target.config.hidden_size, vocab_size_of(target)
+    if config["hidden_size"] != hidden or config["vocab_size"] != vocab:
+        raise ValueError(
+            f"Medusa heads were trained for hidden size {config['hidden_size']} and vocabulary {config['vocab_size']}, "
+            f"but the target has hidden size {hidden} and vocabulary {vocab}"
+        )
+
+
+class Medusa(Drafter):
+    """The drafter: one call of the heads on the feature that produced the root fills the whole tree."""
+
+    needs_features = True
+
+    def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None):
+        self.heads = heads.eval()
+        self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
+
+    def check_target(self, target) -> None:
+        check_fits_target(self.heads.config, target)
+
+    @torch.no_grad()
+    def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
+        if tree.depth > self.heads.num_heads:
+            raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
+        logits = self.heads(feature[0], heads=tree.depth)  # [D, V]: head d fills depth d + 1
+        top = logits.topk(max(tree.top_k_per_depth())).indices  # [D, K]
+        depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
+        return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]

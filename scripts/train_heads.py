@@ -1,0 +1,19 @@
+"""Train draft heads on a frozen target (see conf/train_heads.yaml).
+
+    python scripts/train_heads.py drafter=medusa
+    python scripts/train_heads.py drafter=medusa data=stdlib logger=none   # corpus text, no wandb
+    python scripts/train_heads.py drafter=medusa resume=true               # continue an interrupted run
+"""
+
+import hydra
+
+
+@hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")
+def main(cfg) -> None:
+    from treespec.train.heads import run
+
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

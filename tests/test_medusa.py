@@ -1,0 +1,118 @@
+"""Medusa heads: lossless decoding (greedy and sampled), load-time checks, the hydra training entry."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from treespec import Tree, generate
+from treespec.analysis import grow_tree
+from treespec.heads.medusa import Medusa, MedusaHeads
+from treespec.sampling import Sampling
+from treespec.train.data import TokenBatches
+
+from .stats import chi2_pvalue
+from .test_lossless import PROMPT, RUNS, VOCAB, exact_distribution, sampled_counts
+from .tiny_models import hf_greedy, tiny_llama
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def random_heads(target, num_heads=3, share=True, seed=0, scale=0.5):
+    """Heads with random (non-zero) residual weights, so their candidates are sometimes right, often wrong."""
+    torch.manual_seed(seed)
+    heads = MedusaHeads(target.config.hidden_size, target.config.vocab_size, num_heads=num_heads,
+                        share_lm_head=share, lm_head=target.get_output_embeddings())
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.normal_(0, scale)
+    return heads.eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.full(2, 2), grow_tree([[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]], 6)])
+@pytest.mark.parametrize("share", [True, False])
+def test_medusa_greedy_equals_vanilla(target, tree, share):
+    prompt = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(5))
+    out = generate(target, prompt, drafter=Medusa(random_heads(target, share=share)), tree=tree, max_new_tokens=30)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 30))
+
+
+def test_untrained_shared_heads_repeat_the_base_prediction(target):
+    """Zero-initialised blocks are the identity: every head predicts what the base lm_head predicts."""
+    heads = MedusaHeads(32, 64, num_heads=2, lm_head=target.get_output_embeddings())
+    hidden = torch.randn(5, 32)
+    assert torch.equal(heads(hidden)[1], target.get_output_embeddings()(hidden))
+    assert heads.blocks[0][0] is not heads.blocks[1][0]  # distinct modules, not one block repeated
+
+
+def test_medusa_sampling_is_lossless():
+    small = tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
+    sampling = Sampling(1.0)
+    counts = sampled_counts(small, Medusa(random_heads(small, num_heads=2, scale=2.0)), Tree.full(2, 2), sampling)
+    assert counts.sum() == RUNS
+    assert chi2_pvalue(counts, exact_distribution(small, sampling)) > 1e-3
+
+
+def test_mismatched_heads_are_refused(target, tmp_path):
+    random_heads(target).save_pretrained(tmp_path)
+    other = tiny_llama(hidden=48, seed=1)
+    with pytest.raises(ValueError, match="hidden size 32 and vocabulary 64.*hidden size 48"):
+        MedusaHeads.from_pretrained(tmp_path, other)
+    with pytest.raises(ValueError, match="vocabulary 64.*vocabulary 80"):
+        MedusaHeads.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
+    loaded = MedusaHeads.from_pretrained(tmp_path, target)
+    with pytest.raises(ValueError, match="deeper than the 3 Medusa heads"):
+        generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=8)
+
+
+def compose_cfg(config_name, overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
+    from treespec.train import heads as heads_training
+    from treespec.train import lm
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
+    target_dir = tmp_path / "lm" / "final"
+    common = ["experiment=tiny_heads", f"target={target_dir}", cache]
+
+    # interrupted after 15 steps, then resumed: the same heads as one uninterrupted run
+    heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=15"]))
+    resumed = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
+    whole = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}", "logger=none"]))
+    assert whole["steps"] == resumed["steps"] == 60
+
+    a, b = (load_file(tmp_path / r / "final" / "medusa.safetensors") for r in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
+    assert resumed["eval_tree_nodes"] == 6 and resumed["eval_mean_accept_length"] >= 1
+
+    # the loss on a fixed batch of the (self-distilled) training data went down
+    target, _ = heads_training.load_target(str(target_dir))
+    stream = torch.load(next((tmp_path / "cache").glob("distill-*.pt")))
+    batch = TokenBatches(stream, 32, 8).batch(0)
+    untrained = MedusaHeads(32, target.config.vocab_size, num_heads=4, lm_head=target.get_output_embeddings())
+    trained = MedusaHeads.from_pretrained(tmp_path / "b" / "final", target)
+    with torch.no_grad():
+        before = heads_training.medusa_loss(target, untrained, batch, 0.8)[0]
+        after = heads_training.medusa_loss(target, trained, batch, 0.8)[0]
+    assert after < before - 0.5
+
+    rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
+    hist = [r["histogram"]["eval/accept_length"] for r in rows if "histogram" in r]
+    assert hist and all(n >= 1 for n in hist[0])
+    wandb_logs = list((tmp_path / "a").rglob("*.wandb"))
+    assert wandb_logs and any(b"eval/accept_length" in f.read_bytes() for f in wandb_logs)
+    assert (tmp_path / "b" / "final" / "head_accuracy.json").is_file()

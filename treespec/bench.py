@@ -1,0 +1,103 @@
+"""Measure decoding configurations against vanilla decoding in the same process.
+
+Machines are shared and noisy, so speed is only ever reported as a ratio against a baseline measured
+in the same run: configurations are interleaved prompt by prompt (vanilla first), after a warm-up, and
+each configuration's speedup is the median over prompts of (its tokens/s ÷ vanilla's tokens/s on that
+prompt). τ is the mean tokens committed per verification pass, bonus included.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from treespec.generate import generate
+
+
+@dataclass
+class Config:
+    name: str
+    drafter: object = None
+    tree: object = None
+    acceptance: str = "rejection"
+
+
+@dataclass
+class Row:
+    name: str
+    tokens_per_s: float                 # median over prompts
+    speedup: float                      # median over prompts of the per-prompt ratio to vanilla
+    tau: float                          # mean accept length over all verification passes
+    target_passes: int
+    new_tokens: int
+    overhead_fraction: float            # engine time outside model forwards / wall time (median)
+    accept_lengths: list[int] = field(default_factory=list)
+
+
+def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_new_tokens: int,
+            temperature: float = 0.0, top_p: float = 1.0, eos_token_id=None, seed: int = 0,
+            warmup: bool = True, progress=None) -> list[Row]:
+    """Run vanilla + every config on every prompt ([1, P] tensors); rows in config order, vanilla first."""
+    configs = [Config("vanilla")] + [c for c in configs if c.name != "vanilla"]
+
+    def run(config: Config, prompt: torch.Tensor, tag: int):
+        gen = torch.Generator().manual_seed(seed + tag)
+        return generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
+                        acceptance=config.acceptance)
+
+    if warmup:  # first calls pay for lazy initialisation (kernels, allocator): keep them out of the numbers
+        for config in configs:
+            run(config, prompts[0][:, :8], -1)
+    results: dict[str, list] = {c.name: [] for c in configs}
+    for i, prompt in enumerate(prompts):
+        for config in configs:
+            results[config.name].append(run(config, prompt, i))
+            if progress is not None:
+                progress(config.name, i)
+    rows = []
+    for config in configs:
+        outs, base = results[config.name], results["vanilla"]
+        lengths = [n for o in outs for n in o.accept_lengths]
+        rows.append(Row(
+            name=config.name,
+            tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
+            speedup=statistics.median(o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)),
+            tau=sum(lengths) / max(1, len(lengths)),
+            target_passes=sum(o.target_passes for o in outs),
+            new_tokens=sum(o.new_tokens for o in outs),
+            overhead_fraction=statistics.median(o.overhead_time / o.wall_time for o in outs),
+            accept_lengths=lengths,
+        ))
+    return rows
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| config | tokens/s | speedup | τ | target passes | engine overhead |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {r.speedup:.2f}× | {r.tau:.2f} | {r.target_passes} | "
+                     f"{100 * r.overhead_fraction:.1f}% |")
+    return "\n".join(lines)
+
+
+def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30) -> float:
+    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones."""
+    from transformers import DynamicCache
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, past_len), generator=gen)
+    new = torch.randint(0, vocab, (1, n_tokens), generator=gen)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 2):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=prefix, cache=cache, use_cache=True)
+            t0 = time.perf_counter()
+            model(input_ids=new, cache=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
