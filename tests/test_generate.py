@@ -87,3 +87,35 @@ def test_attention_implementations(attn, prompt):
     target = tiny_llama(seed=0, attn=attn)
     out = generate(target, prompt, drafter=DraftModel(perturbed(target)), tree=Tree.full(2, 2), max_new_tokens=16)
     assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.1}, "temperature must be >= 0"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"max_new_tokens": 300}, "exceeds the target's 256 positions"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"tree": Tree.chain(2), "drafter": None}, "no drafter was given"),
+])
+def test_bad_arguments(target, prompt, kwargs, message):
+    kwargs = {"max_new_tokens": 4, "drafter": DraftModel(target), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(target, prompt, **kwargs)
+
+
+def test_bad_inputs(target, prompt):
+    with pytest.raises(ValueError, match="batch size 2 is not supported yet"):
+        generate(target, prompt.repeat(2, 1), max_new_tokens=4)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        generate(target, prompt[:, :0], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"draft model vocabulary \(80 tokens\) differs from the target's \(64"):
+        generate(target, prompt, drafter=DraftModel(tiny_llama(vocab=80)), max_new_tokens=4)
+    with pytest.raises(ValueError, match="tree path"):
+        Tree.from_paths([(0,), (0, 1, 2)])
+
+
+def test_flash_attention_is_refused_with_advice(prompt):
+    model = tiny_llama()
+    model.config._attn_implementation = "flash_attention_2"  # as loaded with attn_implementation=...
+    with pytest.raises(ValueError, match="'flash_attention_2' cannot take a tree mask.*sdpa"):
+        generate(model, prompt, max_new_tokens=4)

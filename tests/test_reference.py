@@ -1,0 +1,46 @@
+"""The shipped reference models load by name, have the documented sizes, and tokenize code exactly."""
+
+import pytest
+import torch
+
+from treespec import Tree, generate, reference
+from treespec.heads import DraftModel
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, tokenizer = reference.load("target")
+    draft, _ = reference.load("draft")
+    return target, draft, tokenizer
+
+
+def test_parameter_counts(models):
+    target, draft, _ = models
+    n_target = sum(p.numel() for p in target.parameters())
+    n_draft = sum(p.numel() for p in draft.parameters())
+    assert 15e6 <= n_target <= 25e6
+    assert 0.05 <= n_draft / n_target <= 0.15  # about a tenth
+    assert target.config.max_position_embeddings >= 512
+    assert type(target).__name__ == "LlamaForCausalLM"
+
+
+def test_tokenizer_round_trip_on_code(models):
+    *_, tokenizer = models
+    for text in reference.prompts()[:5] + ["def f(x):\n\treturn {'a': x ** 2}  # ünïcode ✓\n"]:
+        assert tokenizer.decode(tokenizer(text).input_ids) == text
+
+
+def test_unknown_name_is_refused():
+    with pytest.raises(ValueError, match="unknown reference model 'giant'"):
+        reference.load("giant")
+
+
+def test_reference_speculation_is_lossless_greedy(models):
+    target, draft, tokenizer = models
+    prompt = tokenizer(reference.prompts()[0], return_tensors="pt").input_ids
+    expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+                               pad_token_id=tokenizer.pad_token_id)
+    out = generate(target, prompt, drafter=DraftModel(draft), tree=Tree.full(2, 2), max_new_tokens=32,
+                   eos_token_id=tokenizer.eos_token_id)
+    assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
+    assert out.mean_accept_length > 1.2  # a trained draft agrees with the target often
