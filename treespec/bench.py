@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,10 +20,14 @@ from treespec.generate import generate
 
 @dataclass
 class Config:
+    """A decoding configuration. ``run``, when given, replaces treespec's generate() (peers such as
+    transformers' own generate): run(prompt, max_new_tokens, temperature, top_p, generator) → GenerationResult."""
+
     name: str
     drafter: object = None
     tree: object = None
     acceptance: str = "rejection"
+    run: Callable | None = None
 
 
 @dataclass
@@ -45,6 +50,8 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
 
     def run(config: Config, prompt: torch.Tensor, tag: int):
         gen = torch.Generator().manual_seed(seed + tag)
+        if config.run is not None:
+            return config.run(prompt, max_new_tokens, temperature, top_p, gen)
         return generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
                         acceptance=config.acceptance)
@@ -66,10 +73,11 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
             name=config.name,
             tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
             speedup=statistics.median(o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)),
-            tau=sum(lengths) / max(1, len(lengths)),
+            tau=sum(lengths) / len(lengths) if lengths else float("nan"),
             target_passes=sum(o.target_passes for o in outs),
             new_tokens=sum(o.new_tokens for o in outs),
-            overhead_fraction=statistics.median(o.overhead_time / o.wall_time for o in outs),
+            overhead_fraction=(statistics.median(o.overhead_time / o.wall_time for o in outs)
+                               if lengths else float("nan")),
             accept_lengths=lengths,
         ))
     return rows

@@ -1,0 +1,76 @@
+"""The tree-comparison harness: tree=auto follows the analysis, outputs are written, bad specs named."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from treespec.autotree import choose_tree, cost_at, predict
+from treespec.compare import DrafterSpec, draft_model_accuracy, expand_specs, run_comparison, run_from_config
+from treespec.heads import DraftModel, PromptLookup
+from treespec.train.log import RunLogger
+
+from .tiny_models import perturbed, tiny_llama
+
+ACC = [[0.6, 0.15, 0.05], [0.45, 0.1, 0.05], [0.3, 0.1], [0.2, 0.05]]
+
+
+def test_auto_picks_the_predicted_best_tree():
+    flat = {1: 1.0, 8: 1.0, 64: 1.0}           # memory-bound: verifying more tokens is free
+    steep = {1: 1.0, 8: 8.0, 64: 64.0}         # compute-bound: cost grows with every token
+    best_flat, preds_flat = choose_tree(ACC, flat, max_nodes=20)
+    best_steep, preds_steep = choose_tree(ACC, steep, max_nodes=20)
+    assert best_flat.speedup == max(p.speedup for p in preds_flat)
+    assert len(best_flat.tree) == 20            # free nodes only add expected tokens
+    assert len(best_steep.tree) < 4 and best_steep.speedup == max(p.speedup for p in preds_steep)
+    p = predict(best_steep.tree, ACC, steep)
+    assert p.speedup == pytest.approx(p.tau * cost_at(steep, 1) / cost_at(steep, best_steep.tree.num_nodes))
+
+
+def test_cost_interpolation():
+    curve = {1: 2.0, 4: 5.0, 16: 11.0}
+    assert cost_at(curve, 2) == pytest.approx(3.0) and cost_at(curve, 10) == pytest.approx(8.0)
+    assert cost_at(curve, 28) == pytest.approx(17.0)  # extrapolates the last segment
+
+
+def test_expand_specs():
+    specs = expand_specs([{"kind": "chain", "depth": [1, 2]}, {"kind": "full", "width": [2, 3], "depth": 2},
+                          {"kind": "paths", "paths": [[0], [1]]}])
+    assert [s.get("depth") for s in specs] == [1, 2, 2, 2, None] and specs[-1]["paths"] == [[0], [1]]
+
+
+def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    target = tiny_llama(seed=0)
+    draft = perturbed(target, 0.3)
+    windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3)),
+                DrafterSpec("prompt_lookup", PromptLookup())]
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    logger = RunLogger(tmp_path, use_wandb=True, name="tiny-compare")
+    result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "accuracy", "nodes": 3}],
+                            prompts, max_new_tokens=6, cost_sizes=(1, 2, 4), assistant=draft, out_dir=tmp_path,
+                            logger=logger, log=lambda *_: None)
+    logger.finish()
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    # vanilla + draft × 2 trees + prompt lookup × chain (it has no accuracies for an accuracy tree)
+    assert [r["config"] for r in rows] == ["vanilla", "draft | chain γ=2", "draft | accuracy 3",
+                                           "prompt_lookup | chain γ=2"]
+    assert all(float(r["tau"]) >= 1 for r in rows) and rows[2]["predicted_tau"] != "nan"
+    assert {p["name"] for p in result["peers"]} >= {"transformers greedy", "transformers assisted"}
+    for name in ("results.md", "cost_curve.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png",
+                 "accept_length_hist.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    wandb_logs = list(Path(tmp_path).rglob("*.wandb"))
+    assert wandb_logs and any(b"accept_length/draft | chain" in f.read_bytes() for f in wandb_logs)
+
+
+def test_bad_tree_spec_in_config_is_named(tmp_path):
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="compare", overrides=["trees=[{kind: full, width: 0, depth: 2}]", "logger=none"])
+    with pytest.raises(ValueError, match=r"bad tree spec \{'kind': 'full', 'width': 0, 'depth': 2\}"):
+        run_from_config(cfg, tmp_path)

@@ -1,0 +1,72 @@
+"""Hardware-aware tree sizing: pick the tree that maximises predicted tokens/s on this device.
+
+Verifying N tree tokens costs one target forward over N tokens, and that cost is flat only while the
+device is memory-bound (research.md: on 2 CPU cores, 16 tokens cost ~1.4-1.7× one token, 64 tokens
+~3-4×). A bigger tree commits more tokens per pass but each pass costs more; the best size depends on
+the drafter's accuracy *and* the device. So:
+
+    predicted speedup(tree) = τ(tree) / [(cost(N) + draft cost(tree)) / cost(1)]
+
+with τ from the drafter's measured per-depth top-k accuracies (analysis.expected_tree_tokens_from_rank
+_accuracy), cost(N) from the measured cost curve, and candidate trees grown greedily by accuracy
+(analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
+al. 2024, optimises the same trade-off with a hardware-aware search).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
+from treespec.tree import Tree
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10) -> dict[int, float]:
+    """Median seconds of one target forward over N new tokens after ``past_len`` cached ones."""
+    from treespec.bench import forward_time
+
+    return {n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats) for n in sizes}
+
+
+def cost_at(curve: dict[int, float], n: int) -> float:
+    """Cost of a forward over n tokens, linearly interpolated (and extrapolated) from the curve."""
+    sizes = sorted(curve)
+    if n in curve:
+        return curve[n]
+    if n <= sizes[0]:
+        return curve[sizes[0]]
+    lo = max(s for s in sizes if s < n) if n < sizes[-1] else sizes[-2]
+    hi = min(s for s in sizes if s > n) if n < sizes[-1] else sizes[-1]
+    return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
+
+
+@dataclass
+class Prediction:
+    tree: Tree
+    tau: float              # predicted tokens per verification pass
+    step_cost: float        # predicted seconds per step (target verify + drafting)
+    speedup: float          # predicted tokens/s over vanilla decoding
+
+
+def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth: float = 0.0,
+            draft_cost_fixed: float = 0.0) -> Prediction:
+    """Predicted τ and speedup of ``tree``. Drafting costs ``draft_cost_fixed`` + depth × per-depth seconds
+    (a draft model runs one forward per depth; Medusa heads one call in all)."""
+    tau = expected_tree_tokens_from_rank_accuracy(tree, accuracy) if len(tree) else 1.0
+    draft = (draft_cost_fixed + tree.depth * draft_cost_per_depth) if len(tree) else 0.0
+    step = cost_at(curve, tree.num_nodes) + draft
+    return Prediction(tree, tau, step, tau * cost_at(curve, 1) / step)
+
+
+def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,
+                draft_cost_fixed: float = 0.0) -> tuple[Prediction, list[Prediction]]:
+    """The accuracy-grown tree (budgets 1..max_nodes) with the highest predicted speedup, and all
+    candidates' predictions."""
+    max_paths = sum(math.prod(len(row) for row in accuracy[:d]) for d in range(1, len(accuracy) + 1))
+    budgets = range(1, min(max_nodes, max_paths) + 1)
+    preds = [predict(grow_tree(accuracy, b), accuracy, curve, draft_cost_per_depth, draft_cost_fixed) for b in budgets]
+    return max(preds, key=lambda p: p.speedup), preds
+
