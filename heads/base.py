@@ -42,6 +42,8 @@ class Drafter:
 
     #: whether ``propose``/``accept`` need the target's hidden states (costs output_hidden_states=True)
     needs_features: bool = False
+    #: whether ``propose`` accepts a DynamicTree (a budget grown from draft confidence, EAGLE-2)
+    grows_dynamic_trees: bool = False
     #: which target hidden-state layers to pass as features (-1 = last, after the final norm)
     feature_layers: tuple[int, ...] = (-1,)
 

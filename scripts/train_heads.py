@@ -3,6 +3,7 @@
     python scripts/train_heads.py drafter=medusa
     python scripts/train_heads.py drafter=medusa data=stdlib logger=none   # corpus text, no wandb
     python scripts/train_heads.py drafter=medusa resume=true               # continue an interrupted run
+    python scripts/train_heads.py drafter=eagle                            # EAGLE drafter, dynamic-tree eval
 """
 
 import hydra

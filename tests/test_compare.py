@@ -13,6 +13,7 @@ from treespec.heads import DraftModel, PromptLookup
 from treespec.train.log import RunLogger
 
 from .tiny_models import perturbed, tiny_llama
+from .wandb_files import wandb_run_contains
 
 ACC = [[0.6, 0.15, 0.05], [0.45, 0.1, 0.05], [0.3, 0.1], [0.2, 0.05]]
 
@@ -64,8 +65,7 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     for name in ("results.md", "cost_curve.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png",
                  "accept_length_hist.png"):
         assert (tmp_path / name).stat().st_size > 0, name
-    wandb_logs = list(Path(tmp_path).rglob("*.wandb"))
-    assert wandb_logs and any(b"accept_length/draft | chain" in f.read_bytes() for f in wandb_logs)
+    assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
 
 
 def test_bad_tree_spec_in_config_is_named(tmp_path):

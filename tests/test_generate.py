@@ -119,3 +119,10 @@ def test_flash_attention_is_refused_with_advice(prompt):
     model.config._attn_implementation = "flash_attention_2"  # as loaded with attn_implementation=...
     with pytest.raises(ValueError, match="'flash_attention_2' cannot take a tree mask.*sdpa"):
         generate(model, prompt, max_new_tokens=4)
+
+
+def test_static_drafters_refuse_dynamic_trees(target, prompt):
+    from treespec.policy import DynamicTree
+
+    with pytest.raises(ValueError, match="PromptLookup cannot grow DynamicTree"):
+        generate(target, prompt, drafter=PromptLookup(), tree=DynamicTree(8, 3, 2), max_new_tokens=4)

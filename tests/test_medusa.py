@@ -17,6 +17,7 @@ from treespec.train.data import TokenBatches
 from .stats import chi2_pvalue
 from .test_lossless import PROMPT, RUNS, VOCAB, exact_distribution, sampled_counts
 from .tiny_models import hf_greedy, tiny_llama
+from .wandb_files import wandb_run_contains
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -113,6 +114,5 @@ def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkey
     rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
     hist = [r["histogram"]["eval/accept_length"] for r in rows if "histogram" in r]
     assert hist and all(n >= 1 for n in hist[0])
-    wandb_logs = list((tmp_path / "a").rglob("*.wandb"))
-    assert wandb_logs and any(b"eval/accept_length" in f.read_bytes() for f in wandb_logs)
+    assert wandb_run_contains(tmp_path / "a", "eval/accept_length")
     assert (tmp_path / "b" / "final" / "head_accuracy.json").is_file()

@@ -73,6 +73,8 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
                               draft_cost_per_depth=d.draft_cost_per_depth, draft_cost_fixed=d.draft_cost_fixed)
         return best.tree, None
     tree = build_tree(spec, accuracy=d.accuracy)
+    if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
+        return None, f"{d.name} cannot grow dynamic trees"
     if d.max_depth is not None and tree.depth > d.max_depth:
         return None, f"{d.name} fills depth <= {d.max_depth}"
     return tree, None
@@ -306,8 +308,12 @@ def run_from_config(cfg, out_dir) -> dict:
             accuracy = json.loads((folder / "head_accuracy.json").read_text())
             drafters.append(DrafterSpec("medusa", Medusa(heads), accuracy, max_depth=heads.num_heads,
                                         draft_cost_fixed=medusa_cost(heads, target.config.hidden_size)))
+        elif name == "eagle":
+            from treespec.heads.eagle import Eagle, EagleModel
+
+            drafters.append(DrafterSpec("eagle", Eagle(EagleModel.from_pretrained(heads_folder(cfg.eagle), target))))
         else:
-            raise ValueError(f"unknown drafter {name!r}; choose from draft, prompt_lookup, medusa")
+            raise ValueError(f"unknown drafter {name!r}; choose from draft, prompt_lookup, medusa, eagle")
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
                        config=OmegaConf.to_container(cfg, resolve=True))
     result = run_comparison(target, drafters, tree_specs, prompts, max_new_tokens=cfg.max_new_tokens,

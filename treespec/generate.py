@@ -124,11 +124,14 @@ def generate(
     if drafter is not None:
         drafter.check_target(target)
         tree = tree if tree is not None else drafter.default_tree
+        if not isinstance(tree, Tree) and not drafter.grows_dynamic_trees:
+            raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
     elif tree is not None and len(tree) > 0:
         raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
     tree = tree if tree is not None else Tree.chain(0)
     eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     needs_features = drafter is not None and drafter.needs_features
+    feature_layers = tuple(drafter.feature_layers) if needs_features else ()
     device = target.device
 
     prompt_len = input_ids.shape[1]
@@ -141,11 +144,14 @@ def generate(
         t0 = time.perf_counter()
         out = target(cache=cache, use_cache=True, output_hidden_states=needs_features, **kwargs)
         result.target_time += time.perf_counter() - t0
-        return out, (out.hidden_states[-1] if needs_features else None)
+        if not needs_features:
+            return out, None
+        # [1, n, L·h]: the drafter's feature layers side by side (EAGLE-3 fuses low, mid and high ones)
+        return out, torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1)
 
     # -- prefill: the prompt's last logits give the first new token (the first root) --------------
     cache = DynamicCache(config=target.config)
-    out, features = forward(input_ids=input_ids.to(device))  # features: [1, P, h]
+    out, features = forward(input_ids=input_ids.to(device))  # features: [1, P, L·h]
     p_target = probs(out.logits[0, -1], sampling)  # [V]
     root = int(p_target.argmax() if sampling.greedy else sample(p_target, generator))
     length = prompt_len

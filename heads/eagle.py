@@ -1,0 +1,212 @@
+"""EAGLE: a feature-level drafter (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking
+Feature Uncertainty"; EAGLE-2, Li et al. 2024b; EAGLE-3, Li et al. 2025).
+
+Instead of predicting tokens from tokens, the drafter predicts the target's next *feature* (its last,
+final-norm hidden state, whose lm_head logits are the target's logits) from the current feature and
+the token that feature was sampled into, which removes the uncertainty of which token was drawn:
+
+    g_j = decoder(fc(cat(embed(x_{j+1}), f_j)))        g_j ≈ f_{j+1},   lm_head(g_j) ≈ logits at j + 1
+
+Entry j of the drafter's sequence pairs committed token x_{j+1} with the target feature f_j at the
+position before it (token j + 1 pairs with feature j), so the drafter's sequence is the target's shifted
+by one and entry j sits at position j. Beyond the committed tokens it drafts over its OWN features: a
+tree node pairs its token with its parent's output g. ``decoder`` is one decoder layer (plus the final
+norm) of the target's own architecture: the stock transformers base-model class built from the
+target's config with one layer, with its rotary embedding; embed and lm_head are the target's, frozen
+and shared (not in this module's state_dict). EAGLE-3's fusion (``feature_layers``, e.g. (1, mid, -1))
+feeds the concatenated low, mid and high hidden states of the target through ``fusion`` (L·h → h) first.
+
+Between steps the drafter's cache holds one entry per committed token from the second (the first has
+no feature before it) up to the previous step's root; the target features of the tokens accepted since
+arrive in ``accept`` and are fed, with the new root and its feature, at the start of the next
+``propose``. Tree nodes it expanded were fed drafter features, so none of them is kept (EAGLE refeeds
+the accepted path with the target's).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from treespec.policy import DynamicTree
+from treespec.tree import Tree
+
+from .base import vocab_size_of
+from .expansion import ExpandingDrafter
+
+CONFIG_NAME = "eagle_config.json"
+WEIGHTS_NAME = "eagle.safetensors"
+# Target config values a drafter's weights depend on (llama/qwen2/mistral names and GPT-2's); a drafter
+# is refused by a target that differs in any of them.
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "activation_function",
+                     "n_inner", "rms_norm_eps", "layer_norm_epsilon", "attention_bias", "mlp_bias", "rope_parameters")
+TREE_MASK_ATTENTION = ("eager", "sdpa")  # the drafter's expansion passes take a float tree mask
+
+
+def architecture(target) -> dict:
+    """The target's architecture values (JSON-normalised) that a drafter trained for it must match."""
+    config = target.config
+    arch = {k: getattr(config, k) for k in ARCHITECTURE_KEYS if getattr(config, k, None) is not None}
+    arch["vocab_size"] = vocab_size_of(target)
+    return json.loads(json.dumps(arch))
+
+
+def check_fits_target(config: dict, target) -> None:
+    """Raise ValueError naming every architecture value where ``target`` differs from the drafter's."""
+    saved, actual = config["architecture"], architecture(target)
+    keys = sorted(saved.keys() | actual.keys())
+    diff = {k: (saved.get(k), actual.get(k)) for k in keys if saved.get(k) != actual.get(k)}
+    if diff:
+        details = ", ".join(f"{k} {a!r} (drafter) vs {b!r} (target)" for k, (a, b) in diff.items())
+        raise ValueError(f"this EAGLE drafter was trained for another target architecture: {details}")
+
+
+def one_layer_config(target_config):
+    """The target's config with one decoder layer, full attention (a DynamicCache) and a tree-mask
+    capable attention implementation."""
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None):
+        config.layer_types = ["full_attention"]
+    if getattr(config, "_attn_implementation", None) not in TREE_MASK_ATTENTION:
+        config._attn_implementation = "sdpa"
+    return config
+
+
+class EagleModel(nn.Module):
+    """fc(cat(embed(token), feature)) → one decoder layer of the target's architecture → lm_head."""
+
+    def __init__(self, target, feature_layers=(-1,)):
+        super().__init__()
+        n_layers = target.config.num_hidden_layers
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        if not self.feature_layers or any(not -(n_layers + 1) <= i <= n_layers for i in self.feature_layers):
+            raise ValueError(f"feature_layers {self.feature_layers} must index the target's {n_layers + 1} hidden "
+                             f"states (embeddings, then layers 1..{n_layers}; -1 = last, after the final norm)")
+        h = target.config.hidden_size
+        self.config = {"feature_layers": list(self.feature_layers), "architecture": architecture(target)}
+        self.layer_config = one_layer_config(target.config)
+        # EAGLE-3: low, mid and high target features fused into one; EAGLE-1 takes the last one as it is.
+        self.fusion = nn.Linear(len(self.feature_layers) * h, h, bias=False) if len(self.feature_layers) > 1 else None
+        self.fc = nn.Linear(2 * h, h)
+        # The stock base-model class with one layer: its own decoder layer, rotary embedding, mask and cache
+        # handling and final norm, no forked model code. Tokens are embedded by the target's table instead.
+        self.decoder = type(target.base_model)(self.layer_config)
+        self.decoder.set_input_embeddings(None)
+        # a list keeps the target's frozen tables out of our parameters and state_dict
+        self._target_tables = [target.get_input_embeddings(), target.get_output_embeddings()]
+        self.to(target.device)
+        for p in self.parameters():  # parameters only: the rotary inv_freq buffer stays float32, as the target's
+            p.data = p.data.to(target.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
+        """Target hidden states [..., L·h] (the feature layers side by side) → drafter features [..., h]."""
+        return target_features if self.fusion is None else self.fusion(target_features)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., h] → [..., V] with the target's lm_head."""
+        return self._target_tables[1](features)
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, attention_mask=None, position_ids=None,
+                cache=None) -> torch.Tensor:
+        """input_ids [b, n] and the features they pair with [b, n, h] → predicted next features [b, n, h].
+
+        Without ``attention_mask`` the attention is causal after whatever ``cache`` holds."""
+        x = self.fc(torch.cat([self._target_tables[0](input_ids), features], dim=-1))  # [b, n, h]
+        return self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                            use_cache=cache is not None).last_hidden_state
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def save_pretrained(self, folder) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_NAME).write_text(json.dumps({"drafter": "eagle", **self.config}, indent=2))
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_NAME)
+
+    @classmethod
+    def from_pretrained(cls, folder, target) -> EagleModel:
+        """Load a drafter for ``target``; refuse one trained for another architecture (ValueError)."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        config = json.loads((folder / CONFIG_NAME).read_text())
+        if config.get("drafter") != "eagle":
+            raise ValueError(f"{folder} holds a {config.get('drafter')!r} drafter, not an EAGLE one")
+        check_fits_target(config, target)
+        model = cls(target, feature_layers=config["feature_layers"])
+        model.load_state_dict(load_file(folder / WEIGHTS_NAME))  # copied into our device and dtype
+        return model.eval()
+
+
+class Eagle(ExpandingDrafter):
+    """The drafter: autoregressive over its own features, expanding a static or dynamic tree."""
+
+    needs_features = True
+    keeps_expanded_path = False  # expanded nodes were fed the drafter's features, not the target's
+
+    def __init__(self, model: EagleModel, *, default_tree: Tree | DynamicTree | None = None,
+                 candidates: str = "topk"):
+        """default_tree: EAGLE-2's dynamic tree, sized for CPUs (research.md: 16 verified tokens cost ~1.5×
+        one); the paper's GPU default is DynamicTree(60, 7, 10). candidates: as for DraftModel."""
+        super().__init__(model, default_tree if default_tree is not None else DynamicTree(16, 5, 4), candidates)
+        self.feature_layers = model.feature_layers
+
+    def check_target(self, target) -> None:
+        check_fits_target(self.model.config, target)
+
+    def reset(self) -> None:
+        super().reset()
+        self._pending: list[torch.Tensor] = []  # [1, m_i, h]: drafter features of committed tokens not fed yet
+        self._outputs: dict[int, torch.Tensor] = {}  # grown node → drafter output g [h] at it
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.layer_config)
+
+    @torch.no_grad()
+    def prefill(self, input_ids, features) -> None:
+        # prompt token j + 1 pairs with feature j; the first token has none, the last feature pairs with the root
+        self._pending = [self.model.fuse(features[:, :-1].to(self.model.device))]
+
+    def _start(self, committed, feature):
+        tokens = committed[:, self.n_cached + 1 :].to(self.model.device)  # [1, m]: entries n_cached.., root last
+        features = torch.cat([*self._pending, self.model.fuse(feature[:, None].to(self.model.device))], dim=1)
+        if features.shape[1] != tokens.shape[1]:
+            raise RuntimeError(f"EAGLE drafter out of sync: {tokens.shape[1]} committed tokens to feed but "
+                               f"{features.shape[1]} target features (was accept() called after every propose()?)")
+        g = self.model(tokens, features, cache=self.cache)  # [1, m, h]
+        self.n_cached += tokens.shape[1]
+        self._pending = []
+        self._outputs = {0: g[0, -1]}
+        return self.model.logits(g[:, -1])  # [1, V]
+
+    def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
+        features = torch.stack([self._outputs[p] for p in parents])[None]  # [1, F, h]: each parent's output
+        g = self.model(tokens[None], features, attention_mask=attention_mask, position_ids=position_ids,
+                       cache=self.cache)[0]  # [F, h]
+        self._outputs.update(zip(nodes, g, strict=True))
+        return self.model.logits(g)  # [F, V]
+
+    @torch.no_grad()
+    def accept(self, path, features) -> None:
+        super().accept(path, features)
+        # accepted node i pairs with the feature at its parent: root, then nodes 1..k-1; the feature at the
+        # last accepted node pairs with the next root and arrives with it in propose()
+        self._pending = [self.model.fuse(features[:, : len(path)].to(self.model.device))]
+        self._outputs = {}

@@ -1,0 +1,290 @@
+"""EAGLE drafter and EAGLE-2 dynamic trees: lossless decoding (greedy and sampled), proposals equal to a
+from-scratch recomputation step after step (the drafter's cache stays in sync with what the target
+accepts), dynamic-tree properties, refused mismatched weights, and the hydra training entry."""
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from treespec import Tree, generate
+from treespec.heads import DraftModel
+from treespec.heads.eagle import Eagle, EagleModel
+from treespec.policy import DynamicTree, build_tree
+from treespec.sampling import Sampling
+from treespec.train.data import TokenBatches
+
+from .stats import chi2_pvalue
+from .test_lossless import RUNS, VOCAB, exact_distribution, sampled_counts
+from .test_medusa import compose_cfg
+from .tiny_models import hf_greedy, perturbed, tiny_llama
+
+TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
+
+
+def random_eagle(target, feature_layers=(-1,), seed=0):
+    torch.manual_seed(seed)
+    return EagleModel(target, feature_layers=feature_layers).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+
+
+# -- greedy: token for token what transformers' greedy decoding gives ------------------------------------
+@pytest.mark.parametrize("tree_name", list(TREES))
+@pytest.mark.parametrize("fused", [False, True])
+def test_eagle_greedy_equals_vanilla(target, prompt, tree_name, fused):
+    model = random_eagle(target, (1, 1, -1) if fused else (-1,))
+    out = generate(target, prompt, drafter=Eagle(model), tree=TREES[tree_name], max_new_tokens=30)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 30))
+    assert sum(out.accept_lengths) == 30 - 1
+
+
+@pytest.mark.parametrize("draft_name", ["self", "perturbed"])
+def test_draft_model_dynamic_tree_greedy_equals_vanilla(target, prompt, draft_name):
+    draft = target if draft_name == "self" else perturbed(target)
+    for tree in (DynamicTree(8, 4, 3), DynamicTree(1, 3, 2), DynamicTree(40, 6, 4)):
+        out = generate(target, prompt, drafter=DraftModel(draft), tree=tree, max_new_tokens=30)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, 30))
+    if draft_name == "self":  # a perfect draft with a chain-shaped budget: every draft accepted
+        out = generate(target, prompt, drafter=DraftModel(draft), tree=DynamicTree(3, 3, 1), max_new_tokens=30)
+        assert out.accept_lengths[:-1] == [4] * (len(out.accept_lengths) - 1)
+
+
+def test_default_tree_and_short_budgets(target, prompt):
+    model = random_eagle(target)
+    for max_new_tokens in (1, 2, 4):  # the dynamic tree is truncated as few tokens remain
+        out = generate(target, prompt, drafter=Eagle(model), max_new_tokens=max_new_tokens)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, max_new_tokens))
+    with pytest.raises(ValueError, match="candidates='sample' needs a static Tree"):
+        generate(target, prompt, drafter=DraftModel(target, candidates="sample"), tree=DynamicTree(4, 2, 2),
+                 max_new_tokens=4, temperature=1.0)
+
+
+# -- the drafter's cache stays in sync: each proposal equals a recomputation from scratch ---------------
+def eagle_features(target, model, committed):
+    """Recomputed from scratch: entry j pairs committed token j + 1 with the target's feature at j."""
+    with torch.no_grad():
+        hidden = target(input_ids=committed[:, :-1], output_hidden_states=True).hidden_states
+        features = model.fuse(torch.cat([hidden[i] for i in model.feature_layers], dim=-1))  # [1, L-1, h]
+    return committed[:, 1:], features
+
+
+def scratch_logits(drafter, target, committed):
+    """path (tokens after the root) → draft logits [V] at its end, with no cache at all."""
+    if isinstance(drafter, DraftModel):
+        def logits(path):
+            ids = torch.cat([committed, torch.tensor([path], dtype=torch.long)], dim=1)
+            return drafter.model(input_ids=ids).logits[0, -1]
+
+        return logits
+    model = drafter.model
+    tokens, features = eagle_features(target, model, committed)
+
+    def logits(path):
+        ids, feats = tokens, features
+        for token in path:  # a tree node pairs its token with its parent's output
+            g = model(ids, feats)
+            ids, feats = torch.cat([ids, torch.tensor([[token]])], 1), torch.cat([feats, g[:, -1:]], 1)
+        return model.logits(model(ids, feats)[0, -1])
+
+    return logits
+
+
+def scratch_proposal(logits_at, tree) -> dict:
+    """{tree path: token}, growing the tree as the drafter should: static ranks or EAGLE-2's beam."""
+    if isinstance(tree, Tree):
+        tokens = {(): []}  # rank path → token path
+        for path in tree.paths:
+            parent = tokens[path[:-1]]
+            tokens[path] = [*parent, int(logits_at(parent).topk(path[-1] + 1).indices[-1])]
+        return {p: t[-1] for p, t in tokens.items() if p}
+    grown = [((), (), 0.0)]  # (rank path, token path, cumulative log q)
+    frontier = [grown[0]]
+    for _ in range(tree.depth):
+        children = []
+        for ranks, toks, score in frontier:
+            top = torch.log_softmax(logits_at(list(toks)), -1).topk(tree.top_k)
+            children += [(ranks + (r,), toks + (int(t),), min(score + float(v), score))
+                         for r, (v, t) in enumerate(zip(top.values, top.indices, strict=True))]
+        grown += children
+        frontier = sorted(children, key=lambda c: -c[2])[: tree.top_k]  # stable: ties keep growth order
+    kept = sorted(grown[1:], key=lambda c: -c[2])[: tree.total_tokens]
+    return {ranks: toks[-1] for ranks, toks, _ in kept}
+
+
+def accept_deepest(logits, proposal, sampling, **kwargs):
+    """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's
+    cache must absorb long accepted paths (a random drafter is rarely right)."""
+    from treespec.verify import Walk
+
+    tree = proposal.tree
+    path = torch.tensor(max(tree.leaf_paths, key=len)) if len(tree) else torch.empty(0, dtype=torch.long)
+    return Walk(path=path, next_token=int(logits[int(path[-1]) if len(path) else 0].argmax()))
+
+
+@pytest.mark.parametrize("kind", ["draft", "eagle", "eagle-fused"])
+@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.full(2, 2), DynamicTree(10, 4, 2)], ids=["chain", "full", "dyn"])
+def test_proposals_match_recomputation(target, prompt, kind, tree, monkeypatch):
+    import importlib
+
+    drafter = {"draft": lambda: DraftModel(perturbed(target, 0.3)), "eagle": lambda: Eagle(random_eagle(target)),
+               "eagle-fused": lambda: Eagle(random_eagle(target, (0, 1, -1)))}[kind]()
+    seen = []
+    propose = drafter.propose
+
+    def recording(committed, feature, step_tree, sampling, generator=None):
+        proposal = propose(committed, feature, step_tree, sampling, generator)
+        seen.append((committed.clone(), step_tree, proposal))
+        return proposal
+
+    drafter.propose = recording
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_deepest)
+    out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
+    assert out.mean_accept_length > 2.5 and len(seen) > 3
+    with torch.no_grad():
+        for committed, step_tree, proposal in seen:
+            got = dict(zip(proposal.tree.paths, proposal.tokens.tolist(), strict=True))
+            assert got == scratch_proposal(scratch_logits(drafter, target, committed), step_tree)
+
+
+# -- sampling: the output distribution is exactly the target's ------------------------------------------
+@pytest.mark.parametrize("tree", [Tree.full(2, 2), DynamicTree(5, 2, 2)], ids=["static", "dynamic"])
+def test_eagle_sampling_is_lossless(tree):
+    small = tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
+    sampling = Sampling(1.0)
+    counts = sampled_counts(small, Eagle(random_eagle(small)), tree, sampling)
+    assert counts.sum() == RUNS
+    assert chi2_pvalue(counts, exact_distribution(small, sampling)) > 1e-3
+
+
+# -- dynamic trees ------------------------------------------------------------------------------------
+def random_growth(rng, top_k, depth):
+    """Parents, ranks and cumulative scores grown as the drafter grows them, with many tied scores."""
+    parents, ranks, scores, frontier = [-1], [0], [0.0], [0]
+    for _ in range(depth):
+        children = []
+        for parent in frontier:
+            log_q = sorted((-rng.choice([0.0, 0.5, 1.0, 2.0]) for _ in range(top_k)), reverse=True)
+            for rank, lq in enumerate(log_q):
+                parents.append(parent)
+                ranks.append(rank)
+                scores.append(scores[parent] + lq)
+                children.append(len(parents) - 1)
+        frontier = sorted(children, key=lambda i: (-scores[i], i))[:top_k]
+    return parents, ranks, scores
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dynamic_tree_is_connected_and_within_budget(seed):
+    rng = random.Random(seed)
+    policy = DynamicTree(rng.randint(1, 20), rng.randint(1, 5), rng.randint(1, 4))
+    parents, ranks, scores = random_growth(rng, policy.top_k, policy.depth)
+    tree, grown = policy.select(parents, ranks, scores)  # Tree() itself refuses a path without its parent
+    assert 0 < len(tree) <= min(policy.total_tokens, len(policy)) and tree.depth <= policy.depth
+    assert grown[0] == 0 and len(set(grown)) == tree.num_nodes
+    for i in range(1, tree.num_nodes):
+        assert grown[int(tree.parents[i])] == parents[grown[i]] and int(tree.ranks[i]) == ranks[grown[i]]
+        ranks_kept = sorted(int(tree.ranks[c]) for c in tree.children[int(tree.parents[i])])
+        assert ranks_kept == list(range(len(ranks_kept)))  # siblings kept best rank first
+    best = sorted(scores[1:], reverse=True)[: len(tree)]
+    assert sorted((scores[g] for g in grown[1:]), reverse=True) == best  # the globally best nodes
+
+
+def test_dynamic_tree_policy():
+    policy = build_tree({"kind": "dynamic", "total_tokens": 10, "depth": 4, "top_k": 3})
+    assert policy == DynamicTree(10, 4, 3) and len(policy) == 10 and len(DynamicTree(60, 2, 3)) == 3 + 9
+    assert policy.truncate(2) == DynamicTree(10, 2, 3) and policy.truncate(9) is policy
+    assert policy.truncate(0) == Tree.chain(0)
+    with pytest.raises(ValueError, match="top_k >= 1"):
+        build_tree({"kind": "dynamic", "total_tokens": 10, "depth": 4, "top_k": 0})
+    with pytest.raises(ValueError, match="lacks 'top_k'"):
+        build_tree({"kind": "dynamic", "total_tokens": 10, "depth": 4})
+    with pytest.raises(ValueError, match="has candidates but no drafter"):
+        generate(tiny_llama(), torch.tensor([[1, 2]]), tree=policy, max_new_tokens=3)
+
+
+# -- weights ------------------------------------------------------------------------------------------
+def test_eagle_weights_round_trip_and_mismatches_are_refused(target, prompt, tmp_path):
+    model = random_eagle(target, (1, 1, -1))
+    assert not any(k.startswith(("embed", "lm_head")) or "embed_tokens" in k for k in model.state_dict())
+    model.save_pretrained(tmp_path)
+    loaded = EagleModel.from_pretrained(tmp_path, target)
+    saved, back = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
+    with pytest.raises(ValueError, match=r"hidden_size 32 \(drafter\) vs 48 \(target\)"):
+        EagleModel.from_pretrained(tmp_path, tiny_llama(hidden=48, seed=1))
+    with pytest.raises(ValueError, match=r"vocab_size 64 \(drafter\) vs 80 \(target\)"):
+        EagleModel.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
+    with pytest.raises(ValueError, match=r"num_hidden_layers 2 \(drafter\) vs 3 \(target\)"):
+        EagleModel.from_pretrained(tmp_path, tiny_llama(layers=3, seed=1))
+    with pytest.raises(ValueError, match="trained for another target architecture"):
+        generate(tiny_llama(hidden=48), prompt, drafter=Eagle(model), max_new_tokens=4)
+    with pytest.raises(ValueError, match="feature_layers .* must index the target's 3 hidden states"):
+        EagleModel(target, feature_layers=(1, 5, -1))
+
+
+# -- training -----------------------------------------------------------------------------------------
+def test_unrolled_training_step_sees_what_drafting_sees(target):
+    """Training-time test: unrolled step 1 at entry j equals drafting depth 1 from the root at entry j − 1."""
+    from treespec.train.eagle import eagle_loss, target_states
+
+    model = random_eagle(target)
+    batch = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    captured = []
+    forward = model.forward
+    model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
+    eagle_loss(target, model, batch, unroll_steps=1)
+    step1 = captured[1]  # [1, n, h]
+    inputs, _ = target_states(target, batch, model.feature_layers)
+    for j in (3, 7):  # root entry j − 1, then the node for token j + 1 fed the root's own output
+        g = forward(batch[:, 1:j + 1], inputs[:, :j])  # [1, j, h], entries 0..j-1 with target features
+        node = forward(batch[:, 1:j + 2], torch.cat([inputs[:, :j], g[:, -1:]], 1))  # [1, j + 1, h]
+        assert torch.allclose(step1[0, j], node[0, -1], atol=1e-5)
+
+
+def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
+    from treespec.train import heads as heads_training
+    from treespec.train import lm
+    from treespec.train.eagle import eagle_loss
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
+    target_dir = tmp_path / "lm" / "final"
+    common = ["experiment=tiny_heads", "drafter=eagle", "drafter.fusion=true", f"target={target_dir}", cache,
+              "optim.lr=1e-2", "logger=none", "tree.total_tokens=6", "tree.depth=3", "tree.top_k=2"]
+
+    # interrupted after 15 steps, then resumed: the same drafter as one uninterrupted run
+    heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=15"]))
+    resumed = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
+    whole = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}"]))
+    assert whole["steps"] == resumed["steps"] == 60
+    a, b = (load_file(tmp_path / r / "final" / "eagle.safetensors") for r in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["eval_mean_accept_length"] >= 1 and "eagle_top1_1" in resumed
+
+    # the loss on a fixed batch of the self-distilled training data went down
+    target, _ = heads_training.load_target(str(target_dir))
+    trained = EagleModel.from_pretrained(tmp_path / "b" / "final", target)
+    torch.manual_seed(0)
+    untrained = EagleModel(target, feature_layers=trained.feature_layers)
+    batch = TokenBatches(torch.load(next((tmp_path / "cache").glob("distill-*.pt"))), 32, 8).batch(0)
+    with torch.no_grad():
+        before = eagle_loss(target, untrained, batch, unroll_steps=1)[0]
+        after = eagle_loss(target, trained, batch, unroll_steps=1)[0]
+    assert after < 0.7 * before
+
+    rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
+    hist = [r["histogram"]["eval/accept_length"] for r in rows if "histogram" in r]
+    assert hist and all(n >= 1 for n in hist[0])
