@@ -44,3 +44,19 @@ def test_reference_speculation_is_lossless_greedy(models):
                    eos_token_id=tokenizer.eos_token_id)
     assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]])
     assert out.mean_accept_length > 1.2  # a trained draft agrees with the target often
+
+
+def test_shipped_medusa_heads_load_and_decode_losslessly(models):
+    import json
+
+    from treespec.heads.medusa import Medusa, MedusaHeads
+
+    target, _, tokenizer = models
+    folder = reference.MODELS_DIR / "medusa"
+    heads = MedusaHeads.from_pretrained(folder, target)
+    accuracy = json.loads((folder / "head_accuracy.json").read_text())
+    assert len(accuracy) == heads.num_heads and accuracy[0][0] > accuracy[-1][0]  # nearer heads are better
+    prompt = tokenizer(reference.prompts()[1], return_tensors="pt").input_ids
+    vanilla = generate(target, prompt, max_new_tokens=24)
+    out = generate(target, prompt, drafter=Medusa(heads), tree=Tree.full(2, 2), max_new_tokens=24)
+    assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.0
