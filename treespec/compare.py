@@ -171,7 +171,7 @@ def write_outputs(result: dict, out_dir: Path, logger=None) -> None:
     if result.get("peers"):
         lines += ["", "| peer (same prompts) | tokens/s | speedup vs treespec vanilla | treespec best ÷ peer |",
                   "|---|---|---|---|"]
-        lines += [f"| {p['name']} | {p['tokens_per_s']:.1f} | {p['speedup_vs_vanilla']:.2f}× | "
+        lines += [f"| {p['name'].replace('|', '/')} | {p['tokens_per_s']:.1f} | {p['speedup_vs_vanilla']:.2f}× | "
                   f"{p['treespec_best_over_this']:.2f} |" for p in result["peers"]]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
     (out_dir / "results.json").write_text(json.dumps(
