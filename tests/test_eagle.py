@@ -18,8 +18,7 @@ from treespec.train.data import TokenBatches
 
 from .stats import chi2_pvalue
 from .test_lossless import RUNS, VOCAB, exact_distribution, sampled_counts
-from .test_medusa import compose_cfg
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama, tiny_trained_target
 
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
 
@@ -254,14 +253,9 @@ def test_unrolled_training_step_sees_what_drafting_sees(target):
 
 def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
     from treespec.train import heads as heads_training
-    from treespec.train import lm
     from treespec.train.eagle import eagle_loss
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    cache = f"data.cache_dir={tmp_path / 'cache'}"
-    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
-    target_dir = tmp_path / "lm" / "final"
+    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["experiment=tiny_heads", "drafter=eagle", "drafter.fusion=true", f"target={target_dir}", cache,
               "optim.lr=1e-2", "logger=none", "tree.total_tokens=6", "tree.depth=3", "tree.top_k=2"]
 

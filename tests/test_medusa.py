@@ -1,11 +1,9 @@
 """Medusa heads: lossless decoding (greedy and sampled), load-time checks, the hydra training entry."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from treespec import Tree, generate
@@ -16,10 +14,8 @@ from treespec.train.data import TokenBatches
 
 from .stats import chi2_pvalue
 from .test_lossless import PROMPT, RUNS, VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, tiny_llama
+from .tiny_models import compose_cfg, hf_greedy, tiny_llama, tiny_trained_target
 from .wandb_files import wandb_run_contains
-
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def random_heads(target, num_heads=3, share=True, seed=0, scale=0.5):
@@ -74,20 +70,10 @@ def test_mismatched_heads_are_refused(target, tmp_path):
         generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=8)
 
 
-def compose_cfg(config_name, overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
-
-
 def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
     from treespec.train import heads as heads_training
-    from treespec.train import lm
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    cache = f"data.cache_dir={tmp_path / 'cache'}"
-    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
-    target_dir = tmp_path / "lm" / "final"
+    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["experiment=tiny_heads", f"target={target_dir}", cache]
 
     # interrupted after 15 steps, then resumed: the same heads as one uninterrupted run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -35,3 +36,25 @@ def hf_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=
     """transformers' own greedy decoding, the reference for token-for-token equality."""
     return model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
                           do_sample=False, eos_token_id=eos_token_id, pad_token_id=0)
+
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def compose_cfg(config_name: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
+    """A tiny LM trained for 60 steps through the LM entry (wandb offline): (its folder, the data-cache
+    override that heads runs should share)."""
+    from treespec.train import lm
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
+    return tmp_path / "lm" / "final", cache
