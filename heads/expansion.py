@@ -151,7 +151,7 @@ class ExpandingDrafter(Drafter):
                 nodes.tokens[kid] = token
             if depth == tree.depth:
                 break
-            frontier = [i for i in range(1, tree.num_nodes) if tree.depths[i] == depth and tree.children[i]]
+            frontier = [i for i in tree.levels[depth] if tree.children[i]]  # cached per tree: no tensor ops
             if not frontier:
                 break
             logits = self._expand(nodes, frontier)

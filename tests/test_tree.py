@@ -120,3 +120,8 @@ def test_bad_paths_raise(paths, message):
 def test_bad_shapes_raise(make):
     with pytest.raises(ValueError):
         make()
+
+
+def test_levels_group_nodes_by_depth():
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+    assert tree.levels == [[0], [1, 2], [3, 4], [5]]

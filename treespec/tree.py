@@ -106,6 +106,14 @@ class Tree:
         return [sorted(k, key=lambda c: int(self.ranks[c])) for k in kids]
 
     @cached_property
+    def levels(self) -> list[list[int]]:
+        """levels[d]: node indices at depth d (levels[0] == [0]), as Python ints for per-step loops."""
+        out: list[list[int]] = [[] for _ in range(self.depth + 1)]
+        for i, d in enumerate(self.depths.tolist()):
+            out[d].append(i)
+        return out
+
+    @cached_property
     def is_leaf(self) -> torch.Tensor:
         """BoolTensor [N]."""
         has_child = torch.zeros(self.num_nodes, dtype=torch.bool)
