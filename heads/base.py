@@ -25,6 +25,10 @@ import torch
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
+# acc[d][r], saved beside a trained drafter's weights: how often its rank-r token at depth d + 1 is the
+# target's; drives accuracy-grown trees (treespec.policy) and predicted speedups (treespec.autotree).
+ACCURACY_FILE = "head_accuracy.json"
+
 
 @dataclass
 class Proposal:

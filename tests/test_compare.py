@@ -8,8 +8,17 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from treespec.autotree import choose_tree, cost_at, predict
-from treespec.compare import DrafterSpec, draft_model_accuracy, expand_specs, run_comparison, run_from_config
+from treespec.compare import (
+    DrafterSpec,
+    draft_model_accuracy,
+    eagle_cost,
+    expand_specs,
+    run_comparison,
+    run_from_config,
+)
 from treespec.heads import DraftModel, PromptLookup
+from treespec.heads.eagle import Eagle, EagleModel
+from treespec.train.eagle import depth_rank_accuracy
 from treespec.train.log import RunLogger
 
 from .tiny_models import perturbed, tiny_llama
@@ -48,8 +57,12 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     target = tiny_llama(seed=0)
     draft = perturbed(target, 0.3)
     windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    eagle = EagleModel(target).eval()
     drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3)),
-                DrafterSpec("prompt_lookup", PromptLookup())]
+                DrafterSpec("prompt_lookup", PromptLookup()),
+                DrafterSpec("eagle", Eagle(eagle), depth_rank_accuracy(target, eagle, windows, depth=3, top_k=3),
+                            draft_cost_per_depth=eagle_cost(eagle, past_len=8))]
     prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     logger = RunLogger(tmp_path, use_wandb=True, name="tiny-compare")
     result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "accuracy", "nodes": 3}],
@@ -57,10 +70,11 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
                             logger=logger, log=lambda *_: None)
     logger.finish()
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    # vanilla + draft × 2 trees + prompt lookup × chain (it has no accuracies for an accuracy tree)
+    # vanilla + draft × 2 trees + prompt lookup × chain (it has no accuracies for an accuracy tree) + eagle × 2
     assert [r["config"] for r in rows] == ["vanilla", "draft | chain γ=2", "draft | accuracy 3",
-                                           "prompt_lookup | chain γ=2"]
+                                           "prompt_lookup | chain γ=2", "eagle | chain γ=2", "eagle | accuracy 3"]
     assert all(float(r["tau"]) >= 1 for r in rows) and rows[2]["predicted_tau"] != "nan"
+    assert rows[-1]["predicted_tau"] != "nan"
     assert {p["name"] for p in result["peers"]} >= {"transformers greedy", "transformers assisted"}
     for name in ("results.md", "cost_curve.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png",
                  "accept_length_hist.png"):

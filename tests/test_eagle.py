@@ -251,6 +251,34 @@ def test_unrolled_training_step_sees_what_drafting_sees(target):
         assert torch.allclose(step1[0, j], node[0, -1], atol=1e-5)
 
 
+def test_depth_accuracy_equals_sequential_drafting(target):
+    """depth_rank_accuracy's depth-d ranks are those of drafting d deep from each root over the drafter's own
+    features along the window's tokens, recomputed here one sequential forward per node."""
+    from treespec.train.eagle import depth_rank_accuracy, target_states
+
+    model = random_eagle(target, seed=1)
+    windows = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    depth, top_k = 3, 4
+    acc = depth_rank_accuracy(target, model, windows, depth=depth, top_k=top_k, batch_size=1)
+    hits, counts = torch.zeros(depth, top_k), torch.zeros(depth)
+    with torch.no_grad():
+        for w in windows.split(1):
+            inputs, last = target_states(target, w, model.feature_layers)
+            truth = model.logits(last[0, 1:]).argmax(-1)  # [n]: the target's greedy token after entry j's token
+            tokens, n = w[:, 1:], w.shape[1] - 1
+            for root in range(n):
+                features = inputs[:, : root + 1]  # entries 0..root carry target features
+                for d in range(min(depth, n - root)):
+                    g = model(tokens[:, : root + 1 + d], features)[:, -1:]  # [1, 1, h] at entry root + d
+                    ranks = model.logits(g[0, 0]).topk(top_k).indices
+                    hits[d] += (ranks == truth[root + d]).float()
+                    counts[d] += 1
+                    features = torch.cat([features, g], dim=1)  # the next node is fed this output
+    expected = hits / counts[:, None]
+    assert torch.allclose(torch.tensor(acc), expected, atol=1e-6), (acc, expected)
+    assert all(sum(row) <= 1 + 1e-6 for row in acc)
+
+
 def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
     from treespec.train import heads as heads_training
     from treespec.train.eagle import eagle_loss
@@ -266,7 +294,8 @@ def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
     assert whole["steps"] == resumed["steps"] == 60
     a, b = (load_file(tmp_path / r / "final" / "eagle.safetensors") for r in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert resumed["eval_mean_accept_length"] >= 1 and "eagle_top1_1" in resumed
+    assert resumed["eval_mean_accept_length"] >= 1 and "eagle_top1_1" in resumed and "depth3_top1" in resumed
+    assert len(json.loads((tmp_path / "b" / "final" / "head_accuracy.json").read_text())) == 8
 
     # the loss on a fixed batch of the self-distilled training data went down
     target, _ = heads_training.load_target(str(target_dir))

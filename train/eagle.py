@@ -16,6 +16,9 @@ of the one-layer drafter, cheap beside the target's forward.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -53,9 +56,11 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
     return feature_weight * feature + token_weight * ce, feature, ce, top1
 
 
-def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
-               feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8) -> tuple:
-    """batch [b, S]: entries j = 0..S−2 pair token j + 1 with the target feature at j."""
+def unrolled(target, model, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
+    """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
+    feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], p_target [b, n, V], steps), where
+    ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1; ``valid`` selects the entries
+    whose chain starts inside the window. p_target at entry j is the target's distribution for token j + 2."""
     from transformers import DynamicCache
 
     inputs, last = target_states(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
@@ -66,17 +71,29 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     if noise_std > 0 and model.training:
         features = features + noise_std * torch.randn_like(features)
     n = tokens.shape[1]
-    unroll_steps = min(unroll_steps, n - 1)  # step k scores entries k..n-1
-    cache = DynamicCache(config=model.layer_config) if unroll_steps else None
-    g = model(tokens, model.fuse(features), cache=cache)  # [b, n, h], causal
-    total, feature, ce, top1 = step_loss(model, g, f_next, p_target, slice(None), token_weight, feature_weight)
-    metrics = {"feature_loss0": feature.item(), "ce0": ce.item(), "top1_0": top1.item()}
-    for k in range(1, unroll_steps + 1):
-        own = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # entry j pairs with step k−1's g at j − 1
-        mask = unroll_mask(n, k, dtype=g.dtype, device=g.device)
+    steps = min(steps, n - 1)  # step k scores entries k..n-1
+
+    def run():
+        cache = DynamicCache(config=model.layer_config) if steps else None
+        g = model(tokens, model.fuse(features), cache=cache)  # [b, n, h], causal
+        yield 0, g, slice(None)
         positions = torch.arange(n, device=g.device)[None]
-        g = model(tokens, own, attention_mask=mask, position_ids=positions, cache=cache)
-        valid = torch.arange(n, device=g.device) >= k  # entries whose chain starts at an entry >= 0
+        for k in range(1, steps + 1):
+            own = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # entry j pairs with step k−1's g at j−1
+            mask = unroll_mask(n, k, dtype=g.dtype, device=g.device)
+            g = model(tokens, own, attention_mask=mask, position_ids=positions, cache=cache)
+            yield k, g, torch.arange(n, device=g.device) >= k
+
+    return f_next, p_target, run()
+
+
+def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
+               feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8) -> tuple:
+    """batch [b, S] → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 + token_weight · CE) over steps
+    0..unroll_steps, metrics)."""
+    f_next, p_target, steps = unrolled(target, model, batch, steps=unroll_steps, noise_std=noise_std)
+    total, metrics = 0.0, {}
+    for k, g, valid in steps:
         loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight)
         total = total + unroll_decay**k * loss
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item()})
@@ -96,6 +113,27 @@ def eagle_accuracy(target, model, windows: torch.Tensor, unroll_steps: int, batc
     return totals
 
 
+@torch.no_grad()
+def depth_rank_accuracy(target, model, windows: torch.Tensor, depth: int = 8, top_k: int = 10,
+                        batch_size: int = 4) -> list[list[float]]:
+    """acc[d][r]: how often the drafter's rank-r token at draft depth d + 1 is the target's greedy token,
+    drafting from the root over its own features along the window's tokens (what an accepted tree path
+    feeds it), on held-out ``windows`` [n, S]. Ranks are mutually exclusive, as analysis.grow_tree expects;
+    these drive accuracy-grown static trees and the comparison's predictions, as Medusa's head accuracies do."""
+    was_training = model.training
+    model.eval()
+    hits, counts = torch.zeros(depth, top_k), torch.zeros(depth)
+    for batch in windows.split(batch_size):
+        _, p_target, steps = unrolled(target, model, batch, steps=depth - 1)
+        truth = p_target.argmax(-1)  # [b, n]
+        for k, g, valid in steps:
+            top = model.logits(g[:, valid]).topk(top_k, dim=-1).indices  # [b, n', R]
+            hits[k] += (top == truth[:, valid, None]).flatten(0, 1).float().sum(0)
+            counts[k] += truth[:, valid].numel()
+    model.train(was_training)
+    return (hits / counts.clamp(min=1)[:, None]).tolist()
+
+
 def fused_layers(num_hidden_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low, mid and high features: after the first layer, after the middle one, and the last
     (final-norm) hidden state."""
@@ -104,6 +142,7 @@ def fused_layers(num_hidden_layers: int) -> tuple[int, int, int]:
 
 def eagle_recipe(cfg, target):
     """The run() recipe for ``drafter=eagle`` (conf/drafter/eagle.yaml)."""
+    from treespec.heads.base import ACCURACY_FILE
     from treespec.heads.eagle import Eagle, EagleModel
 
     from .heads import Recipe
@@ -121,8 +160,11 @@ def eagle_recipe(cfg, target):
 
     def finish(val, export_dir):
         metrics = {f"eagle_{k}": v for k, v in eagle_accuracy(target, model, val, d.unroll_steps).items()}
+        acc = depth_rank_accuracy(target, model, val, depth=d.accuracy_depth)
         model.save_pretrained(export_dir)
-        return metrics, None
+        (Path(export_dir) / ACCURACY_FILE).write_text(json.dumps(acc))
+        metrics.update({f"depth{k + 1}_top1": row[0] for k, row in enumerate(acc)})
+        return metrics, acc
 
     return Recipe(model, loss, lambda val: eagle_accuracy(target, model, val, d.unroll_steps), finish,
                   lambda: Eagle(model), f"feature layers {layers}, {d.unroll_steps} unrolled training step(s)")

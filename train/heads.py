@@ -61,17 +61,19 @@ def medusa_loss(target, heads, batch: torch.Tensor, decay: float) -> tuple[torch
 
 @torch.no_grad()
 def head_accuracy(target, heads, windows: torch.Tensor, top_k: int = TOP_K, batch_size: int = 8) -> list[list[float]]:
-    """acc[k][r]: how often head k's rank-r token is the true token t+k+2 on ``windows`` [n, s + 1]
-    (mutually exclusive across r, as analysis.grow_tree expects)."""
+    """acc[k][r]: how often head k's rank-r token at t is the target's greedy token t + k + 2, teacher forced
+    on ``windows`` [n, s + 1] (ranks mutually exclusive, as analysis.grow_tree expects). The walker accepts
+    the target's own choices, not the corpus's, so that is what the heads are scored against."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
     for batch in windows.split(batch_size):
-        hidden = target_features(target, batch[:, :-1])
+        hidden = target_features(target, batch[:, :-1])  # [b, s, h]
+        greedy = target.get_output_embeddings()(hidden).argmax(-1)  # [b, s]: the target's token t + 1
         logits = heads(hidden)  # [K, b, s, V]
         s = hidden.shape[1]
         for k in range(heads.num_heads):
             top = logits[k, :, : s - k - 1].topk(top_k, dim=-1).indices  # [b, s-k-1, R]
-            truth = batch[:, k + 2 :, None]
+            truth = greedy[:, k + 1 :, None]
             hits[k] += (top == truth).flatten(0, 1).float().sum(0)
             counts[k] += truth.numel()
     return (hits / counts[:, None]).tolist()
@@ -95,7 +97,7 @@ class Recipe:
 
 
 def medusa_recipe(cfg, target) -> Recipe:
-    from treespec.heads.base import vocab_size_of
+    from treespec.heads.base import ACCURACY_FILE, vocab_size_of
     from treespec.heads.medusa import Medusa, MedusaHeads
 
     d = cfg.drafter
@@ -105,7 +107,7 @@ def medusa_recipe(cfg, target) -> Recipe:
     def finish(val, export_dir):
         acc = head_accuracy(target, heads, val)
         heads.save_pretrained(export_dir)
-        (Path(export_dir) / "head_accuracy.json").write_text(json.dumps(acc))
+        (Path(export_dir) / ACCURACY_FILE).write_text(json.dumps(acc))
         return accuracy_metrics(acc), acc
 
     return Recipe(heads, lambda batch: medusa_loss(target, heads, batch, d.loss_decay),

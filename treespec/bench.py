@@ -92,6 +92,18 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        fn()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
 def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30) -> float:
     """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones."""
     from transformers import DynamicCache
@@ -100,12 +112,11 @@ def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 3
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, past_len), generator=gen)
     new = torch.randint(0, vocab, (1, n_tokens), generator=gen)
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats + 2):
-            cache = DynamicCache(config=model.config)
-            model(input_ids=prefix, cache=cache, use_cache=True)
-            t0 = time.perf_counter()
-            model(input_ids=new, cache=cache, use_cache=True)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[2:])
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, cache=cache, use_cache=True)
+
+    def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
+        model(input_ids=new, cache=cache, use_cache=True)
+        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+    return median_time(step, repeats)

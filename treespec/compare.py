@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from treespec.autotree import choose_tree, measure_cost_curve, predict
-from treespec.bench import Config, Row, forward_time, measure
+from treespec.bench import Config, Row, forward_time, measure, median_time
 from treespec.generate import GenerationResult
 from treespec.policy import build_tree
 from treespec.tree import Tree
@@ -253,15 +253,29 @@ def draft_model_accuracy(target, draft, windows: torch.Tensor, depth: int = 8, t
     return [row for _ in range(depth)]
 
 
-def medusa_cost(heads, hidden_size: int, repeats: int = 30) -> float:
+@torch.no_grad()
+def medusa_cost(heads, hidden_size: int) -> float:
+    """Seconds of one Medusa proposal: every head on one feature."""
     feature = torch.randn(1, hidden_size)
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            heads(feature[0])
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return median_time(lambda: heads(feature[0]))
+
+
+@torch.no_grad()
+def eagle_cost(model, n_tokens: int = 4, past_len: int = 256) -> float:
+    """Seconds of one EAGLE expansion depth: ``n_tokens`` frontier nodes through the drafter's layer and
+    the target's lm_head, after ``past_len`` cached entries."""
+    from transformers import DynamicCache
+
+    h = model.fc.out_features
+    cache = DynamicCache(config=model.layer_config)
+    model(torch.zeros(1, past_len, dtype=torch.long), torch.zeros(1, past_len, h, dtype=model.dtype), cache=cache)
+    tokens, features = torch.zeros(1, n_tokens, dtype=torch.long), torch.zeros(1, n_tokens, h, dtype=model.dtype)
+
+    def depth():
+        model.logits(model(tokens, features, cache=cache))
+        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+    return median_time(depth)
 
 
 def draft_cost(draft) -> float:
@@ -273,6 +287,7 @@ def run_from_config(cfg, out_dir) -> dict:
     from omegaconf import OmegaConf
 
     from treespec.heads import DraftModel, PromptLookup
+    from treespec.heads.base import ACCURACY_FILE
     from treespec.heads.medusa import Medusa, MedusaHeads
     from treespec.train.data import eval_windows, prepare_tokens
     from treespec.train.heads import load_target
@@ -288,30 +303,38 @@ def run_from_config(cfg, out_dir) -> dict:
     target, tokenizer = load_target(cfg.target)
     draft = load_target(cfg.draft)[0] if cfg.draft else None
     prompts = prompt_ids(cfg, tokenizer)
-    windows = None
+
+    def held_out_windows() -> torch.Tensor:  # [accuracy_windows, 256] of the corpus's validation split
+        corpus = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
+        _, _, val = prepare_tokens(corpus, len(tokenizer), cfg.cache_dir, tokenizer=tokenizer)
+        return eval_windows(val, 256, cfg.accuracy_windows)
+
     drafters = []
     for name in cfg.drafters:
         if name == "draft":
             if draft is None:
                 raise ValueError("drafter 'draft' needs cfg.draft (a draft model)")
-            if windows is None:
-                corpus = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
-                _, _, val = prepare_tokens(corpus, len(tokenizer), cfg.cache_dir, tokenizer=tokenizer)
-                windows = eval_windows(val, 256, cfg.accuracy_windows)
-            drafters.append(DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows),
-                                        draft_cost_per_depth=draft_cost(draft)))
+            accuracy = draft_model_accuracy(target, draft, held_out_windows())
+            drafters.append(DrafterSpec("draft", DraftModel(draft), accuracy, draft_cost_per_depth=draft_cost(draft)))
         elif name == "prompt_lookup":
             drafters.append(DrafterSpec("prompt_lookup", PromptLookup()))
         elif name == "medusa":
             folder = heads_folder(cfg.medusa)
             heads = MedusaHeads.from_pretrained(folder, target)
-            accuracy = json.loads((folder / "head_accuracy.json").read_text())
+            accuracy = json.loads((folder / ACCURACY_FILE).read_text())
             drafters.append(DrafterSpec("medusa", Medusa(heads), accuracy, max_depth=heads.num_heads,
                                         draft_cost_fixed=medusa_cost(heads, target.config.hidden_size)))
         elif name == "eagle":
             from treespec.heads.eagle import Eagle, EagleModel
+            from treespec.train.eagle import depth_rank_accuracy
 
-            drafters.append(DrafterSpec("eagle", Eagle(EagleModel.from_pretrained(heads_folder(cfg.eagle), target))))
+            folder = heads_folder(cfg.eagle)
+            model = EagleModel.from_pretrained(folder, target)
+            if (folder / ACCURACY_FILE).is_file():
+                accuracy = json.loads((folder / ACCURACY_FILE).read_text())
+            else:  # a drafter exported without them: measure on held-out windows
+                accuracy = depth_rank_accuracy(target, model, held_out_windows())
+            drafters.append(DrafterSpec("eagle", Eagle(model), accuracy, draft_cost_per_depth=eagle_cost(model)))
         else:
             raise ValueError(f"unknown drafter {name!r}; choose from draft, prompt_lookup, medusa, eagle")
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",

@@ -178,11 +178,11 @@ def generate(
             candidates = proposal.tokens.to(device)
         past = length - 1
         tokens = torch.cat([sequence[0, past:length], candidates])  # [N]: root + candidates
-        out, features = forward(
-            input_ids=tokens[None],
-            attention_mask=_tree_mask(proposal.tree, past, target),
-            position_ids=tree_position_ids(proposal.tree, past, device=device),
-        )
+        # a chain is verified with the model's own causal mask and positions (no mask to build per step)
+        tree_inputs = {} if proposal.tree.is_chain else {
+            "attention_mask": _tree_mask(proposal.tree, past, target),
+            "position_ids": tree_position_ids(proposal.tree, past, device=device)}
+        out, features = forward(input_ids=tokens[None], **tree_inputs)
         accepted = walk(out.logits[0], proposal, sampling, acceptance=acceptance, generator=generator)
         keep = torch.cat([torch.zeros(1, dtype=torch.long), accepted.path.cpu()])  # [k + 1], root first
         keep_tree_path(cache, past, keep.to(device))

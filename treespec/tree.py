@@ -89,6 +89,11 @@ class Tree:
         return int(torch.bincount(self.depths).max()) if len(self) else 1
 
     @cached_property
+    def is_chain(self) -> bool:
+        """One node per depth (the root alone included): causal attention is already its tree mask."""
+        return self.max_width == 1
+
+    @cached_property
     def ancestors(self) -> torch.Tensor:
         """BoolTensor [N, N]: ancestors[i, j] is True iff j is i itself or an ancestor of i."""
         n = self.num_nodes
