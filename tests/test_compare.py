@@ -88,3 +88,14 @@ def test_bad_tree_spec_in_config_is_named(tmp_path):
         cfg = compose(config_name="compare", overrides=["trees=[{kind: full, width: 0, depth: 2}]", "logger=none"])
     with pytest.raises(ValueError, match=r"bad tree spec \{'kind': 'full', 'width': 0, 'depth': 2\}"):
         run_from_config(cfg, tmp_path)
+
+
+def test_sampled_candidates_skip_dynamic_trees():
+    from treespec.compare import resolve_tree
+
+    target = tiny_llama(seed=0)
+    sampled = DrafterSpec("eagle:sample", Eagle(EagleModel(target), candidates="sample"))
+    tree, reason = resolve_tree({"kind": "dynamic", "total_tokens": 4, "depth": 2, "top_k": 2}, sampled, {1: 1.0}, 8)
+    assert tree is None and "samples its candidates" in reason
+    tree, reason = resolve_tree({"kind": "chain", "depth": 3}, sampled, {1: 1.0}, 8)
+    assert len(tree) == 3 and reason is None

@@ -60,3 +60,21 @@ def test_shipped_medusa_heads_load_and_decode_losslessly(models):
     vanilla = generate(target, prompt, max_new_tokens=24)
     out = generate(target, prompt, drafter=Medusa(heads), tree=Tree.full(2, 2), max_new_tokens=24)
     assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.0
+
+
+def test_shipped_eagle_loads_and_decodes_losslessly(models):
+    import json
+
+    from treespec.heads.eagle import Eagle, EagleModel
+    from treespec.policy import DynamicTree
+
+    target, _, tokenizer = models
+    folder = reference.MODELS_DIR / "eagle"
+    eagle = EagleModel.from_pretrained(folder, target)
+    accuracy = json.loads((folder / "head_accuracy.json").read_text())
+    assert len(accuracy) >= 4 and accuracy[0][0] > 0.5  # a feature-level drafter agrees with the target often
+    prompt = tokenizer(reference.prompts()[1], return_tensors="pt").input_ids
+    vanilla = generate(target, prompt, max_new_tokens=24)
+    for tree in (Tree.full(2, 2), DynamicTree(8, 4, 3)):
+        out = generate(target, prompt, drafter=Eagle(eagle), tree=tree, max_new_tokens=24)
+        assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.5

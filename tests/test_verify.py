@@ -369,3 +369,21 @@ def test_validation():
         walk(torch.zeros(3, 4), proposal, T1, acceptance="greedy")
     with pytest.raises(ValueError, match="q_draft"):
         walk(torch.zeros(3, 4), Proposal(tree, torch.tensor([0, 1]), torch.full((3, 5), 0.2)), T1)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, T1, T07])
+def test_rank_acceptance_is_how_often_the_walker_accepts_each_sibling(sampling):
+    """verify.rank_acceptance (the input of accuracy-grown trees at a temperature) against the walker: the
+    share of walks accepting sibling r of a one-level tree."""
+    tree = Tree.full(3, 1)
+    logits = torch.tensor([[0.3, 1.2, 0.0, 0.9, -0.5, 0.4]]).repeat(4, 1)  # [N, V]
+    drafted = torch.tensor([3, 1, 5])  # distinct tokens in "draft rank" order; 1 is the target's argmax
+    expected = verify.rank_acceptance(drafted[None], logits[:1], sampling)[0]  # [3]
+    counts = torch.zeros(3)
+    for seed in range(4000):
+        w = walk(logits, Proposal(tree, drafted), sampling, generator=torch.Generator().manual_seed(seed))
+        if len(w.path):
+            counts[int(w.path[0]) - 1] += 1
+    assert torch.allclose(counts / 4000, expected, atol=0.03), (counts / 4000, expected)
+    if sampling.greedy:
+        assert expected.tolist() == [0.0, 1.0, 0.0]

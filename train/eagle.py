@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from treespec.sampling import GREEDY, Sampling
+from treespec.verify import rank_acceptance
+
 
 def target_states(target, input_ids: torch.Tensor, feature_layers) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's input features [b, s, L·h] (its feature layers side by side, as generate() passes
@@ -58,15 +61,15 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
 
 def unrolled(target, model, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
     """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
-    feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], p_target [b, n, V], steps), where
+    feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], target_logits [b, n, V], steps), where
     ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1; ``valid`` selects the entries
-    whose chain starts inside the window. p_target at entry j is the target's distribution for token j + 2."""
+    whose chain starts inside the window. target_logits at entry j are the target's for token j + 2."""
     from transformers import DynamicCache
 
     inputs, last = target_states(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
     tokens, f_next = batch[:, 1:], last[:, 1:]  # [b, n], [b, n, h]: entry j predicts f_{j+1}
     with torch.no_grad():
-        p_target = torch.softmax(model.logits(f_next).float(), dim=-1)  # [b, n, V]: the target's next token
+        target_logits = model.logits(f_next).float()  # [b, n, V]: the target's next token
     features = inputs[:, :-1]
     if noise_std > 0 and model.training:
         features = features + noise_std * torch.randn_like(features)
@@ -84,14 +87,15 @@ def unrolled(target, model, batch: torch.Tensor, *, steps: int, noise_std: float
             g = model(tokens, own, attention_mask=mask, position_ids=positions, cache=cache)
             yield k, g, torch.arange(n, device=g.device) >= k
 
-    return f_next, p_target, run()
+    return f_next, target_logits, run()
 
 
 def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
                feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8) -> tuple:
     """batch [b, S] → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 + token_weight · CE) over steps
     0..unroll_steps, metrics)."""
-    f_next, p_target, steps = unrolled(target, model, batch, steps=unroll_steps, noise_std=noise_std)
+    f_next, target_logits, steps = unrolled(target, model, batch, steps=unroll_steps, noise_std=noise_std)
+    p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
     total, metrics = 0.0, {}
     for k, g, valid in steps:
         loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight)
@@ -115,21 +119,21 @@ def eagle_accuracy(target, model, windows: torch.Tensor, unroll_steps: int, batc
 
 @torch.no_grad()
 def depth_rank_accuracy(target, model, windows: torch.Tensor, depth: int = 8, top_k: int = 10,
-                        batch_size: int = 4) -> list[list[float]]:
-    """acc[d][r]: how often the drafter's rank-r token at draft depth d + 1 is the target's greedy token,
-    drafting from the root over its own features along the window's tokens (what an accepted tree path
-    feeds it), on held-out ``windows`` [n, S]. Ranks are mutually exclusive, as analysis.grow_tree expects;
-    these drive accuracy-grown static trees and the comparison's predictions, as Medusa's head accuracies do."""
+                        batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[d][r]: the chance that the drafter's rank-r token at draft depth d + 1 is the one the target
+    emits (``verify.rank_acceptance``: greedy, that it is the target's argmax), drafting from the root over
+    its own features along the window's tokens (what an accepted tree path feeds it), on held-out
+    ``windows`` [n, S]. Ranks are mutually exclusive, as analysis.grow_tree expects; these drive
+    accuracy-grown static trees and the comparison's predictions, as Medusa's head accuracies do."""
     was_training = model.training
     model.eval()
     hits, counts = torch.zeros(depth, top_k), torch.zeros(depth)
     for batch in windows.split(batch_size):
-        _, p_target, steps = unrolled(target, model, batch, steps=depth - 1)
-        truth = p_target.argmax(-1)  # [b, n]
+        _, target_logits, steps = unrolled(target, model, batch, steps=depth - 1)
         for k, g, valid in steps:
             top = model.logits(g[:, valid]).topk(top_k, dim=-1).indices  # [b, n', R]
-            hits[k] += (top == truth[:, valid, None]).flatten(0, 1).float().sum(0)
-            counts[k] += truth[:, valid].numel()
+            hits[k] += rank_acceptance(top, target_logits[:, valid], sampling).flatten(0, 1).sum(0)
+            counts[k] += top.shape[0] * top.shape[1]
     model.train(was_training)
     return (hits / counts.clamp(min=1)[:, None]).tolist()
 

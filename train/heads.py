@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from treespec.sampling import GREEDY, Sampling
+from treespec.verify import rank_acceptance
+
 TOP_K = 10  # ranks measured per head for accuracy-driven trees
 
 
@@ -60,22 +63,23 @@ def medusa_loss(target, heads, batch: torch.Tensor, decay: float) -> tuple[torch
 
 
 @torch.no_grad()
-def head_accuracy(target, heads, windows: torch.Tensor, top_k: int = TOP_K, batch_size: int = 8) -> list[list[float]]:
-    """acc[k][r]: how often head k's rank-r token at t is the target's greedy token t + k + 2, teacher forced
-    on ``windows`` [n, s + 1] (ranks mutually exclusive, as analysis.grow_tree expects). The walker accepts
-    the target's own choices, not the corpus's, so that is what the heads are scored against."""
+def head_accuracy(target, heads, windows: torch.Tensor, top_k: int = TOP_K, batch_size: int = 8,
+                  sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[k][r]: the chance that head k's rank-r token at t is the token t + k + 2 the target emits
+    (``verify.rank_acceptance``; greedy: the target's argmax), teacher forced on ``windows`` [n, s + 1]
+    (ranks mutually exclusive, as analysis.grow_tree expects). The walker accepts the target's own
+    choices, not the corpus's, so that is what the heads are scored against."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
     for batch in windows.split(batch_size):
         hidden = target_features(target, batch[:, :-1])  # [b, s, h]
-        greedy = target.get_output_embeddings()(hidden).argmax(-1)  # [b, s]: the target's token t + 1
+        target_logits = target.get_output_embeddings()(hidden)  # [b, s, V]: the target's token t + 1
         logits = heads(hidden)  # [K, b, s, V]
         s = hidden.shape[1]
         for k in range(heads.num_heads):
             top = logits[k, :, : s - k - 1].topk(top_k, dim=-1).indices  # [b, s-k-1, R]
-            truth = greedy[:, k + 1 :, None]
-            hits[k] += (top == truth).flatten(0, 1).float().sum(0)
-            counts[k] += truth.numel()
+            hits[k] += rank_acceptance(top, target_logits[:, k + 1 :], sampling).flatten(0, 1).sum(0)
+            counts[k] += top.shape[0] * top.shape[1]
     return (hits / counts[:, None]).tolist()
 
 

@@ -25,7 +25,9 @@ from treespec.autotree import choose_tree, measure_cost_curve, predict
 from treespec.bench import Config, Row, forward_time, measure, median_time
 from treespec.generate import GenerationResult
 from treespec.policy import build_tree
+from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
+from treespec.verify import rank_acceptance
 
 
 @dataclass
@@ -75,6 +77,8 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
     tree = build_tree(spec, accuracy=d.accuracy)
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
+    if not isinstance(tree, Tree) and getattr(d.drafter, "candidates", "topk") == "sample":
+        return None, f"{d.name} samples its candidates; dynamic trees grow top-k ones"
     if d.max_depth is not None and tree.depth > d.max_depth:
         return None, f"{d.name} fills depth <= {d.max_depth}"
     return tree, None
@@ -239,16 +243,17 @@ def log_wandb(logger, records, rows, result, out_dir: Path) -> None:
                           **{p.stem: wandb.Image(str(p)) for p in out_dir.glob("*.png")}})
 
 
-def draft_model_accuracy(target, draft, windows: torch.Tensor, depth: int = 8, top_k: int = 8) -> list[list[float]]:
-    """acc[d][r] for a draft LM: how often its rank-r token is the target's greedy token (teacher forced on
-    held-out windows); the same at every depth (the seed's i.i.d. acceptance assumption)."""
+def draft_model_accuracy(target, draft, windows: torch.Tensor, depth: int = 8, top_k: int = 8,
+                         sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[d][r] for a draft LM: the chance its rank-r token is the one the target emits
+    (``verify.rank_acceptance``; greedy: the target's argmax), teacher forced on held-out windows; the same
+    at every depth (the seed's i.i.d. acceptance assumption)."""
     hits, total = torch.zeros(top_k), 0
     with torch.no_grad():
         for w in windows.split(4):
-            truth = target(input_ids=w).logits.argmax(-1)  # [b, s]
             ranks = draft(input_ids=w).logits.topk(top_k, dim=-1).indices  # [b, s, R]
-            hits += (ranks == truth[..., None]).flatten(0, 1).float().sum(0)
-            total += truth.numel()
+            hits += rank_acceptance(ranks, target(input_ids=w).logits, sampling).flatten(0, 1).sum(0)
+            total += ranks.shape[0] * ranks.shape[1]
     row = (hits / total).tolist()
     return [row for _ in range(depth)]
 
@@ -290,7 +295,7 @@ def run_from_config(cfg, out_dir) -> dict:
     from treespec.heads.base import ACCURACY_FILE
     from treespec.heads.medusa import Medusa, MedusaHeads
     from treespec.train.data import eval_windows, prepare_tokens
-    from treespec.train.heads import load_target
+    from treespec.train.heads import head_accuracy, load_target
     from treespec.train.log import RunLogger
 
     if cfg.threads:
@@ -309,19 +314,35 @@ def run_from_config(cfg, out_dir) -> dict:
         _, _, val = prepare_tokens(corpus, len(tokenizer), cfg.cache_dir, tokenizer=tokenizer)
         return eval_windows(val, 256, cfg.accuracy_windows)
 
+    sampling = Sampling(cfg.temperature, cfg.top_p)
+
+    def accuracies(folder: Path, measure, module) -> list[list[float]]:
+        """At this run's sampling: a shipped drafter's file holds greedy ones; others are measured."""
+        if sampling.greedy and (folder / ACCURACY_FILE).is_file():
+            return json.loads((folder / ACCURACY_FILE).read_text())
+        return measure(target, module, held_out_windows(), sampling=sampling)
+
     drafters = []
-    for name in cfg.drafters:
+    for entry in cfg.drafters:
+        # "eagle:sample" / "draft:sample": children drawn i.i.d. from the draft distribution at temperature > 0
+        # (SpecInfer's rule) instead of top-k ranks; static trees only, and no predictions (they assume ranks)
+        name, _, candidates = str(entry).partition(":")
+        if candidates not in ("", "topk", "sample") or (candidates and name not in ("draft", "eagle")):
+            raise ValueError(f"drafter {entry!r}: only draft and eagle take a candidates suffix, ':topk' or ':sample'")
+        candidates = candidates or "topk"
+        ranked = candidates == "topk"
         if name == "draft":
             if draft is None:
                 raise ValueError("drafter 'draft' needs cfg.draft (a draft model)")
-            accuracy = draft_model_accuracy(target, draft, held_out_windows())
-            drafters.append(DrafterSpec("draft", DraftModel(draft), accuracy, draft_cost_per_depth=draft_cost(draft)))
+            accuracy = draft_model_accuracy(target, draft, held_out_windows(), sampling=sampling) if ranked else None
+            drafters.append(DrafterSpec(entry, DraftModel(draft, candidates=candidates), accuracy,
+                                        draft_cost_per_depth=draft_cost(draft)))
         elif name == "prompt_lookup":
             drafters.append(DrafterSpec("prompt_lookup", PromptLookup()))
         elif name == "medusa":
             folder = heads_folder(cfg.medusa)
             heads = MedusaHeads.from_pretrained(folder, target)
-            accuracy = json.loads((folder / ACCURACY_FILE).read_text())
+            accuracy = accuracies(folder, head_accuracy, heads)
             drafters.append(DrafterSpec("medusa", Medusa(heads), accuracy, max_depth=heads.num_heads,
                                         draft_cost_fixed=medusa_cost(heads, target.config.hidden_size)))
         elif name == "eagle":
@@ -330,13 +351,12 @@ def run_from_config(cfg, out_dir) -> dict:
 
             folder = heads_folder(cfg.eagle)
             model = EagleModel.from_pretrained(folder, target)
-            if (folder / ACCURACY_FILE).is_file():
-                accuracy = json.loads((folder / ACCURACY_FILE).read_text())
-            else:  # a drafter exported without them: measure on held-out windows
-                accuracy = depth_rank_accuracy(target, model, held_out_windows())
-            drafters.append(DrafterSpec("eagle", Eagle(model), accuracy, draft_cost_per_depth=eagle_cost(model)))
+            accuracy = accuracies(folder, depth_rank_accuracy, model) if ranked else None
+            drafters.append(DrafterSpec(entry, Eagle(model, candidates=candidates), accuracy,
+                                        draft_cost_per_depth=eagle_cost(model)))
         else:
-            raise ValueError(f"unknown drafter {name!r}; choose from draft, prompt_lookup, medusa, eagle")
+            raise ValueError(f"unknown drafter {entry!r}; choose from draft, prompt_lookup, medusa, eagle "
+                             "(draft and eagle also as draft:sample, eagle:sample)")
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
                        config=OmegaConf.to_container(cfg, resolve=True))
     result = run_comparison(target, drafters, tree_specs, prompts, max_new_tokens=cfg.max_new_tokens,

@@ -30,6 +30,9 @@ class Sampling:
         return self.temperature == 0.0
 
 
+GREEDY = Sampling()
+
+
 def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Sampling distribution over the vocabulary. logits: [..., V] → float32 [..., V].
 
@@ -41,16 +44,38 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     p = torch.softmax(logits / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
-        # Keep the smallest set of tokens whose mass reaches top_p (the top token always survives).
-        sorted_p, order = p.sort(dim=-1, descending=True)
-        mass_before = sorted_p.cumsum(-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(mass_before >= sampling.top_p, 0.0)
-        p = torch.zeros_like(p).scatter_(-1, order, sorted_p)
-        p = p / p.sum(-1, keepdim=True)
+        p = nucleus(p, sampling.top_p)
     return p
 
 
+def nucleus(p: torch.Tensor, top_p: float, first_k: int = 64) -> torch.Tensor:
+    """Top-p (Holtzman et al. 2020): keep the smallest set of most likely tokens whose mass reaches
+    ``top_p`` (the top token always survives), renormalised. p: [..., V].
+
+    The nucleus is found among the top k tokens, k doubling from ``first_k`` until every row's cut falls
+    inside them: a full sort of the vocabulary per row costs far more than a small top-k."""
+    k = min(first_k, p.shape[-1])
+    while True:
+        top_p_values, order = p.topk(k, dim=-1)  # [..., k], descending
+        mass_before = top_p_values.cumsum(-1) - top_p_values
+        if k == p.shape[-1] or bool((mass_before[..., -1] >= top_p).all()):
+            break
+        k = min(2 * k, p.shape[-1])
+    kept = top_p_values.masked_fill(mass_before >= top_p, 0.0)
+    kept = kept / kept.sum(-1, keepdim=True)
+    return torch.zeros_like(p).scatter_(-1, order, kept)
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of p: [..., V] → LongTensor [...]."""
+    """One draw per row of p (non-negative, normalised or not): [..., V] → LongTensor [...].
+
+    Inverse-CDF sampling: one uniform per row from ``generator`` (on the generator's device) against the
+    float64 cumulative sum; about ten times cheaper than torch.multinomial for one draw on a CPU."""
     flat = p.reshape(-1, p.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(p.shape[:-1])
+    cdf = flat.double().cumsum(-1)  # [R, V]
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=gen_device).to(p.device)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: first entry whose cdf exceeds u
+    # u · total can round up to total itself: fall back to the last token with mass (never a zero one)
+    last_positive = p.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1, keepdim=True)
+    return torch.minimum(index, last_positive).reshape(p.shape[:-1])

@@ -111,6 +111,17 @@ def walk(
     return _walk_rejection(logits, proposal, sampling, generator)
 
 
+def rank_acceptance(candidates: torch.Tensor, target_logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The chance each deterministic candidate is the token the target emits at its parent: candidates
+    [..., R] (distinct tokens in rank order), target_logits [..., V] → float [..., R]. Greedy: 1 for the
+    target's argmax. Sampling: p_target(x), since EAGLE-2's sibling rule is "draw y ~ p, then look for y
+    among the siblings". Mutually exclusive across ranks, so they add up along a tree's siblings; this
+    is what accuracy-grown trees and speedup predictions need at the decoding temperature."""
+    if sampling.greedy:
+        return (candidates == target_logits.argmax(-1, keepdim=True)).float()
+    return probs(target_logits, sampling).gather(-1, candidates)
+
+
 # -- deepest passing path (greedy and typical) ---------------------------------------------------------
 def _deepest_passing(tree: Tree, passes: torch.Tensor) -> torch.Tensor:
     """passes: BoolTensor [n], whether node j's token is acceptable at its parent → 0-d index of the
