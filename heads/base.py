@@ -18,7 +18,9 @@ rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -86,3 +88,24 @@ def check_same_vocab(draft, target, what: str = "drafter") -> None:
             f"{what} vocabulary ({v_draft} tokens) differs from the target's ({v_target} tokens): "
             "draft and target must share one tokenizer"
         )
+
+
+# -- trained drafter folders: {kind}_config.json (with "drafter": kind) beside {kind}.safetensors ------------
+def save_drafter(module: torch.nn.Module, folder, kind: str, config: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{kind}_config.json").write_text(json.dumps({"drafter": kind, **config}, indent=2))
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, folder / f"{kind}.safetensors")
+
+
+def load_drafter(folder, kind: str) -> tuple[dict, dict]:
+    """(config without "drafter", state_dict) of a saved ``kind`` drafter; another kind is refused (ValueError)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / f"{kind}_config.json").read_text())
+    if config.pop("drafter", kind) != kind:
+        raise ValueError(f"{folder} does not hold a {kind} drafter")
+    return config, load_file(folder / f"{kind}.safetensors")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -35,11 +34,9 @@ from torch import nn
 from treespec.policy import DynamicTree
 from treespec.tree import Tree
 
-from .base import vocab_size_of
+from .base import load_drafter, save_drafter, vocab_size_of
 from .expansion import ExpandingDrafter
 
-CONFIG_NAME = "eagle_config.json"
-WEIGHTS_NAME = "eagle.safetensors"
 # Target config values a drafter's weights depend on (llama/qwen2/mistral names and GPT-2's); a drafter
 # is refused by a target that differs in any of them.
 ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
@@ -131,25 +128,15 @@ class EagleModel(nn.Module):
 
     # -- persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, folder) -> None:
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / CONFIG_NAME).write_text(json.dumps({"drafter": "eagle", **self.config}, indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_NAME)
+        save_drafter(self, folder, "eagle", self.config)
 
     @classmethod
     def from_pretrained(cls, folder, target) -> EagleModel:
         """Load a drafter for ``target``; refuse one trained for another architecture (ValueError)."""
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        config = json.loads((folder / CONFIG_NAME).read_text())
-        if config.get("drafter") != "eagle":
-            raise ValueError(f"{folder} holds a {config.get('drafter')!r} drafter, not an EAGLE one")
+        config, weights = load_drafter(folder, "eagle")
         check_fits_target(config, target)
         model = cls(target, feature_layers=config["feature_layers"])
-        model.load_state_dict(load_file(folder / WEIGHTS_NAME))  # copied into our device and dtype
+        model.load_state_dict(weights)  # copied into our device and dtype
         return model.eval()
 
 

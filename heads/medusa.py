@@ -15,19 +15,13 @@ verified losslessly by the walker's deterministic-candidate rule.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
-from .base import Drafter, Proposal, vocab_size_of
-
-CONFIG_NAME = "medusa_config.json"
-WEIGHTS_NAME = "medusa.safetensors"
+from .base import Drafter, Proposal, load_drafter, save_drafter, vocab_size_of
 
 
 class ResBlock(nn.Module):
@@ -75,24 +69,15 @@ class MedusaHeads(nn.Module):
 
     # -- persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, folder) -> None:
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / CONFIG_NAME).write_text(json.dumps({"drafter": "medusa", **self.config}, indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_NAME)
+        save_drafter(self, folder, "medusa", self.config)
 
     @classmethod
     def from_pretrained(cls, folder, target) -> MedusaHeads:
         """Load heads for ``target``; refuse heads trained for another hidden size or vocabulary."""
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        config = json.loads((folder / CONFIG_NAME).read_text())
-        config.pop("drafter", None)
+        config, weights = load_drafter(folder, "medusa")
         check_fits_target(config, target)
         heads = cls(**config, lm_head=target.get_output_embeddings())
-        heads.load_state_dict(load_file(folder / WEIGHTS_NAME))
+        heads.load_state_dict(weights)
         return heads.to(device=target.device, dtype=target.dtype).eval()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from treespec import reference
 from treespec.heads.base import ACCURACY_FILE
-from treespec.train.data import eval_windows, prepare_tokens
+from treespec.train.data import held_out_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/train_heads.yaml trainer)
@@ -47,9 +47,8 @@ def main() -> None:
         shutil.copy(run_dir / "summary.json", out / "training_summary.json")
 
     target, tokenizer = reference.load("target")
-    corpus = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
-    _, _, val_tokens = prepare_tokens(corpus, len(tokenizer), ROOT / ".cache" / "data", tokenizer=tokenizer)
-    acc = accuracy(args.name, out, target, eval_windows(val_tokens, WINDOW_LEN, WINDOWS))
+    windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
+    acc = accuracy(args.name, out, target, windows)
     (out / ACCURACY_FILE).write_text(json.dumps(acc))
     print(f"{args.name}: top-1 per depth " + " ".join(f"{row[0]:.3f}" for row in acc))
     print("         top-5 per depth " + " ".join(f"{sum(row[:5]):.3f}" for row in acc))

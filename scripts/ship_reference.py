@@ -18,7 +18,7 @@ from treespec.analysis import expected_tokens_per_round, speedup
 from treespec.bench import Config, forward_time, measure
 from treespec.heads import DraftModel
 from treespec.sampling import Sampling, probs
-from treespec.train.data import eval_windows, load_corpus, prepare_tokens
+from treespec.train.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,8 +72,7 @@ def main() -> None:
 
     target, tokenizer = reference.load("target")
     draft, _ = reference.load("draft")
-    _, _, val_tokens = prepare_tokens({"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02,
-                                       "max_files": None}, len(tokenizer), ROOT / ".cache" / "data")
+    _, _, val_tokens = prepare_tokens(STDLIB_CORPUS, len(tokenizer), ROOT / ".cache" / "data")
     alpha = acceptance_rates(target, draft, eval_windows(val_tokens, 512, 32))
     t_target, t_draft = forward_time(target), forward_time(draft)
     c = t_draft / t_target

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
+# conf/data/stdlib.yaml's corpus: the reference models' training text; its validation split is held out
+STDLIB_CORPUS = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
 BYTE_ALPHABET = 256
 
 
@@ -209,3 +211,10 @@ def eval_windows(tokens: torch.Tensor, seq_len: int, max_windows: int | None = N
         n = min(n, max_windows)
     idx = (torch.arange(n) * seq_len)[:, None] + torch.arange(seq_len + 1)[None, :]
     return tokens[idx].long()
+
+
+def held_out_windows(tokenizer, seq_len: int, max_windows: int, cache_dir: str | os.PathLike = ".cache/data"):
+    """[max_windows, seq_len] windows of the stdlib corpus's validation split, encoded with ``tokenizer``:
+    the held-out text drafters' acceptance rates are measured on."""
+    _, _, val = prepare_tokens(STDLIB_CORPUS, len(tokenizer), cache_dir, tokenizer=tokenizer)
+    return eval_windows(val, seq_len, max_windows)

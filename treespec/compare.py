@@ -12,6 +12,7 @@ credentials). Driven by scripts/compare_trees.py (conf/compare.yaml).
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import math
@@ -294,7 +295,7 @@ def run_from_config(cfg, out_dir) -> dict:
     from treespec.heads import DraftModel, PromptLookup
     from treespec.heads.base import ACCURACY_FILE
     from treespec.heads.medusa import Medusa, MedusaHeads
-    from treespec.train.data import eval_windows, prepare_tokens
+    from treespec.train.data import held_out_windows
     from treespec.train.heads import head_accuracy, load_target
     from treespec.train.log import RunLogger
 
@@ -309,10 +310,9 @@ def run_from_config(cfg, out_dir) -> dict:
     draft = load_target(cfg.draft)[0] if cfg.draft else None
     prompts = prompt_ids(cfg, tokenizer)
 
-    def held_out_windows() -> torch.Tensor:  # [accuracy_windows, 256] of the corpus's validation split
-        corpus = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
-        _, _, val = prepare_tokens(corpus, len(tokenizer), cfg.cache_dir, tokenizer=tokenizer)
-        return eval_windows(val, 256, cfg.accuracy_windows)
+    @functools.cache
+    def windows() -> torch.Tensor:  # [accuracy_windows, 256], loaded once, only if a drafter needs them
+        return held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.cache_dir)
 
     sampling = Sampling(cfg.temperature, cfg.top_p)
 
@@ -320,7 +320,7 @@ def run_from_config(cfg, out_dir) -> dict:
         """At this run's sampling: a shipped drafter's file holds greedy ones; others are measured."""
         if sampling.greedy and (folder / ACCURACY_FILE).is_file():
             return json.loads((folder / ACCURACY_FILE).read_text())
-        return measure(target, module, held_out_windows(), sampling=sampling)
+        return measure(target, module, windows(), sampling=sampling)
 
     drafters = []
     for entry in cfg.drafters:
@@ -334,7 +334,7 @@ def run_from_config(cfg, out_dir) -> dict:
         if name == "draft":
             if draft is None:
                 raise ValueError("drafter 'draft' needs cfg.draft (a draft model)")
-            accuracy = draft_model_accuracy(target, draft, held_out_windows(), sampling=sampling) if ranked else None
+            accuracy = draft_model_accuracy(target, draft, windows(), sampling=sampling) if ranked else None
             drafters.append(DrafterSpec(entry, DraftModel(draft, candidates=candidates), accuracy,
                                         draft_cost_per_depth=draft_cost(draft)))
         elif name == "prompt_lookup":

@@ -76,6 +76,8 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     gen_device = generator.device if generator is not None else torch.device("cpu")
     u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=gen_device).to(p.device)
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: first entry whose cdf exceeds u
-    # u · total can round up to total itself: fall back to the last token with mass (never a zero one)
-    last_positive = p.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1, keepdim=True)
-    return torch.minimum(index, last_positive).reshape(p.shape[:-1])
+    overflow = index == p.shape[-1]
+    if overflow.any():  # u · total rounded up to total: the last token with mass (never a zero one)
+        last_positive = p.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1, keepdim=True)
+        index = torch.where(overflow, last_positive, index)
+    return index.reshape(p.shape[:-1])
