@@ -11,9 +11,16 @@ are compacted to the accepted path after each step (treespec/cache.py).
 
 from __future__ import annotations
 
+import torch
+from transformers import DynamicCache
+
+from treespec.bench import forward_time
+from treespec.inputs import max_positions
+from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
-from .base import check_same_vocab
+from .accuracy import RankHits
+from .checkpoint import check_same_vocab
 from .expansion import ExpandingDrafter
 
 
@@ -21,13 +28,12 @@ class DraftModel(ExpandingDrafter):
     def __init__(self, model, *, default_tree: Tree | None = None, candidates: str = "topk"):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0)."""
         super().__init__(model, default_tree if default_tree is not None else Tree.chain(4), candidates)
+        self.max_positions = max_positions(model.config)
 
     def check_target(self, target) -> None:
         check_same_vocab(self.model, target, "draft model")
 
     def _new_cache(self):
-        from transformers import DynamicCache
-
         return DynamicCache(config=self.model.config)
 
     def _start(self, committed, feature):
@@ -39,3 +45,20 @@ class DraftModel(ExpandingDrafter):
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         return self.model(input_ids=tokens[None], attention_mask=attention_mask, position_ids=position_ids,
                           cache=self.cache, use_cache=True).logits[0]  # [F, V]
+
+
+@torch.no_grad()
+def rank_accuracy(target, draft, windows: torch.Tensor, *, depth: int = 8, top_k: int = 8, batch_size: int = 4,
+                  sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[d][r] for a draft LM (heads/accuracy.py), teacher forced on held-out ``windows`` [n, S]; the same
+    at every depth (the seed's i.i.d. acceptance assumption)."""
+    counter = RankHits(1, top_k, sampling)
+    for w in windows.split(batch_size):
+        counter.add(0, draft(input_ids=w).logits.topk(top_k, dim=-1).indices, target(input_ids=w).logits)
+    row = counter.table()[0]
+    return [row for _ in range(depth)]
+
+
+def depth_cost(draft) -> float:
+    """Seconds of one expansion depth: a draft forward over a couple of frontier nodes."""
+    return forward_time(draft, n_tokens=2)

@@ -30,11 +30,17 @@ import json
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
-from treespec.policy import DynamicTree
+from treespec.bench import median_time
+from treespec.drafter import target_hidden
+from treespec.dynamic_tree import DynamicTree
+from treespec.masks import DENSE_MASK_ATTENTION, ancestor_mask
+from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
-from .base import load_drafter, save_drafter, vocab_size_of
+from .accuracy import RankHits
+from .checkpoint import load_drafter, save_drafter, vocab_size_of
 from .expansion import ExpandingDrafter
 
 # Target config values a drafter's weights depend on (llama/qwen2/mistral names and GPT-2's); a drafter
@@ -42,7 +48,6 @@ from .expansion import ExpandingDrafter
 ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "activation_function",
                      "n_inner", "rms_norm_eps", "layer_norm_epsilon", "attention_bias", "mlp_bias", "rope_parameters")
-TREE_MASK_ATTENTION = ("eager", "sdpa")  # the drafter's expansion passes take a float tree mask
 
 
 def architecture(target) -> dict:
@@ -70,7 +75,7 @@ def one_layer_config(target_config):
     config.num_hidden_layers = 1
     if getattr(config, "layer_types", None):
         config.layer_types = ["full_attention"]
-    if getattr(config, "_attn_implementation", None) not in TREE_MASK_ATTENTION:
+    if getattr(config, "_attn_implementation", None) not in DENSE_MASK_ATTENTION:  # expansion passes a float mask
         config._attn_implementation = "sdpa"
     return config
 
@@ -134,9 +139,15 @@ class EagleModel(nn.Module):
     def from_pretrained(cls, folder, target) -> EagleModel:
         """Load a drafter for ``target``; refuse one trained for another architecture (ValueError)."""
         config, weights = load_drafter(folder, "eagle")
+        if not (isinstance(config.get("feature_layers"), list) and isinstance(config.get("architecture"), dict)):
+            raise ValueError(f"EAGLE config in {folder} needs 'feature_layers' (a list) and 'architecture' (a dict), "
+                             f"got keys {sorted(config)}")
         check_fits_target(config, target)
         model = cls(target, feature_layers=config["feature_layers"])
-        model.load_state_dict(weights)  # copied into our device and dtype
+        try:
+            model.load_state_dict(weights)  # copied into our device and dtype
+        except RuntimeError as err:  # missing, unexpected or mis-shaped tensors
+            raise ValueError(f"EAGLE weights in {folder} do not fit the drafter: {err}") from None
         return model.eval()
 
 
@@ -162,8 +173,6 @@ class Eagle(ExpandingDrafter):
         self._outputs: dict[int, torch.Tensor] = {}  # grown node → drafter output g [h] at it
 
     def _new_cache(self):
-        from transformers import DynamicCache
-
         return DynamicCache(config=self.model.layer_config)
 
     @torch.no_grad()
@@ -197,3 +206,88 @@ class Eagle(ExpandingDrafter):
         # last accepted node pairs with the next root and arrives with it in propose()
         self._pending = [self.model.fuse(features[:, : len(path)].to(self.model.device))]
         self._outputs = {}
+
+
+def fused_layers(num_hidden_layers: int) -> tuple[int, int, int]:
+    """The EAGLE-3-style fusion switch's low, mid and high features: after the first layer, after the middle
+    one, and the last (final-norm) hidden state."""
+    return (1, max(1, num_hidden_layers // 2), -1)
+
+
+# -- training-time test: the drafter unrolled over its own features on whole windows -----------------------
+def unroll_mask(n: int, step: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Float additive mask [1, 1, n, (step + 1)·n] for unrolled step ``step`` >= 1 over keys of steps
+    0..step (n entries each, in the cache in that order): entry j sees step-0 entries i <= j − step and,
+    of each step m in 1..step, entry j − step + m only (its own chain; m = step is itself). That is the
+    ancestor relation of the chain drafted from entry j − step, so it is an ancestor mask."""
+    j = torch.arange(n, device=device)[:, None]  # [q, 1]
+    i = torch.arange(n, device=device)[None, :]  # [1, t]
+    blocks = [i <= j - step] + [i == j - step + m for m in range(1, step + 1)]  # each [q, t]
+    return ancestor_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)  # [1, 1, q, (step + 1)·t]
+
+
+def unrolled(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
+    """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
+    feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], target_logits [b, n, V], steps), where
+    ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1; ``valid`` selects the entries
+    whose chain starts inside the window. target_logits at entry j are the target's for token j + 2.
+
+    Step k feeds entry j the output of step k − 1 at entry j − 1, and entry j attends to what it would see
+    when drafting depth k from the root at entry j − k (``unroll_mask``): EAGLE-3's training-time test."""
+    inputs, last = target_hidden(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
+    tokens, f_next = batch[:, 1:], last[:, 1:]  # [b, n], [b, n, h]: entry j predicts f_{j+1}
+    with torch.no_grad():
+        target_logits = model.logits(f_next).float()  # [b, n, V]: the target's next token
+    features = inputs[:, :-1]
+    if noise_std > 0 and model.training:
+        features = features + noise_std * torch.randn_like(features)
+    n = tokens.shape[1]
+    steps = min(steps, n - 1)  # step k scores entries k..n-1
+
+    def run():
+        cache = DynamicCache(config=model.layer_config) if steps else None
+        g = model(tokens, model.fuse(features), cache=cache)  # [b, n, h], causal
+        yield 0, g, slice(None)
+        positions = torch.arange(n, device=g.device)[None]
+        for k in range(1, steps + 1):
+            own = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # entry j pairs with step k−1's g at j−1
+            mask = unroll_mask(n, k, dtype=g.dtype, device=g.device)
+            g = model(tokens, own, attention_mask=mask, position_ids=positions, cache=cache)
+            yield k, g, torch.arange(n, device=g.device) >= k
+
+    return f_next, target_logits, run()
+
+
+@torch.no_grad()
+def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
+                  batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[d][r] (heads/accuracy.py) drafting from the root over the drafter's own features along the
+    window's tokens (what an accepted tree path feeds it), on held-out ``windows`` [n, S]."""
+    was_training = model.training
+    model.eval()
+    counter = RankHits(depth, top_k, sampling)
+    for batch in windows.split(batch_size):
+        _, target_logits, steps = unrolled(target, model, batch, steps=depth - 1)
+        for k, g, valid in steps:
+            counter.add(k, model.logits(g[:, valid]).topk(top_k, dim=-1).indices, target_logits[:, valid])
+    model.train(was_training)
+    return counter.table()
+
+
+@torch.no_grad()
+def depth_cost(model: EagleModel, n_tokens: int = 4, past_len: int = 256) -> float:
+    """Seconds of one expansion depth: ``n_tokens`` frontier nodes through the drafter's layer and the
+    target's lm_head, after ``past_len`` cached entries."""
+    h = model.fc.out_features
+    cache = DynamicCache(config=model.layer_config)
+    zeros = {"dtype": model.dtype, "device": model.device}
+    model(torch.zeros(1, past_len, dtype=torch.long, device=model.device), torch.zeros(1, past_len, h, **zeros),
+          cache=cache)
+    tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=model.device)
+    features = torch.zeros(1, n_tokens, h, **zeros)
+
+    def depth():
+        model.logits(model(tokens, features, cache=cache))
+        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+    return median_time(depth)

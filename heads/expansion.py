@@ -25,12 +25,11 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import keep_tree_path
+from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
+from treespec.dynamic_tree import DynamicTree
 from treespec.masks import ancestor_mask
-from treespec.policy import DynamicTree
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
-
-from .base import Drafter, Proposal
 
 
 class GrownNodes:
@@ -63,16 +62,14 @@ class ExpandingDrafter(Drafter):
 
     grows_dynamic_trees = True
 
-    #: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft at temperature > 0; static trees only)
-    candidates: str = "topk"
     #: keep the accepted path's expanded entries in the cache; False when they were computed from inputs
     #: the committed sequence must not keep (EAGLE refeeds accepted tokens with the target's features)
     keeps_expanded_path: bool = True
 
     def __init__(self, model, default_tree, candidates: str = "topk"):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0)."""
-        if candidates not in ("topk", "sample"):
-            raise ValueError(f"candidates must be 'topk' or 'sample', got {candidates!r}")
+        if candidates not in CANDIDATE_MODES:
+            raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         self.model = model.eval()
         self.default_tree = default_tree
         self.candidates = candidates
@@ -170,11 +167,10 @@ class ExpandingDrafter(Drafter):
                 for rank, (lq, token) in enumerate(zip(log_q, tokens, strict=True)):
                     children.append(nodes.add(parent, token))
                     ranks.append(rank)
-                    # log q <= 0, so min() only guards rounding: a child never outscores its parent
-                    scores.append(min(scores[parent] + lq, scores[parent]))
+                    scores.append(policy.child_score(scores[parent], lq))
             if depth == policy.depth:
                 break
-            frontier = sorted(children, key=lambda i: (-scores[i], i))[: policy.top_k]  # EAGLE-2's expansion
+            frontier = policy.frontier(children, scores)
             logits = self._expand(nodes, frontier)
         tree, self._grown_of = policy.select(nodes.parents, ranks, scores)
         tokens = torch.tensor([nodes.tokens[i] for i in self._grown_of[1:]], dtype=torch.long)

@@ -18,10 +18,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treespec.sampling import Sampling
+from treespec.bench import median_time
+from treespec.drafter import Drafter, Proposal, target_hidden
+from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
-from .base import Drafter, Proposal, load_drafter, save_drafter, vocab_size_of
+from .accuracy import RankHits
+from .checkpoint import load_drafter, save_drafter, vocab_size_of
 
 
 class ResBlock(nn.Module):
@@ -75,10 +78,30 @@ class MedusaHeads(nn.Module):
     def from_pretrained(cls, folder, target) -> MedusaHeads:
         """Load heads for ``target``; refuse heads trained for another hidden size or vocabulary."""
         config, weights = load_drafter(folder, "medusa")
+        check_config(config, folder)
         check_fits_target(config, target)
         heads = cls(**config, lm_head=target.get_output_embeddings())
-        heads.load_state_dict(weights)
+        try:
+            heads.load_state_dict(weights)
+        except RuntimeError as err:  # missing, unexpected or mis-shaped tensors
+            raise ValueError(f"Medusa weights in {folder} do not match their config {config}: {err}") from None
         return heads.to(device=target.device, dtype=target.dtype).eval()
+
+
+# the saved config's fields and their types (hidden_size "384" would otherwise compare unequal to 384)
+CONFIG_FIELDS = {"hidden_size": int, "vocab_size": int, "num_heads": int, "num_layers": int, "share_lm_head": bool}
+
+
+def check_config(config: dict, folder) -> None:
+    """Every field present, none unknown, each of its type: else a ValueError naming the file and field."""
+    missing = sorted(CONFIG_FIELDS.keys() - config.keys())
+    unknown = sorted(config.keys() - CONFIG_FIELDS.keys())
+    wrong = sorted(k for k, kind in CONFIG_FIELDS.items()
+                   if k in config and (type(config[k]) is not kind or (kind is int and config[k] < 1)))
+    if missing or unknown or wrong:
+        raise ValueError(f"Medusa config in {folder}: " + "; ".join(filter(None, [
+            missing and f"missing {', '.join(missing)}", unknown and f"unknown {', '.join(unknown)}",
+            wrong and "bad " + ", ".join(f"{k}={config[k]!r} (expected {CONFIG_FIELDS[k].__name__})" for k in wrong)])))
 
 
 def check_fits_target(config: dict, target) -> None:
@@ -101,6 +124,7 @@ class Medusa(Drafter):
 
     def check_target(self, target) -> None:
         check_fits_target(self.heads.config, target)
+        self.heads.to(device=target.device, dtype=target.dtype)  # heads built or loaded for another dtype
 
     @torch.no_grad()
     def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
@@ -110,3 +134,29 @@ class Medusa(Drafter):
         top = logits.topk(max(tree.top_k_per_depth())).indices  # [D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]
+
+
+@torch.no_grad()
+def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: int = 10, batch_size: int = 8,
+                  sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[k][r]: the chance that head k's rank-r token at t is the token t + k + 2 the target emits
+    (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1]. The walker accepts the target's own
+    choices, not the corpus's, so that is what the heads are scored against."""
+    counter = RankHits(heads.num_heads, top_k, sampling)
+    for batch in windows.split(batch_size):
+        _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
+        target_logits = target.get_output_embeddings()(hidden)  # [b, s, V]: the target's token t + 1
+        logits = heads(hidden)  # [K, b, s, V]
+        s = hidden.shape[1]
+        for k in range(heads.num_heads):
+            top = logits[k, :, : s - k - 1].topk(top_k, dim=-1).indices  # [b, s-k-1, R]
+            counter.add(k, top, target_logits[:, k + 1 :])
+    return counter.table()
+
+
+@torch.no_grad()
+def proposal_cost(heads: MedusaHeads) -> float:
+    """Seconds of one Medusa proposal: every head on one feature (it fills the whole tree in one call)."""
+    weight = heads.blocks[0][0].linear.weight
+    feature = torch.randn(heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)
+    return median_time(lambda: heads(feature))

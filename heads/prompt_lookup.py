@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from treespec.drafter import Drafter, Proposal
 from treespec.sampling import Sampling
 from treespec.tree import Tree
-
-from .base import Drafter, Proposal
 
 
 class PromptLookup(Drafter):

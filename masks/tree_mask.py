@@ -21,6 +21,11 @@ import torch
 
 from treespec.tree import Tree
 
+# attention implementations that take a float additive 4D mask (a drafter's expansion passes build one)
+DENSE_MASK_ATTENTION = ("eager", "sdpa")
+# ... and those a target's tree pass can take (flex_attention with a BlockMask, masks/flex.py)
+TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention")
+
 
 def ancestor_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
     """Float additive mask [1, 1, q, past_len + t] from a bool relation among the new tokens.
@@ -53,3 +58,4 @@ def tree_attention_mask(tree: Tree, past_len: int, *, dtype=torch.float32, devic
 def tree_position_ids(tree: Tree, past_len: int, device=None) -> torch.Tensor:
     """LongTensor [1, N]: past_len + depth, each node's position in a sequential decode of its path."""
     return (past_len + tree.depths).to(device)[None]  # [b=1, q]
+

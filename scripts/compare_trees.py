@@ -4,16 +4,17 @@
     python scripts/compare_trees.py experiment=compare_full          # the README's full table
     python scripts/compare_trees.py -m tree=chain,full,accuracy      # one run per tree config
     python scripts/compare_trees.py 'trees=[{kind: chain, depth: [1,2,3]}]' drafters=[draft]
+    python scripts/compare_trees.py drafters=[eagle,eagle_sample] temperature=1.0   # conf/drafter/ entries
 """
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
+from treespec.train.compare import run_from_config
+
 
 @hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 def main(cfg) -> None:
-    from treespec.compare import run_from_config
-
     out_dir = HydraConfig.get().runtime.output_dir
     result = run_from_config(cfg, out_dir)
     print()

@@ -14,9 +14,8 @@ held-out windows as the accuracies (32 × 256 tokens):
 import torch
 
 from treespec import reference
-from treespec.heads.eagle import EagleModel
+from treespec.heads.eagle import EagleModel, unrolled
 from treespec.train.data import held_out_windows
-from treespec.train.eagle import unrolled
 
 WINDOWS, WINDOW_LEN = 32, 256  # the held-out windows the shipped accuracies were measured on
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)

@@ -8,11 +8,11 @@
 
 import hydra
 
+from treespec.train.heads import run
+
 
 @hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")
 def main(cfg) -> None:
-    from treespec.train.heads import run
-
     run(cfg)
 
 

@@ -7,11 +7,11 @@
 
 import hydra
 
+from treespec.train.lm import run
+
 
 @hydra.main(config_path="../conf", config_name="train_lm", version_base="1.3")
 def main(cfg) -> None:
-    from treespec.train.lm import run
-
     run(cfg)
 
 

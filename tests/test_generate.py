@@ -39,8 +39,8 @@ def test_greedy_equals_transformers(target, drafts, prompt, tree_name, draft_nam
     assert sum(out.accept_lengths) == 40 - 1  # the prefill commits the first token
     if draft_name == "self":  # a perfect draft: every candidate path is accepted in full
         assert all(n == TREES[tree_name].depth + 1 for n in out.accept_lengths[:-1])
-    else:
-        assert out.mean_accept_length >= 1.0
+    elif draft_name == "perturbed":  # agrees with the target often: some candidates are accepted
+        assert out.mean_accept_length > 1.0
 
 
 def test_vanilla_is_one_token_per_pass(target, prompt):
@@ -94,7 +94,7 @@ def test_attention_implementations(attn, prompt):
     ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
     ({"max_new_tokens": 300}, "exceeds the target's 256 positions"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"tree": Tree.chain(2), "drafter": None}, "no drafter was given"),
 ])
 def test_bad_arguments(target, prompt, kwargs, message):
@@ -122,7 +122,7 @@ def test_flash_attention_is_refused_with_advice(prompt):
 
 
 def test_static_drafters_refuse_dynamic_trees(target, prompt):
-    from treespec.policy import DynamicTree
+    from treespec.dynamic_tree import DynamicTree
 
     with pytest.raises(ValueError, match="PromptLookup cannot grow DynamicTree"):
         generate(target, prompt, drafter=PromptLookup(), tree=DynamicTree(8, 3, 2), max_new_tokens=4)

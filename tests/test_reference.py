@@ -65,8 +65,8 @@ def test_shipped_medusa_heads_load_and_decode_losslessly(models):
 def test_shipped_eagle_loads_and_decodes_losslessly(models):
     import json
 
+    from treespec.dynamic_tree import DynamicTree
     from treespec.heads.eagle import Eagle, EagleModel
-    from treespec.policy import DynamicTree
 
     target, _, tokenizer = models
     folder = reference.MODELS_DIR / "eagle"

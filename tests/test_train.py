@@ -18,7 +18,7 @@ def lm_config(tmp_path, *overrides):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose(
             config_name="train_lm",
-            overrides=["experiment=tiny_lm", f"run_dir={tmp_path}", f"data.cache_dir={tmp_path.parent / 'cache'}",
+            overrides=["debug=tiny_lm", f"run_dir={tmp_path}", f"data.cache_dir={tmp_path.parent / 'cache'}",
                        *overrides],
         )
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treespec import verify
-from treespec.heads.base import Proposal
+from treespec.drafter import Proposal
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
 from treespec.verify import Walk, walk

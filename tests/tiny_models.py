@@ -56,5 +56,5 @@ def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     cache = f"data.cache_dir={tmp_path / 'cache'}"
-    lm.run(compose_cfg("train_lm", ["experiment=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
+    lm.run(compose_cfg("train_lm", ["debug=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
     return tmp_path / "lm" / "final", cache

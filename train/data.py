@@ -21,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+
+from treespec.io import atomic_write, load_safetensors, weights_digest
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
 # conf/data/stdlib.yaml's corpus: the reference models' training text; its validation split is held out
 STDLIB_CORPUS = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
 BYTE_ALPHABET = 256
+TOKENS_FILE = "tokens.safetensors"  # {"train": [n] int32, "val": [n] int32}
 
 
 def stdlib_root() -> Path:
@@ -35,6 +39,30 @@ def stdlib_root() -> Path:
 def _is_validation(name: str, val_fraction: float) -> bool:
     digest = hashlib.sha1(name.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
+def _corpus_files(source: str, pattern: str, max_files: int | None) -> tuple[Path, list[Path]]:
+    """The files a directory corpus reads (``source`` "stdlib" or a directory), in reading order."""
+    root = stdlib_root() if source == "stdlib" else Path(source)
+    paths = sorted(p for p in root.rglob(pattern) if p.is_file() and "site-packages" not in p.parts)
+    return root, paths[:max_files] if max_files else paths
+
+
+def corpus_digest(source: str = "stdlib", *, pattern: str = "*.py", max_files: int | None = None, **_) -> str:
+    """sha1 over the contents of every file ``load_corpus`` would read (with their relative paths): any
+    edited, grown, added or removed file changes it. Other ``load_corpus`` arguments are ignored."""
+    h = hashlib.sha1()
+    if source == "stdlib" or Path(source).is_dir():
+        root, paths = _corpus_files(source, pattern, max_files)
+        for path in paths:
+            data = path.read_bytes()
+            h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            h.update(data)
+    elif Path(source).is_file():
+        h.update(Path(source).read_bytes())
+    else:
+        raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -56,9 +84,8 @@ def load_corpus(
     ``.jsonl`` file of ``{"text": ...}`` records. Raises ValueError when nothing is found."""
     docs: list[tuple[str, str]] = []
     if source == "stdlib" or Path(source).is_dir():
-        root = stdlib_root() if source == "stdlib" else Path(source)
-        paths = sorted(p for p in root.rglob(pattern) if p.is_file() and "site-packages" not in p.parts)
-        for path in paths[:max_files] if max_files else paths:
+        root, paths = _corpus_files(source, pattern, max_files)
+        for path in paths:
             docs.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
     elif source.endswith(".jsonl") and Path(source).is_file():
         with open(source, encoding="utf-8") as f:
@@ -117,21 +144,27 @@ def encode_documents(tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLike, tokenizer=None):
-    """Tokenizer + train/val token streams [n] int32, cached under ``cache_dir`` (keyed by the config).
+    """Tokenizer + train/val token streams [n] int32, cached under ``cache_dir``.
 
+    The cache is keyed by the config, the tokenizer (when given) and a digest of the corpus files'
+    contents (``corpus_digest``), so an edited or grown corpus is re-encoded, never served stale.
     With ``tokenizer`` given (training heads for an existing target), the corpus is encoded with it;
     otherwise a new tokenizer of ``vocab_size`` is trained on the train split."""
     from transformers import AutoTokenizer
 
-    key_data = {**corpus_cfg, "vocab": vocab_size}
+    key_data = {**corpus_cfg, "vocab": vocab_size, "corpus_sha1": corpus_digest(**corpus_cfg)}
     if tokenizer is not None:
         key_data["tokenizer"] = hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest()
-    key = hashlib.sha1(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:10]
+    key = hashlib.sha1(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"tokens-{key}"
-    if (cache / "tokens.pt").is_file():
-        streams = torch.load(cache / "tokens.pt")
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(cache / "tokenizer")
-        return tokenizer, streams["train"], streams["val"]
+    tokens_file = cache / TOKENS_FILE
+    if tokens_file.is_file() and (tokenizer is not None or (cache / "tokenizer").is_dir()):
+        try:
+            streams = load_safetensors(tokens_file, "token cache")
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(cache / "tokenizer")
+            return tokenizer, streams["train"], streams["val"]
+        except (ValueError, KeyError, OSError) as err:
+            print(f"token cache {tokens_file} is unusable ({err!r}): encoding the corpus again")
     corpus = load_corpus(**corpus_cfg)
     cache.mkdir(parents=True, exist_ok=True)
     if tokenizer is None:
@@ -140,22 +173,46 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
         "train": encode_documents(tokenizer, [t for _, t in corpus.train]),
         "val": encode_documents(tokenizer, [t for _, t in corpus.val]),
     }
-    tmp = cache / "tokens.pt.tmp"
-    torch.save(streams, tmp)
-    os.replace(tmp, cache / "tokens.pt")
+    atomic_write(tokens_file, lambda tmp: save_file(streams, str(tmp)))
     return tokenizer, streams["train"], streams["val"]
+
+
+def distill_cache_file(target, tokens: torch.Tensor, cache_dir: str | os.PathLike, **params) -> Path:
+    """Where ``self_distill`` caches its stream: a name keyed by its parameters, the prompt token stream
+    (length and sha1) and the target (``weights_digest`` and its config)."""
+    config = target.config.to_dict() if hasattr(target, "config") else {}
+    for volatile in ("_name_or_path", "transformers_version"):
+        config.pop(volatile, None)
+    flat = tokens.contiguous().reshape(-1)
+    key = {
+        **params, "n_tokens": len(tokens),
+        "tokens_sha1": hashlib.sha1(flat.view(torch.uint8).numpy().data).hexdigest() if flat.numel() else "",
+        "tokens_dtype": str(tokens.dtype), "weights": weights_digest(target),
+        "config": hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+    }
+    name = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"distill-{name}.safetensors"
 
 
 @torch.no_grad()
 def self_distill(target, tokens: torch.Tensor, *, n_prompts: int, prompt_tokens: int, new_tokens: int,
-                 temperature: float, batch_size: int, seed: int, cache_path: str | os.PathLike,
+                 temperature: float, batch_size: int, seed: int, cache_dir: str | os.PathLike,
                  eos_token_id: int | None = None) -> torch.Tensor:
     """Continuations the target itself generates from corpus prompts (Medusa's self-distillation: the
     heads learn what the target will actually verify). Returns one flat stream [n] int32 of
-    prompt + continuation sequences joined by EOS, cached at ``cache_path``."""
-    cache_path = Path(cache_path)
+    prompt + continuation sequences joined by EOS, cached under ``cache_dir`` in the file
+    ``distill_cache_file`` names (keyed by these arguments, the token stream and the target's weights);
+    the file holds one tensor, "tokens"."""
+    params = {"n_prompts": n_prompts, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+              "temperature": temperature, "batch_size": batch_size, "seed": seed, "eos_token_id": eos_token_id}
+    cache_path = distill_cache_file(target, tokens, cache_dir, **params)
     if cache_path.is_file():
-        return torch.load(cache_path)
+        try:
+            stream = load_safetensors(cache_path, "self-distillation cache")["tokens"]
+            print(f"self-distillation data: {len(stream)} tokens from the cache {cache_path}")
+            return stream
+        except (ValueError, KeyError) as err:
+            print(f"self-distillation cache {cache_path} is unusable ({err!r}): generating again")
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(tokens) - prompt_tokens, (n_prompts,), generator=g)
     pieces = []
@@ -170,10 +227,8 @@ def self_distill(target, tokens: torch.Tensor, *, n_prompts: int, prompt_tokens:
         for row in out.cpu():
             pieces += [row.to(torch.int32), torch.tensor([eos_token_id or 0], dtype=torch.int32)]
     stream = torch.cat(pieces)
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_path.with_suffix(".tmp")
-    torch.save(stream, tmp)
-    os.replace(tmp, cache_path)
+    atomic_write(cache_path, lambda tmp: save_file({"tokens": stream}, str(tmp)))
+    print(f"self-distillation data: {len(stream)} tokens, cached at {cache_path}")
     return stream
 
 

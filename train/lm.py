@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import time
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from .data import TokenBatches, eval_windows, prepare_tokens
+from .log import RunLogger
+from .loop import OptimConfig, train
 
 
 def build_llama(model_cfg: dict, vocab_size: int, tokenizer=None, seed: int = 0):
     """A randomly initialised ``LlamaForCausalLM`` from a plain dict of architecture values."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     cfg = dict(model_cfg)
     cfg.pop("name", None)
     heads = cfg.pop("num_attention_heads")
@@ -54,18 +62,19 @@ def fingerprint(model) -> dict:
     return {k: getattr(model.config, k, None) for k in keys}
 
 
+def check_config(cfg) -> None:
+    """What can be wrong in the config, raised before any data is tokenised or model built."""
+    if cfg.trainer.seq_len > cfg.model.max_position_embeddings:
+        raise ValueError(f"trainer.seq_len={cfg.trainer.seq_len} exceeds model.max_position_embeddings="
+                         f"{cfg.model.max_position_embeddings}")
+    for key in ("batch_size", "seq_len"):
+        if not (isinstance(cfg.trainer[key], int) and cfg.trainer[key] >= 1):
+            raise ValueError(f"trainer.{key} must be an integer >= 1, got {cfg.trainer[key]!r}")
+
+
 def run(cfg) -> dict:
     """The ``scripts/train_lm.py`` job: tokens → model → the training loop → exported model."""
-    import math
-    import time
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from .data import TokenBatches, eval_windows, prepare_tokens
-    from .log import RunLogger
-    from .loop import OptimConfig, train
-
+    check_config(cfg)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -73,9 +82,6 @@ def run(cfg) -> dict:
     tokenizer, train_tokens, val_tokens = prepare_tokens(corpus_cfg, cfg.data.vocab_size, cfg.data.cache_dir)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model = build_llama(model_cfg, len(tokenizer), tokenizer, seed=cfg.seed)
-    if t.seq_len > model.config.max_position_embeddings:
-        raise ValueError(f"trainer.seq_len={t.seq_len} exceeds max_position_embeddings="
-                         f"{model.config.max_position_embeddings}")
     batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
     total_steps = t.max_steps or math.ceil(t.epochs * batches.steps_per_epoch)
     val = eval_windows(val_tokens, t.seq_len, t.eval_windows)

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
+from treespec.bench import forward_time
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -26,8 +27,6 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10) -> dict[int, float]:
     """Median seconds of one target forward over N new tokens after ``past_len`` cached ones."""
-    from treespec.bench import forward_time
-
     return {n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats) for n in sizes}
 
 
@@ -70,3 +69,13 @@ def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft
     preds = [predict(grow_tree(accuracy, b), accuracy, curve, draft_cost_per_depth, draft_cost_fixed) for b in budgets]
     return max(preds, key=lambda p: p.speedup), preds
 
+
+
+def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0):
+    """The ``choose(accuracy, max_nodes) -> Tree`` that tree_spec.build_tree needs for kind "auto"."""
+    def choose(accuracy, max_nodes: int) -> Tree:
+        best, _ = choose_tree(accuracy, curve, max_nodes=max_nodes, draft_cost_per_depth=draft_cost_per_depth,
+                              draft_cost_fixed=draft_cost_fixed)
+        return best.tree
+
+    return choose

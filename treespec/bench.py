@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from treespec.generate import generate
 
@@ -106,8 +107,6 @@ def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) ->
 @torch.no_grad()
 def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30) -> float:
     """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones."""
-    from transformers import DynamicCache
-
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, past_len), generator=gen)

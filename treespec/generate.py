@@ -17,14 +17,16 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from treespec.cache import keep_tree_path
-from treespec.heads.base import Proposal
-from treespec.sampling import Sampling, probs, sample
+from treespec.drafter import Proposal, stack_features
+from treespec.dynamic_tree import DynamicTree
+from treespec.inputs import check_inputs
+from treespec.masks import tree_mask_for, tree_position_ids
+from treespec.sampling import probs, sample
 from treespec.tree import Tree
 from treespec.verify import walk
-
-_TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
 
 
 @dataclass
@@ -60,76 +62,32 @@ class GenerationResult:
         return self.wall_time - self.target_time - self.draft_time
 
 
-def max_positions(config) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        if getattr(config, name, None):
-            return int(getattr(config, name))
-    return None
-
-
-def check_inputs(target, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet: treespec decodes one sequence "
-                         "at a time (call generate once per prompt)")
-    if input_ids.shape[1] == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    limit = max_positions(target.config)
-    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
-        raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                         f"target's {limit} positions")
-    impl = getattr(target.config, "_attn_implementation", None)
-    if impl not in _TREE_MASK_IMPLEMENTATIONS:
-        raise ValueError(f"attention implementation {impl!r} cannot take a tree mask; load the target with "
-                         "attn_implementation='sdpa' (or 'eager'; 'flex_attention' on GPU)")
-
-
-def _tree_mask(tree: Tree, past_len: int, target):
-    from treespec.masks import tree_attention_mask, tree_block_mask
-
-    if target.config._attn_implementation == "flex_attention":
-        return tree_block_mask(tree, past_len, device=target.device)
-    return tree_attention_mask(tree, past_len, dtype=target.dtype, device=target.device)
-
-
 @torch.no_grad()
 def generate(
     target,
     input_ids: torch.Tensor,
     *,
     drafter=None,
-    tree: Tree | None = None,
+    tree: Tree | DynamicTree | dict | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_p: float = 1.0,
-    eos_token_id: int | list[int] | None = None,
+    eos_token_id: int | list[int] | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     acceptance: str = "rejection",
 ) -> GenerationResult:
     """Decode up to ``max_new_tokens`` after ``input_ids`` [1, P] with tree speculation.
 
-    ``tree`` is the static candidate tree (default: the drafter's ``default_tree``); ``acceptance`` is
+    ``tree`` is the candidate tree: a Tree, a DynamicTree or a tree-spec dict (default: the drafter's
+    ``default_tree``). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
     "rejection" (lossless: greedy at temperature 0, rejection sampling otherwise) or "typical"
     (Medusa's typical acceptance: faster, NOT lossless).
     """
-    from transformers import DynamicCache
-
-    from treespec.masks import tree_position_ids
-
-    sampling = Sampling(temperature, top_p)
-    check_inputs(target, input_ids, max_new_tokens)
-    if drafter is not None:
-        drafter.check_target(target)
-        tree = tree if tree is not None else drafter.default_tree
-        if not isinstance(tree, Tree) and not drafter.grows_dynamic_trees:
-            raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
-    elif tree is not None and len(tree) > 0:
-        raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
-    tree = tree if tree is not None else Tree.chain(0)
-    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    inputs = check_inputs(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
+                          acceptance=acceptance)
+    input_ids, max_new_tokens, tree, sampling, eos = (inputs.input_ids, inputs.max_new_tokens, inputs.tree,
+                                                      inputs.sampling, inputs.eos)
     needs_features = drafter is not None and drafter.needs_features
     feature_layers = tuple(drafter.feature_layers) if needs_features else ()
     device = target.device
@@ -146,8 +104,7 @@ def generate(
         result.target_time += time.perf_counter() - t0
         if not needs_features:
             return out, None
-        # [1, n, L·h]: the drafter's feature layers side by side (EAGLE-3 fuses low, mid and high ones)
-        return out, torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1)
+        return out, stack_features(out.hidden_states, feature_layers)  # [1, n, L·h]
 
     # -- prefill: the prompt's last logits give the first new token (the first root) --------------
     cache = DynamicCache(config=target.config)
@@ -180,7 +137,8 @@ def generate(
         tokens = torch.cat([sequence[0, past:length], candidates])  # [N]: root + candidates
         # a chain is verified with the model's own causal mask and positions (no mask to build per step)
         tree_inputs = {} if proposal.tree.is_chain else {
-            "attention_mask": _tree_mask(proposal.tree, past, target),
+            "attention_mask": tree_mask_for(target.config._attn_implementation, proposal.tree, past,
+                                            dtype=target.dtype, device=device),
             "position_ids": tree_position_ids(proposal.tree, past, device=device)}
         out, features = forward(input_ids=tokens[None], **tree_inputs)
         accepted = walk(out.logits[0], proposal, sampling, acceptance=acceptance, generator=generator)

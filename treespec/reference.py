@@ -1,9 +1,11 @@
 """The shipped reference models: a ~15M-parameter Llama target and a ~1.5M draft, trained here on the
-Python standard library (see treespec/models/MODEL_CARD.md), plus held-out code prompts.
+Python standard library (see treespec/models/MODEL_CARD.md), drafters for the target, held-out code
+prompts; and the one loader every job uses for a model named in a config.
 
     target, tokenizer = treespec.reference.load("target")
     draft, _ = treespec.reference.load("draft")
     prompts = treespec.reference.prompts()        # held-out stdlib code, as text
+    model, tokenizer = treespec.reference.load_model("reference:target")   # or a transformers model folder
 """
 
 from __future__ import annotations
@@ -12,9 +14,22 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 NAMES = ("target", "draft")
+PREFIX = "reference:"
+
+
+def resolve(spec: str | Path) -> Path:
+    """``reference:<name>`` (a folder under treespec/models) or a path → the folder; a missing one is named."""
+    spec = str(spec)
+    folder = MODELS_DIR / spec[len(PREFIX):] if spec.startswith(PREFIX) else Path(spec)
+    if not folder.is_dir():
+        shipped = sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir())
+        raise FileNotFoundError(f"{spec!r}: no folder at {folder} (shipped: {', '.join(PREFIX + s for s in shipped)}; "
+                                "or give a local folder)")
+    return folder
 
 
 def path(name: str) -> Path:
@@ -29,11 +44,28 @@ def path(name: str) -> Path:
 def load(name: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
     """(model, tokenizer) for a reference model, in eval mode. Weights are stored in bf16 and upcast to
     ``dtype`` (float32 is fastest on CPUs)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return load_model(path(name), dtype=dtype, attn_implementation=attn_implementation)
 
-    folder = path(name)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+
+def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"):
+    """(model in eval mode, tokenizer) from ``reference:<name>`` or a transformers model folder. A folder
+    that transformers cannot read, or weights with NaN/inf, is an error naming the folder."""
+    folder = resolve(spec)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} holds no config.json: not a transformers model folder")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot load the model in {folder}: {err}") from err
+    bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    if bad:
+        raise ValueError(f"the weights in {folder} hold NaN or infinite values ({', '.join(bad[:3])}): corrupt file?")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot load the tokenizer in {folder}: {err}") from err
+    return model.eval(), tokenizer
 
 
 def prompts(split: str = "test") -> list[str]:

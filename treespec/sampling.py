@@ -42,7 +42,9 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     logits = logits.float()
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    p = torch.softmax(logits / sampling.temperature, dim=-1)
+    # Subtract the max before dividing: logits / T overflows to inf (then NaN) for tiny T, while the shifted
+    # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared).
+    p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         p = nucleus(p, sampling.top_p)
     return p
@@ -77,7 +79,13 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=gen_device).to(p.device)
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: first entry whose cdf exceeds u
     overflow = index == p.shape[-1]
-    if overflow.any():  # u · total rounded up to total: the last token with mass (never a zero one)
+    total = cdf[:, -1]  # [R]
+    valid = torch.isfinite(total) & (total > 0)
+    if bool(overflow.any() | ~valid.all()):  # one host sync for the rare cases
+        if not bool(valid.all()):
+            raise ValueError("cannot sample: the distribution is empty or not finite (NaN or inf logits from the "
+                             "model?)")
+        # u · total rounded up to total: the last token with mass (never a zero one)
         last_positive = p.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1, keepdim=True)
         index = torch.where(overflow, last_positive, index)
     return index.reshape(p.shape[:-1])

@@ -34,15 +34,12 @@ Modes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from treespec.drafter import Proposal
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
-
-if TYPE_CHECKING:  # annotation only: importing treespec.heads here would load every drafter
-    from treespec.heads.base import Proposal
 
 ACCEPTANCE_MODES = ("rejection", "typical")
 

@@ -1,53 +1,21 @@
-"""Tree policies: which candidate tree to verify each step, built from a config.
+"""EAGLE-2's dynamic draft tree (Li et al. 2024b, "EAGLE-2: Faster Inference of Language Models with
+Dynamic Draft Trees"): a node budget the drafter grows into a new tree every step, from its own confidence.
 
-Static kinds (one Tree for every step):
-    {"kind": "chain", "depth": γ}                   classic speculative decoding
-    {"kind": "full", "width": w, "depth": d}
-    {"kind": "paths", "paths": [[0], [1], [0, 0]]}   Medusa "choices"
-    {"kind": "accuracy", "nodes": n}                 grown greedily from measured per-depth top-k
-                                                     accuracies (Medusa's sparse trees; analysis.grow_tree)
-Dynamic kind (grown by the drafter every step; EAGLE-2, Li et al. 2024b):
-    {"kind": "dynamic", "total_tokens": n, "depth": d, "top_k": k}   → DynamicTree
-Bad specifications raise ValueError naming the spec.
+The whole rule lives here; drafters (treespec.heads.expansion) only run their model where it says:
+
+* **score**: a node's score is its cumulative draft log-probability (the sum along its path);
+* **frontier** (expansion): at each depth the ``top_k`` nodes of the newest depth with the highest score
+  propose their ``top_k`` most likely children;
+* **select** (reranking): after ``depth`` levels the best ``total_tokens`` nodes by score are kept and
+  verified as a concrete ``Tree``. A child never outscores its parent, so the kept set is a connected
+  subtree; siblings stay in draft-probability order, so the walker's sibling rule stays lossless.
 """
 
 from __future__ import annotations
 
-from treespec.analysis import grow_tree
 from treespec.tree import Tree
 
-KINDS = ("chain", "full", "paths", "accuracy", "dynamic")
 
-
-def build_tree(spec, accuracy=None) -> Tree | DynamicTree:
-    """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
-    ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (needed by
-    kind "accuracy")."""
-    if isinstance(spec, (Tree, DynamicTree)):
-        return spec
-    original, spec = dict(spec), dict(spec)
-    kind = spec.pop("kind", None)
-    try:
-        if kind == "chain":
-            return Tree.chain(int(spec.pop("depth")))
-        if kind == "full":
-            return Tree.full(int(spec.pop("width")), int(spec.pop("depth")))
-        if kind == "paths":
-            return Tree.from_paths([tuple(p) for p in spec.pop("paths")])
-        if kind == "accuracy":
-            if accuracy is None:
-                raise ValueError("needs measured per-depth top-k accuracies (train heads first)")
-            return grow_tree(accuracy, int(spec.pop("nodes")))
-        if kind == "dynamic":
-            return DynamicTree(int(spec.pop("total_tokens")), int(spec.pop("depth")), int(spec.pop("top_k")))
-    except KeyError as missing:
-        raise ValueError(f"tree spec {original} lacks {missing}") from None
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"bad tree spec {original}: {err}") from None
-    raise ValueError(f"tree spec {original}: kind {kind!r} is not one of {KINDS}")
-
-
-# -- dynamic trees (EAGLE-2) -------------------------------------------------------------------------
 class DynamicTree:
     """EAGLE-2's dynamic draft tree (Li et al. 2024b): a budget, not a topology. The drafter grows the
     tree every step from its own confidence (treespec.heads.expansion): at each depth the ``top_k``
@@ -88,6 +56,17 @@ class DynamicTree:
         if max_depth < 1:
             return Tree.chain(0)
         return self if max_depth >= self.depth else DynamicTree(self.total_tokens, max_depth, self.top_k)
+
+    @staticmethod
+    def child_score(parent_score: float, log_q: float) -> float:
+        """A child's score: its parent's plus its own draft log-probability. log q <= 0, so min() only guards
+        rounding: a child never outscores its parent (what keeps every selected set connected)."""
+        return min(parent_score + log_q, parent_score)
+
+    def frontier(self, newest: list[int], scores: list[float]) -> list[int]:
+        """The ``top_k`` nodes of the newest depth (ids ``newest``) with the best scores, which propose the next
+        depth's children (EAGLE-2's expansion phase); ties go to the smaller id."""
+        return sorted(newest, key=lambda i: (-scores[i], i))[: self.top_k]
 
     def select(self, parents: list[int], ranks: list[int], scores: list[float]) -> tuple[Tree, list[int]]:
         """Keep the best ``total_tokens`` grown nodes → (the concrete Tree, grown-node id of each tree node).

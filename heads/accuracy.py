@@ -1,0 +1,57 @@
+"""Per-depth rank accuracies of a drafter: acc[d][r], the chance that its rank-r candidate at draft depth
+d + 1 is the token the target emits at that node's parent (treespec.verify.rank_acceptance: greedy, the
+target's argmax; sampling, p_target of it, EAGLE-2's sibling rule). Ranks are mutually exclusive, as
+analysis.grow_tree expects, so they drive accuracy-grown static trees and predicted speedups.
+
+Each drafter kind measures its own (``rank_accuracy`` in its module, teacher forced on held-out
+windows); this module holds what they share: the counter, and the one file the numbers live in beside
+a trained drafter's weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from treespec.io import atomic_write_json, read_json
+from treespec.sampling import Sampling
+from treespec.verify import rank_acceptance
+
+ACCURACY_FILE = "head_accuracy.json"
+
+
+class RankHits:
+    """Accumulates acc[d][r] over batches: ``add(d, candidates [..., R], target_logits [..., V])``."""
+
+    def __init__(self, depth: int, top_k: int, sampling: Sampling):
+        self.hits, self.counts, self.sampling = torch.zeros(depth, top_k), torch.zeros(depth), sampling
+
+    def add(self, depth: int, candidates: torch.Tensor, target_logits: torch.Tensor) -> None:
+        accepted = rank_acceptance(candidates, target_logits, self.sampling)  # [..., R]
+        self.hits[depth] += accepted.reshape(-1, accepted.shape[-1]).sum(0).cpu()
+        self.counts[depth] += accepted.numel() // accepted.shape[-1]
+
+    def table(self) -> list[list[float]]:
+        return (self.hits / self.counts.clamp(min=1)[:, None]).tolist()
+
+
+def write_accuracy(folder, accuracy: list[list[float]]) -> None:
+    atomic_write_json(Path(folder) / ACCURACY_FILE, accuracy)
+
+
+def read_accuracy(folder) -> list[list[float]] | None:
+    """A trained drafter's measured accuracies (greedy), or None when its folder has none."""
+    path = Path(folder) / ACCURACY_FILE
+    if not path.is_file():
+        return None
+    acc = read_json(path, "accuracy file")
+    if not (isinstance(acc, list) and acc and all(isinstance(row, list) and row for row in acc)):
+        raise ValueError(f"accuracy file {path} must hold a non-empty list of per-depth lists of rank accuracies")
+    return acc
+
+
+def accuracy_metrics(acc: list[list[float]], prefix: str = "depth") -> dict:
+    """Top-1 and top-5 per depth, for logs: {"depth1_top1": ..., "depth1_top5": ...}."""
+    return {m: v for k, row in enumerate(acc) for m, v in
+            ((f"{prefix}{k + 1}_top1", row[0]), (f"{prefix}{k + 1}_top5", sum(row[:5])))}

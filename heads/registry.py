@@ -1,0 +1,88 @@
+"""The drafter registry: every drafter kind by name, and how to load it, make it a Drafter, measure its
+per-depth rank accuracy and its drafting cost. Training (treespec.train.heads), the comparison
+(treespec.train.compare) and the scripts look drafters up here and nowhere else; conf/drafter/<name>.yaml
+describes each one's settings once.
+
+    kind = registry.get("eagle")
+    drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from treespec.drafter import CANDIDATE_MODES, Drafter
+from treespec.reference import load_model, resolve
+
+from . import draft_model, eagle, medusa
+from .draft_model import DraftModel
+from .eagle import Eagle, EagleModel
+from .medusa import Medusa, MedusaHeads
+from .prompt_lookup import PromptLookup
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    #: (source folder, target) → the trained module; None for drafters without weights
+    load: Callable | None
+    #: (module, candidates) → the Drafter generate() takes
+    make: Callable[[object, str], Drafter]
+    #: (target, module, windows, *, sampling) → acc[d][r] (heads/accuracy.py); None: no fixed ranks to score
+    rank_accuracy: Callable | None = None
+    #: module → (seconds per proposal, seconds per drafted depth), for predicted speedups
+    cost: Callable[[object], tuple[float, float]] = lambda module: (0.0, 0.0)
+    #: candidate modes it supports ("sample": children drawn i.i.d. from the draft distribution)
+    candidate_modes: tuple[str, ...] = ("topk",)
+    #: the deepest tree it can fill, from the module (Medusa: its number of heads); None: unbounded
+    max_depth: Callable[[object], int | None] = lambda module: None
+
+
+def _load_draft_model(source, target):
+    return load_model(source, dtype=target.dtype)[0].to(target.device)
+
+
+KINDS: dict[str, DrafterKind] = {
+    "draft": DrafterKind(
+        "draft", _load_draft_model, lambda m, candidates: DraftModel(m, candidates=candidates),
+        draft_model.rank_accuracy, lambda m: (0.0, draft_model.depth_cost(m)), CANDIDATE_MODES),
+    "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates: PromptLookup()),
+    "medusa": DrafterKind(
+        "medusa", lambda source, target: MedusaHeads.from_pretrained(resolve(source), target),
+        lambda m, candidates: Medusa(m), medusa.rank_accuracy, lambda m: (medusa.proposal_cost(m), 0.0),
+        max_depth=lambda m: m.num_heads),
+    "eagle": DrafterKind(
+        "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
+        lambda m, candidates: Eagle(m, candidates=candidates), eagle.rank_accuracy,
+        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
+}
+
+
+def get(name: str) -> DrafterKind:
+    if name not in KINDS:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def load(name: str, target, source=None):
+    """The trained module of drafter ``name`` from ``source`` (``reference:<name>`` or a folder); None for a
+    drafter without weights."""
+    kind = get(name)
+    if kind.load is None:
+        return None
+    if source is None:
+        raise ValueError(f"drafter {name!r} needs a source: reference:<name> or a folder of trained weights")
+    return kind.load(source, target)
+
+
+def make(name: str, module, candidates: str = "topk") -> Drafter:
+    kind = get(name)
+    if candidates not in kind.candidate_modes:
+        raise ValueError(f"drafter {name!r} takes candidates in {kind.candidate_modes}, got {candidates!r}")
+    return kind.make(module, candidates)
+
+
+def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:
+    """load + make: a ready Drafter for ``target``."""
+    return make(name, load(name, target, source), candidates)

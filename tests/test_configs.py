@@ -1,0 +1,62 @@
+"""Every primary config composes with every experiment and debug config meant for its job, and with every
+drafter and tree choice it documents, and passes the start-up check its job runs before loading models."""
+
+from pathlib import Path
+
+import pytest
+
+from treespec.train import compare, heads, lm
+
+from .tiny_models import CONF, compose_cfg
+
+CHECKS = {"train_lm": lm.check_config, "train_heads": heads.check_config, "compare": compare.check_config}
+# experiment / debug configs by the job they are written for (file name prefix)
+JOB_OF = {"compare": "compare", "reference": "train_heads", "tiny_lm": "train_lm", "tiny_heads": "train_heads"}
+
+
+def group(name: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF) / name).glob("*.yaml"))
+
+
+def job_of(config: str) -> str:
+    return next(job for prefix, job in JOB_OF.items() if config.startswith(prefix))
+
+
+CASES = [(job, []) for job in CHECKS]
+CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
+CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
+CASES += [("train_heads", [f"drafter={d}"]) for d in heads.RECIPES]
+CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
+CASES += [("compare", [f"drafters=[{d}]"]) for d in group("drafter")]
+
+
+@pytest.mark.parametrize("job, overrides", CASES, ids=[f"{j}-{'-'.join(o) or 'default'}" for j, o in CASES])
+def test_config_composes_and_passes_the_start_up_check(job, overrides):
+    CHECKS[job](compose_cfg(job, overrides))
+
+
+def test_every_config_is_covered():
+    covered = {o[0].split("=")[1] for _, o in CASES if o and o[0].split("=")[0] in ("experiment", "debug")}
+    assert covered == set(group("experiment")) | set(group("debug"))
+
+
+@pytest.mark.parametrize("job, overrides, message", [
+    ("train_heads", ["tree=accuracy", "+tree.depth=3"], r"unknown key\(s\) depth"),
+    ("compare", ["drafters=[eagle,warp]"], r"'warp' is not one of the available drafters"),
+    ("compare", ["prompts=0"], r"prompts must be an integer >= 1"),
+    ("compare", ["prompts=1000"], r"only \d+ held-out prompts are shipped"),
+    ("compare", ["repeats=0"], r"repeats must be an integer >= 1"),
+    ("compare", ["available.medusa.candidates=sample", "drafters=[medusa]"], r"takes candidates in"),
+    ("train_lm", ["trainer.seq_len=4096"], r"exceeds model.max_position_embeddings"),
+])
+def test_bad_configs_fail_at_start_up(job, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        CHECKS[job](compose_cfg(job, overrides))
+
+
+def test_untrainable_drafter_is_refused_when_composed():
+    """Each trainable drafter has its optimiser settings in conf/optim/<name>.yaml; others fail to compose."""
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="optim/prompt_lookup"):
+        compose_cfg("train_heads", ["drafter=prompt_lookup"])

@@ -1,0 +1,98 @@
+"""The layers (README "Layout"): the core never imports drafters or jobs, masks/ only the core's Tree,
+heads/ never train/, and no module import cycles. Every import counts, also inside functions and under
+TYPE_CHECKING. ruff's banned-api rules (per-folder ruff.toml) enforce the same in the linter; this test
+runs ruff too, so the README's test command fails on a new violation."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"treespec": ROOT / "treespec", "treespec.heads": ROOT / "heads", "treespec.masks": ROOT / "masks",
+            "treespec.train": ROOT / "train"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every treespec module ``name`` imports (relative imports resolved; ``from pkg import mod`` is mod)."""
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+    return {m for m in found if m == "treespec" or m.startswith("treespec.")}
+
+
+GRAPH = {name: imports_of(name, path, set(modules())) for name, path in modules().items()}
+
+
+def layer(module: str) -> str:
+    for package in ("treespec.heads", "treespec.masks", "treespec.train"):
+        if module == package or module.startswith(package + "."):
+            return package
+    return "treespec"
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_module_imports_only_layers_below(module):
+    own = layer(module)
+    banned = {"treespec": ("treespec.heads", "treespec.train"), "treespec.masks": ("treespec.heads", "treespec.train"),
+              "treespec.heads": ("treespec.train",), "treespec.train": ()}[own]
+    bad = sorted(m for m in GRAPH[module] if layer(m) in banned)
+    assert not bad, f"{module} ({own}) imports {bad}"
+    if own == "treespec.masks":  # masks see only the core's Tree
+        core = sorted(m for m in GRAPH[module] if layer(m) == "treespec" and m != "treespec.tree")
+        assert not core, f"{module} imports {core}; masks/ may import only treespec.tree"
+
+
+def test_no_import_cycles():
+    """Among the modules of each layer (package __init__ files only re-export, so they are left out)."""
+    graph = {m: {d for d in deps if d in GRAPH and d != m and not PACKAGES.get(d)} for m, deps in GRAPH.items()
+             if m not in PACKAGES}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in graph.get(m, ()):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " → ".join([*stack[stack.index(d):], d]))
+            if d not in state:
+                visit(d, [*stack, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_checker_sees_every_kind_of_import(tmp_path):
+    """A function-local absolute import, a TYPE_CHECKING one and a relative one are all found."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from treespec.train import loop\n"
+                    "def f():\n    import treespec.heads.eagle\nfrom .cache import keep_tree_path\n")
+    found = imports_of("treespec.fake", fake, set(modules()))
+    assert {"treespec.train.loop", "treespec.heads.eagle", "treespec.cache"} <= found
+
+
+def test_ruff_is_clean():
+    pytest.importorskip("ruff")
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

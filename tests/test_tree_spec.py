@@ -1,0 +1,62 @@
+"""Tree specifications from configs: every kind builds, bad specifications name themselves."""
+
+import pytest
+
+from treespec import Tree
+from treespec.dynamic_tree import DynamicTree
+from treespec.tree_spec import build_tree, check_tree_spec
+
+
+def test_kinds_build():
+    assert build_tree({"kind": "chain", "depth": 3}) == Tree.chain(3)
+    assert build_tree({"kind": "full", "width": 2, "depth": 2}) == Tree.full(2, 2)
+    assert build_tree({"kind": "paths", "paths": [[0], [1], [0, 0]]}) == Tree.from_paths([(0,), (1,), (0, 0)])
+    acc = [[0.6, 0.2], [0.4, 0.1]]
+    tree = build_tree({"kind": "accuracy", "nodes": 3}, accuracy=acc)
+    assert len(tree) == 3 and set(tree.paths) == {(0,), (1,), (0, 0)}
+    assert build_tree(Tree.chain(2)) == Tree.chain(2)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"kind": "chain"}, r"lacks depth"),
+    ({"kind": "ladder", "depth": 2}, r"kind 'ladder' is not one of"),
+    ({"kind": "full", "width": 0, "depth": 2}, r"bad tree spec .*'width': 0"),
+    ({"kind": "paths", "paths": [[0, 1]]}, r"\(0, 1\) has no parent"),
+    ({"kind": "accuracy", "nodes": 4}, r"needs the drafter's measured per-depth top-k accuracies"),
+    ({"kind": "auto"}, r"needs the drafter's measured"),
+    ({"kind": "chain", "depth": 2.5}, r"2.5 is not an integer"),
+    ({"kind": "dynamic", "total_tokens": 4, "depth": 2, "top_k": 0}, r"top_k >= 1"),
+])
+def test_bad_specs_are_named(spec, message):
+    with pytest.raises(ValueError, match=message):
+        build_tree(spec)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"kind": "accuracy", "nodes": 4, "depth": 3}, r"unknown key\(s\) depth for kind 'accuracy'"),
+    ({"kind": "dynamic", "total_tokens": 16, "depth": 5, "top_k": 4, "nodes": 6}, r"unknown key\(s\) nodes"),
+    ({"kind": "full", "width": 2}, r"lacks depth"),
+    ({"kind": "auto", "max_nodes": 0}, r"max_nodes must be an integer >= 1"),
+    ({"kind": "accuracy", "nodes": "8"}, r"nodes must be an integer >= 1"),
+    ([("chain", 3)], r"a tree spec is a dict"),
+    ({"depth": 3}, r"kind None is not one of"),
+])
+def test_check_refuses_what_build_would_misread(spec, message):
+    """check_tree_spec is what jobs call at start-up: a misspelled key fails there, not after training."""
+    with pytest.raises(ValueError, match=message):
+        check_tree_spec(spec)
+
+
+def test_check_fills_defaults_and_passes_trees_through():
+    assert check_tree_spec({"kind": "auto"}) == {"kind": "auto", "max_nodes": 64}
+    assert check_tree_spec({"kind": "accuracy", "nodes": 8}) == {"kind": "accuracy", "nodes": 8}
+    assert check_tree_spec(Tree.chain(3)) == Tree.chain(3)
+    assert check_tree_spec(DynamicTree(4, 2, 2)) == DynamicTree(4, 2, 2)
+
+
+def test_auto_uses_the_chooser():
+    acc = [[0.6, 0.2], [0.4, 0.1]]
+    chosen = []
+    tree = build_tree({"kind": "auto", "max_nodes": 2}, accuracy=acc,
+                      choose=lambda a, n: chosen.append((a, n)) or Tree.chain(n))
+    assert tree == Tree.chain(2) and chosen == [(acc, 2)]

@@ -1,0 +1,33 @@
+"""What the drafter-training job (train/heads.py) needs to know about one kind of drafter: a ``Recipe``.
+
+Each trainable kind in the drafter registry (treespec.heads.registry) has a recipe function
+``recipe(cfg, target) -> Recipe`` in its own module here (train/medusa.py, train/eagle.py, ...); the job
+looks it up by the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from treespec.heads.accuracy import accuracy_metrics, write_accuracy
+
+
+@dataclass
+class Recipe:
+    module: torch.nn.Module                              # the trainable drafter
+    loss: Callable[[torch.Tensor], tuple]                # batch → (loss, metrics)
+    evaluate: Callable[[torch.Tensor], dict]             # validation windows → metrics, during training
+    rank_accuracy: Callable[[torch.Tensor], list]        # validation windows → acc[d][r], at export
+    drafter: Callable[[], object]                        # the trained module as a treespec Drafter
+    description: str
+
+    def export(self, windows: torch.Tensor, folder) -> tuple[dict, list[list[float]]]:
+        """Save the trained module with its measured per-depth accuracies → (metrics, accuracies)."""
+        acc = self.rank_accuracy(windows)
+        self.module.save_pretrained(Path(folder))
+        write_accuracy(folder, acc)
+        return accuracy_metrics(acc), acc

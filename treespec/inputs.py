@@ -1,0 +1,154 @@
+"""Validation at the door of generate(): every argument is checked (and normalised where the intent is
+clear) before any model runs, so a mistake is an error that names the argument, the value and what is
+accepted, never an error from deep inside torch or a silently wrong result.
+
+Normalised: ``input_ids`` as a list of ints, a [P] tensor or a [1, P] tensor; ``eos_token_id`` as an int, a
+numpy integer, a sequence of ints or an integer tensor; ``tree`` as a Tree, a DynamicTree or a tree-spec
+dict (treespec.tree_spec). Refused: a target in training mode (dropout would make its output random),
+an attention implementation that cannot take a tree mask, flex_attention with a branching tree on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from treespec.drafter import Drafter
+from treespec.dynamic_tree import DynamicTree
+from treespec.masks import TREE_MASK_ATTENTION
+from treespec.sampling import Sampling
+from treespec.tree import Tree
+from treespec.tree_spec import build_tree
+from treespec.verify import ACCEPTANCE_MODES
+
+
+@dataclass
+class Inputs:
+    input_ids: torch.Tensor          # LongTensor [1, P] on the target's device
+    max_new_tokens: int
+    tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
+    sampling: Sampling
+    eos: frozenset[int]
+
+
+def max_positions(config) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    return None
+
+
+def vocab_size(model) -> int:
+    return model.get_input_embeddings().weight.shape[0]
+
+
+def token_ids(value, name: str) -> list[int]:
+    """A flat list of token ids from an int, a numpy integer, a sequence or an integer tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer token ids, got a {value.dtype} tensor")
+        return [int(v) for v in value.flatten().tolist()]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return [int(value)]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [i for v in value for i in token_ids(v, name)]
+    raise ValueError(f"{name} must be token ids (an int, a sequence of ints or an integer tensor), got {value!r}")
+
+
+def check_input_ids(input_ids, target) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.tensor(token_ids(input_ids, "input_ids"), dtype=torch.long)[None]
+    elif input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet: treespec decodes one sequence "
+                         "at a time (call generate once per prompt)")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    vocab = vocab_size(target)
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"input_ids must lie in [0, {vocab}) (the target's vocabulary), got ids from {low} to {high}")
+    return input_ids.long()
+
+
+def check_count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_sampling(temperature, top_p) -> Sampling:
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return Sampling(float(temperature), float(top_p))
+
+
+def check_target(target, tree: Tree | DynamicTree) -> None:
+    if target.training:
+        raise ValueError("the target is in training mode (dropout makes its output random, so nothing would equal "
+                         "its greedy decoding): call target.eval() first")
+    impl = getattr(target.config, "_attn_implementation", None)
+    if impl not in TREE_MASK_ATTENTION:
+        raise ValueError(f"attention implementation {impl!r} cannot take a tree mask; load the target with "
+                         "attn_implementation='sdpa' (or 'eager'; 'flex_attention' on GPU)")
+    branching = isinstance(tree, DynamicTree) or not tree.is_chain
+    if impl == "flex_attention" and target.device.type == "cpu" and branching:
+        # torch 2.13's inductor cannot compile flex_attention with a tree mask on CPU (CppCompileError)
+        raise ValueError("flex_attention takes tree masks on CUDA only: load the target with "
+                         "attn_implementation='sdpa' on CPU (chains work with flex_attention everywhere)")
+
+
+def check_tree(tree, drafter) -> Tree | DynamicTree:
+    if drafter is None:
+        tree = build_tree(tree) if isinstance(tree, Mapping) else tree
+        if tree is not None and len(tree) > 0:
+            raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
+        return Tree.chain(0)
+    tree = drafter.default_tree if tree is None else tree
+    if isinstance(tree, Mapping):
+        tree = build_tree(tree)
+    if not isinstance(tree, (Tree, DynamicTree)):
+        raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
+    if isinstance(tree, DynamicTree) and not drafter.grows_dynamic_trees:
+        raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
+    return tree
+
+
+def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
+                 generator, acceptance) -> Inputs:
+    """Every generate() argument, checked; see the module docstring."""
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+    if acceptance not in ACCEPTANCE_MODES:
+        raise ValueError(f"unknown acceptance mode {acceptance!r}; expected one of {ACCEPTANCE_MODES}")
+    max_new_tokens = check_count(max_new_tokens, "max_new_tokens")
+    sampling = check_sampling(temperature, top_p)
+    eos = frozenset(token_ids(eos_token_id, "eos_token_id")) if eos_token_id is not None else frozenset()
+    input_ids = check_input_ids(input_ids, target)
+    tree = check_tree(tree, drafter)
+    check_target(target, tree)
+    vocab = vocab_size(target)
+    if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
+        raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")
+    total = input_ids.shape[1] + max_new_tokens
+    limits = [("target", max_positions(target.config))]
+    if drafter is not None:
+        drafter.check_target(target)
+        limits.append((type(drafter).__name__, drafter.max_positions))
+    for who, limit in limits:
+        if limit is not None and total > limit:
+            raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                             f"{who}'s {limit} positions")
+    return Inputs(input_ids.to(target.device), max_new_tokens, tree, sampling, eos)

@@ -1,0 +1,107 @@
+"""Tree specs: the one parser from a config dict to the tree a step verifies.
+
+Static kinds (one Tree for every step):
+    {"kind": "chain", "depth": γ}                   classic speculative decoding
+    {"kind": "full", "width": w, "depth": d}
+    {"kind": "paths", "paths": [[0], [1], [0, 0]]}   Medusa "choices"
+    {"kind": "accuracy", "nodes": n}                 grown greedily from the drafter's measured per-depth
+                                                     top-k accuracies (Medusa's sparse trees; analysis.grow_tree)
+    {"kind": "auto", "max_nodes": n}                 the accuracy-grown tree with the best predicted tokens/s
+                                                     on this device's cost curve (treespec.autotree)
+Dynamic kind (grown by the drafter every step; EAGLE-2):
+    {"kind": "dynamic", "total_tokens": n, "depth": d, "top_k": k}   → DynamicTree
+
+``check_tree_spec`` validates a spec without building it (jobs call it at start-up, before any model is
+loaded or trained); ``build_tree`` builds it from what the kind needs. Unknown kinds, unknown keys, missing
+keys and bad values raise ValueError naming the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from treespec.analysis import grow_tree
+from treespec.dynamic_tree import DynamicTree
+from treespec.tree import Tree
+
+# kind → (required keys, optional keys with their defaults)
+KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "chain": (("depth",), {}),
+    "full": (("width", "depth"), {}),
+    "paths": (("paths",), {}),
+    "accuracy": (("nodes",), {}),
+    "auto": ((), {"max_nodes": 64}),
+    "dynamic": (("total_tokens", "depth", "top_k"), {}),
+}
+NEEDS_ACCURACY = ("accuracy", "auto")  # kinds grown from a drafter's measured per-depth top-k accuracies
+
+
+def check_tree_spec(spec) -> dict | Tree | DynamicTree:
+    """The spec as a plain dict with defaults filled in; ValueError for an unknown kind or key, a missing key
+    or a value that cannot build a tree. A Tree or DynamicTree passes as is."""
+    if isinstance(spec, (Tree, DynamicTree)):
+        return spec
+    spec = _normalized(spec)
+    if spec["kind"] not in NEEDS_ACCURACY:  # build it once to check the values; accuracy kinds need a drafter
+        build_tree(spec)
+    else:
+        for key in ("nodes", "max_nodes"):
+            if key in spec and not (isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] >= 1):
+                raise ValueError(f"tree spec {spec}: {key} must be an integer >= 1")
+    return spec
+
+
+def build_tree(spec, accuracy=None, choose=None) -> Tree | DynamicTree:
+    """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
+
+    ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
+    "accuracy" and "auto"); ``choose(accuracy, max_nodes) -> Tree`` picks the "auto" tree (it needs the
+    device's cost curve, see treespec.autotree.auto_chooser)."""
+    if isinstance(spec, (Tree, DynamicTree)):
+        return spec
+    spec = _normalized(spec)
+    kind = spec["kind"]
+    try:
+        if kind == "chain":
+            return Tree.chain(_int(spec["depth"]))
+        if kind == "full":
+            return Tree.full(_int(spec["width"]), _int(spec["depth"]))
+        if kind == "paths":
+            return Tree.from_paths([tuple(p) for p in spec["paths"]])
+        if kind == "dynamic":
+            return DynamicTree(_int(spec["total_tokens"]), _int(spec["depth"]), _int(spec["top_k"]))
+        if accuracy is None:
+            raise ValueError("needs the drafter's measured per-depth top-k accuracies (train it first)")
+        if kind == "accuracy":
+            return grow_tree(accuracy, _int(spec["nodes"]))
+        if choose is None:
+            raise ValueError("needs the device's cost curve to choose from (treespec.autotree.auto_chooser)")
+        return choose(accuracy, _int(spec["max_nodes"]))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"bad tree spec {spec}: {err}") from None
+
+
+def _normalized(spec) -> dict:
+    """Kind and keys checked, optional keys filled in."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"a tree spec is a dict such as {{'kind': 'chain', 'depth': 3}} (or a Tree), got {spec!r}")
+    spec = dict(spec)
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"tree spec {spec}: kind {kind!r} is not one of {tuple(KINDS)}")
+    required, optional = KINDS[kind]
+    missing = [k for k in required if k not in spec]
+    if missing:
+        raise ValueError(f"tree spec {spec} lacks {', '.join(missing)} (kind {kind!r} needs {', '.join(required)})")
+    unknown = sorted(set(spec) - {"kind", *required, *optional})
+    if unknown:
+        raise ValueError(f"tree spec {spec}: unknown key(s) {', '.join(unknown)} for kind {kind!r} "
+                         f"(it takes {', '.join((*required, *optional))})")
+    return {**optional, **spec}
+
+
+def _int(value) -> int:
+    """Integers only (hydra and JSON give ints): 2.5 or "3" is a mistake, not something to round."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
