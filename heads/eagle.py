@@ -70,11 +70,17 @@ def check_fits_target(config: dict, target) -> None:
 
 def one_layer_config(target_config):
     """The target's config with one decoder layer, full attention (a DynamicCache) and a tree-mask
-    capable attention implementation."""
+    capable attention implementation.
+
+    Full attention also for a sliding-window target (Mistral, Gemma-2/3, gpt-oss): the drafter is trained on its
+    own, over features that already carry the target's windowed context, and a full layer's cache is rolled back
+    by plain compaction (treespec/cache.py)."""
     config = copy.deepcopy(target_config)
     config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None):
+    if getattr(config, "layer_types", None):  # models keying masks by layer type (Gemma-2/3, gpt-oss, Qwen2)
         config.layer_types = ["full_attention"]
+    elif getattr(config, "sliding_window", None) is not None:  # one window for every layer (Mistral, Phi-3, Mixtral)
+        config.sliding_window = None
     if getattr(config, "_attn_implementation", None) not in DENSE_MASK_ATTENTION:  # expansion passes a float mask
         config._attn_implementation = "sdpa"
     return config
@@ -132,6 +138,9 @@ class EagleModel(nn.Module):
                             use_cache=cache is not None).last_hidden_state
 
     # -- persistence ---------------------------------------------------------------------------------
+    def check_fits(self, target) -> None:
+        check_fits_target(self.config, target)
+
     def save_pretrained(self, folder) -> None:
         save_drafter(self, folder, "eagle", self.config)
 
@@ -165,7 +174,7 @@ class Eagle(ExpandingDrafter):
         self.feature_layers = model.feature_layers
 
     def check_target(self, target) -> None:
-        check_fits_target(self.model.config, target)
+        self.model.check_fits(target)
 
     def reset(self) -> None:
         super().reset()
@@ -178,11 +187,12 @@ class Eagle(ExpandingDrafter):
     @torch.no_grad()
     def prefill(self, input_ids, features) -> None:
         # prompt token j + 1 pairs with feature j; the first token has none, the last feature pairs with the root
-        self._pending = [self.model.fuse(features[:, :-1].to(self.model.device))]
+        self._pending = [self.model.fuse(features[:, :-1].to(self.model.device, self.model.dtype))]
 
     def _start(self, committed, feature):
         tokens = committed[:, self.n_cached + 1 :].to(self.model.device)  # [1, m]: entries n_cached.., root last
-        features = torch.cat([*self._pending, self.model.fuse(feature[:, None].to(self.model.device))], dim=1)
+        model = self.model
+        features = torch.cat([*self._pending, model.fuse(feature[:, None].to(model.device, model.dtype))], dim=1)
         if features.shape[1] != tokens.shape[1]:
             raise RuntimeError(f"EAGLE drafter out of sync: {tokens.shape[1]} committed tokens to feed but "
                                f"{features.shape[1]} target features (was accept() called after every propose()?)")
@@ -204,7 +214,7 @@ class Eagle(ExpandingDrafter):
         super().accept(path, features)
         # accepted node i pairs with the feature at its parent: root, then nodes 1..k-1; the feature at the
         # last accepted node pairs with the next root and arrives with it in propose()
-        self._pending = [self.model.fuse(features[:, : len(path)].to(self.model.device))]
+        self._pending = [self.model.fuse(features[:, : len(path)].to(self.model.device, self.model.dtype))]
         self._outputs = {}
 
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.reference import load_model, resolve
 
-from . import draft_model, eagle, medusa
+from . import draft_model, eagle, eagle3, medusa
 from .draft_model import DraftModel
 from .eagle import Eagle, EagleModel
+from .eagle3 import Eagle3, Eagle3Model
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
 
@@ -55,6 +56,10 @@ KINDS: dict[str, DrafterKind] = {
     "eagle": DrafterKind(
         "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
         lambda m, candidates: Eagle(m, candidates=candidates), eagle.rank_accuracy,
+        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
+    "eagle3": DrafterKind(
+        "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
+        lambda m, candidates: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
         lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
 }
 

@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-from treespec import Tree, reference
+from treespec import Tree, generate, reference
 from treespec.bench import Config, markdown_table, measure
 from treespec.heads import DraftModel, PromptLookup
 
@@ -43,8 +43,6 @@ def main() -> None:
     print()
     print(markdown_table(rows))
     sample = configs[0]
-    from treespec import generate
-
     out = generate(target, prompts[0], drafter=sample.drafter, tree=sample.tree, max_new_tokens=48,
                    temperature=args.temperature, top_p=args.top_p)
     print("\nprompt tail + continuation (speculative):\n" + "-" * 60)

@@ -2,7 +2,6 @@
 repeated steps; wandb that never blocks a run; loading weights that names the file."""
 
 import json
-import pickle
 import threading
 import time
 from pathlib import Path
@@ -133,16 +132,7 @@ def plant_pickle(path: Path, marker: Path) -> None:
     torch.save({"step": 999, "model": Plant(marker)}, path)
 
 
-def forbid_unpickling(monkeypatch):
-    def boom(*args, **kwargs):
-        raise AssertionError("a checkpoint was unpickled")
-
-    monkeypatch.setattr(torch, "load", boom)
-    monkeypatch.setattr(pickle, "load", boom)
-    monkeypatch.setattr(pickle, "loads", boom)
-
-
-def test_planted_pickle_checkpoint_is_never_executed(tmp_path, monkeypatch):
+def test_planted_pickle_checkpoint_is_never_executed(tmp_path, forbid_unpickling):
     # the plant works: loading it with pickle enabled runs its code
     plant_pickle(tmp_path / "probe.pt", tmp_path / "probe-marker")
     torch.load(tmp_path / "probe.pt", weights_only=False)
@@ -151,7 +141,7 @@ def test_planted_pickle_checkpoint_is_never_executed(tmp_path, monkeypatch):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     run_dir.mkdir()
     plant_pickle(run_dir / "checkpoint.pt", marker)
-    forbid_unpickling(monkeypatch)
+    forbid_unpickling()
     with pytest.raises(ValueError, match=r"checkpoint\.pt is a pickle checkpoint.*never loaded"):
         run(run_dir, resume=True)
     assert not marker.exists()
@@ -164,7 +154,7 @@ def test_planted_pickle_checkpoint_is_never_executed(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "run2" / "latest.json").read_text())["checkpoints"] == ["ckpt-12", "ckpt-8"]
 
 
-def test_pickle_disguised_as_the_tensor_file_is_refused(tmp_path, monkeypatch):
+def test_pickle_disguised_as_the_tensor_file_is_refused(tmp_path, forbid_unpickling):
     run(tmp_path, stop_after=4)
     marker = tmp_path / "pwned"
     tensor_file = tmp_path / "ckpt-4" / "state.safetensors"
@@ -172,7 +162,7 @@ def test_pickle_disguised_as_the_tensor_file_is_refused(tmp_path, monkeypatch):
     meta = json.loads((tmp_path / "ckpt-4" / "meta.json").read_text())
     meta["tensors_sha1"] = loop.file_digest(tensor_file)  # even with a matching digest
     (tmp_path / "ckpt-4" / "meta.json").write_text(json.dumps(meta))
-    forbid_unpickling(monkeypatch)
+    forbid_unpickling()
     with pytest.warns(UserWarning, match="ckpt-4/state.safetensors"), \
             pytest.raises(ValueError, match=r"no readable checkpoint.*ckpt-4/state\.safetensors"):
         run(tmp_path, resume=True)

@@ -2,10 +2,8 @@
 the target's weights and the prompt stream; neither is ever unpickled."""
 
 import os
-import pickle
 import time
 
-import pytest
 import torch
 
 from treespec.io import weights_digest
@@ -13,16 +11,6 @@ from treespec.train import data
 from treespec.train.data import corpus_digest, prepare_tokens, self_distill
 
 from .tiny_models import tiny_llama
-
-
-@pytest.fixture
-def no_unpickling(monkeypatch):
-    def boom(*args, **kwargs):
-        raise AssertionError("a cache was unpickled")
-
-    monkeypatch.setattr(torch, "load", boom)
-    monkeypatch.setattr(pickle, "load", boom)
-    monkeypatch.setattr(pickle, "loads", boom)
 
 
 def make_corpus(root):
@@ -38,7 +26,8 @@ def count_loads(monkeypatch) -> list:
     return calls
 
 
-def test_token_cache_is_keyed_by_file_contents(tmp_path, monkeypatch, no_unpickling):
+def test_token_cache_is_keyed_by_file_contents(tmp_path, monkeypatch, forbid_unpickling):
+    forbid_unpickling()
     cfg, cache = make_corpus(tmp_path / "corpus"), tmp_path / "cache"
     loads = count_loads(monkeypatch)
     _, train1, val1 = prepare_tokens(cfg, 300, cache)
@@ -90,7 +79,8 @@ def test_corpus_digest_sees_contents_names_and_file_sets(tmp_path):
 DISTILL = dict(n_prompts=2, prompt_tokens=4, new_tokens=3, temperature=0.0, batch_size=2, seed=0, eos_token_id=1)
 
 
-def test_self_distill_cache_is_keyed_by_weights_and_tokens(tmp_path, monkeypatch, no_unpickling):
+def test_self_distill_cache_is_keyed_by_weights_and_tokens(tmp_path, monkeypatch, forbid_unpickling):
+    forbid_unpickling()
     target = tiny_llama(vocab=32, hidden=16, layers=1)
     tokens = torch.randint(0, 32, (200,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     generated, real = [], target.generate

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from treespec.io import atomic_write, load_safetensors, weights_digest
 
@@ -107,9 +109,6 @@ def load_corpus(
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | os.PathLike | None = None):
     """Byte-level BPE over ``texts``; returns a transformers ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     min_size = BYTE_ALPHABET + len(SPECIAL_TOKENS)
     if vocab_size < min_size:
         raise ValueError(
@@ -150,8 +149,6 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
     contents (``corpus_digest``), so an edited or grown corpus is re-encoded, never served stale.
     With ``tokenizer`` given (training heads for an existing target), the corpus is encoded with it;
     otherwise a new tokenizer of ``vocab_size`` is trained on the train split."""
-    from transformers import AutoTokenizer
-
     key_data = {**corpus_cfg, "vocab": vocab_size, "corpus_sha1": corpus_digest(**corpus_cfg)}
     if tokenizer is not None:
         key_data["tokenizer"] = hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest()

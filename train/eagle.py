@@ -57,7 +57,7 @@ def eagle_metrics(target, model, windows: torch.Tensor, unroll_steps: int, batch
     return totals
 
 
-def recipe(cfg, target) -> Recipe:
+def recipe(cfg, target, train_tokens=None) -> Recipe:
     """The recipe for ``drafter=eagle`` (conf/drafter/eagle.yaml)."""
     d = cfg.drafter
     if d.feature_layers:

@@ -19,13 +19,13 @@ from treespec.bench import Config, measure
 from treespec.reference import load_model
 from treespec.tree_spec import build_tree, check_tree_spec
 
-from . import eagle, medusa
+from . import eagle, eagle3, medusa
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .lm import fingerprint
 from .log import RunLogger
 from .loop import OptimConfig, train
 
-RECIPES = {"medusa": medusa.recipe, "eagle": eagle.recipe}  # registry name → recipe(cfg, target)
+RECIPES = {"medusa": medusa.recipe, "eagle": eagle.recipe, "eagle3": eagle3.recipe}  # registry name → recipe
 
 
 def eval_tree_spec(cfg):
@@ -85,7 +85,7 @@ def run(cfg) -> dict:
 
     d = cfg.drafter
     torch.manual_seed(cfg.seed)
-    recipe = RECIPES[d.name](cfg, target)
+    recipe = RECIPES[d.name](cfg, target, train_tokens)
     module = recipe.module
     batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
     total_steps = t.max_steps or math.ceil(t.epochs * batches.steps_per_epoch)

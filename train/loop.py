@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from treespec.io import atomic_write, atomic_write_json, file_digest, load_safetensors, read_json
 
@@ -321,8 +322,6 @@ def train(
     ``stop_after`` ends the run early after that many steps (as an interruption would), leaving a
     checkpoint to resume from. ``precision="bf16"`` runs forward passes under CPU/GPU autocast.
     """
-    from tqdm import tqdm
-
     run_dir = Path(run_dir)
     opt = make_optimizer(module.parameters(), optim)
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}

@@ -31,7 +31,7 @@ def medusa_loss(target, heads: MedusaHeads, batch: torch.Tensor, decay: float) -
     return total, metrics
 
 
-def recipe(cfg, target) -> Recipe:
+def recipe(cfg, target, train_tokens=None) -> Recipe:
     d = cfg.drafter
     heads = MedusaHeads(target.config.hidden_size, vocab_size_of(target), num_heads=d.num_heads,
                         num_layers=d.num_layers, share_lm_head=d.share_lm_head, lm_head=target.get_output_embeddings())

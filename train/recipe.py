@@ -1,8 +1,9 @@
 """What the drafter-training job (train/heads.py) needs to know about one kind of drafter: a ``Recipe``.
 
 Each trainable kind in the drafter registry (treespec.heads.registry) has a recipe function
-``recipe(cfg, target) -> Recipe`` in its own module here (train/medusa.py, train/eagle.py, ...); the job
-looks it up by the same name.
+``recipe(cfg, target, train_tokens) -> Recipe`` in its own module here (train/medusa.py, train/eagle.py,
+train/eagle3.py); the job looks it up by the same name. ``train_tokens`` is the training stream, for
+recipes that need its statistics (EAGLE-3's draft vocabulary).
 """
 
 from __future__ import annotations

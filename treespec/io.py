@@ -1,5 +1,7 @@
-"""Files written so that a crash never leaves half of one: write to a temporary file beside the target,
-flush it to disk, then rename over the target (rename is atomic on POSIX and Windows)."""
+"""Files, safely: written so that a crash never leaves half of one (write a temporary file beside the
+target, flush it, rename it over the target: atomic on POSIX and Windows); read so that a missing,
+truncated or corrupt file is an error naming it (JSON, safetensors; never pickle); and digests of
+weights and files, so caches are keyed by content."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -49,10 +55,6 @@ def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
 
     A missing, truncated or corrupt file is a ValueError naming it, and so is a floating-point tensor
     holding NaN or infinity (naming the tensor): no caller should train or decode from such weights."""
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{what} {path} does not exist")
@@ -71,8 +73,6 @@ def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
 def weights_digest(module) -> str:
     """sha1 over every parameter and buffer of ``module`` (name, dtype, shape and bytes), in name order:
     equal digests mean equal weights, so a cache keyed by it is never served for other weights."""
-    import torch
-
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
     h = hashlib.sha1()
