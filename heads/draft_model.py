@@ -12,9 +12,9 @@ are compacted to the accepted path after each step (treespec/cache.py).
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from treespec.bench import forward_time
+from treespec.cache import TreeCache
 from treespec.inputs import max_positions
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
@@ -22,29 +22,42 @@ from treespec.tree import Tree
 from .accuracy import RankHits
 from .checkpoint import check_same_vocab
 from .expansion import ExpandingDrafter
+from .vocab import DraftVocab, ReducedHead
 
 
 class DraftModel(ExpandingDrafter):
-    def __init__(self, model, *, default_tree: Tree | None = None, candidates: str = "topk"):
-        """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0)."""
+    def __init__(self, model, *, default_tree: Tree | None = None, candidates: str = "topk",
+                 draft_vocab: DraftVocab | None = None):
+        """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0);
+        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
         super().__init__(model, default_tree if default_tree is not None else Tree.chain(4), candidates)
         self.max_positions = max_positions(model.config)
+        if draft_vocab is not None and getattr(model.config, "final_logit_softcapping", None):
+            raise ValueError("a reduced draft vocabulary skips the model's logit soft-capping: not for this draft")
+        # with a draft vocabulary: the base model's hidden states through the kept rows of its lm_head
+        self._head = ReducedHead(model.get_output_embeddings(), draft_vocab) if draft_vocab is not None else None
+
+    def _logits(self, **inputs) -> torch.Tensor:
+        """One cached forward → draft logits over the target vocabulary [1, n, V]."""
+        if self._head is None:
+            return self.model(**inputs, cache=self.cache, use_cache=True).logits
+        return self._head(self.model.base_model(**inputs, cache=self.cache, use_cache=True).last_hidden_state)
 
     def check_target(self, target) -> None:
         check_same_vocab(self.model, target, "draft model")
 
     def _new_cache(self):
-        return DynamicCache(config=self.model.config)
+        return TreeCache(self.model.config)  # sliding-window drafts too (treespec/cache.py)
 
     def _start(self, committed, feature):
         pending = committed[:, self.n_cached :].to(self.model.device)  # [1, m]: not yet seen, root last
-        logits = self.model(input_ids=pending, cache=self.cache, use_cache=True).logits[0, -1:]  # [1, V]
+        logits = self._logits(input_ids=pending)[0, -1:]  # [1, V]
         self.n_cached += pending.shape[1]
         return logits
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
-        return self.model(input_ids=tokens[None], attention_mask=attention_mask, position_ids=position_ids,
-                          cache=self.cache, use_cache=True).logits[0]  # [F, V]
+        return self._logits(input_ids=tokens[None], attention_mask=attention_mask,
+                            position_ids=position_ids)[0]  # [F, V]
 
 
 @torch.no_grad()

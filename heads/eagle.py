@@ -16,6 +16,17 @@ target's config with one layer, with its rotary embedding; embed and lm_head are
 and shared (not in this module's state_dict). EAGLE-3's fusion (``feature_layers``, e.g. (1, mid, -1))
 feeds the concatenated low, mid and high hidden states of the target through ``fusion`` (L·h → h) first.
 
+**Variants.** ``variant="treespec"`` (the default, and the shipped drafter) is the description above: the
+decoder layer keeps its input norm and the decoder its final norm. ``variant="upstream"`` is EAGLE-1/2 as
+published (SafeAILab/EAGLE ``cnets1.py``; vLLM ``EagleLlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle``):
+layer 0 has NO input norm (fc's output enters attention as it is) and there is no final norm (the layer's
+output goes straight to the target's lm_head); further layers keep their input norms. Only that variant
+can be exported to those consumers (heads/export.py). ``layer_overrides`` replace target config values
+for the drafter's own layers (an upstream checkpoint's RoPE, head count, MLP width, norm eps, layer
+count: ``LAYER_OVERRIDE_KEYS``); ``fc_bias=False`` drops fc's bias; ``own_embeddings=True`` keeps a
+frozen token table of the drafter's own (an upstream checkpoint's ``embed_tokens``) instead of the
+target's. All four are saved in the drafter's config, and omitted there when at their defaults.
+
 Between steps the drafter's cache holds one entry per committed token from the second (the first has
 no feature before it) up to the previous step's root; the target features of the tokens accepted since
 arrive in ``accept`` and are fed, with the new root and its feature, at the start of the next
@@ -68,6 +79,48 @@ def check_fits_target(config: dict, target) -> None:
         raise ValueError(f"this EAGLE drafter was trained for another target architecture: {details}")
 
 
+VARIANTS = ("treespec", "upstream")
+
+# Target config values an EAGLE drafter's own decoder layers may replace (``layer_overrides``): what an
+# upstream checkpoint's config.json and tensor shapes say about its layers.
+LAYER_OVERRIDE_KEYS = ("num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                       "head_dim", "rms_norm_eps", "hidden_act", "rope_parameters", "max_position_embeddings")
+
+
+def apply_layer_overrides(config, overrides: dict | None):
+    """``config`` (a one-layer copy of the target's, modified in place and returned) with ``overrides``
+    (keys from ``LAYER_OVERRIDE_KEYS``) applied; per-layer lists follow a new layer count."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(LAYER_OVERRIDE_KEYS))
+    if unknown:
+        raise ValueError(f"layer_overrides: unknown key(s) {', '.join(unknown)}; allowed: "
+                         f"{', '.join(LAYER_OVERRIDE_KEYS)}")
+    for key, value in overrides.items():
+        setattr(config, key, copy.deepcopy(value))
+    if getattr(config, "layer_types", None):
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
+    return config
+
+
+def conform_linear_biases(module: nn.Module, weights: dict, *, apply: bool = True) -> list[str]:
+    """Give every ``nn.Linear`` of ``module`` whose weight is in ``weights`` a bias exactly when ``weights``
+    holds one (zeros until loaded), or none: upstream checkpoints decide their biases (Qwen2-style q/k/v
+    biases on a Llama target, none on a Qwen2 target, an o_proj bias a consumer insists on). Returns the
+    names of the modules that differ(ed); ``apply=False`` only reports them."""
+    changed = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, nn.Linear) or f"{name}.weight" not in weights:
+            continue
+        has = f"{name}.bias" in weights
+        if has == (sub.bias is not None):
+            continue
+        changed.append(name)
+        if apply:
+            sub.bias = nn.Parameter(torch.zeros(sub.out_features, dtype=sub.weight.dtype,
+                                                device=sub.weight.device)) if has else None
+    return changed
+
+
 def one_layer_config(target_config):
     """The target's config with one decoder layer, full attention (a DynamicCache) and a tree-mask
     capable attention implementation.
@@ -89,23 +142,43 @@ def one_layer_config(target_config):
 class EagleModel(nn.Module):
     """fc(cat(embed(token), feature)) → one decoder layer of the target's architecture → lm_head."""
 
-    def __init__(self, target, feature_layers=(-1,)):
+    def __init__(self, target, feature_layers=(-1,), *, variant: str = "treespec", layer_overrides: dict | None = None,
+                 fc_bias: bool = True, own_embeddings: bool = False):
+        """variant: "treespec" or "upstream" (module docstring); layer_overrides: target config values the
+        drafter's layers replace (``LAYER_OVERRIDE_KEYS``); own_embeddings: a frozen token table of its own."""
         super().__init__()
         n_layers = target.config.num_hidden_layers
         self.feature_layers = tuple(int(i) for i in feature_layers)
         if not self.feature_layers or any(not -(n_layers + 1) <= i <= n_layers for i in self.feature_layers):
             raise ValueError(f"feature_layers {self.feature_layers} must index the target's {n_layers + 1} hidden "
                              f"states (embeddings, then layers 1..{n_layers}; -1 = last, after the final norm)")
+        if variant not in VARIANTS:
+            raise ValueError(f"EAGLE variant must be one of {VARIANTS}, got {variant!r}")
         h = target.config.hidden_size
+        self.variant = variant
         self.config = {"feature_layers": list(self.feature_layers), "architecture": architecture(target)}
-        self.layer_config = one_layer_config(target.config)
+        # only what differs from the defaults, so that a default drafter's config reads as it always has
+        extras = {"variant": variant if variant != "treespec" else None, "layer_overrides": dict(layer_overrides or {}),
+                  "fc_bias": None if fc_bias else False, "own_embeddings": True if own_embeddings else None}
+        self.config.update({k: v for k, v in extras.items() if v})
+        self.layer_config = apply_layer_overrides(one_layer_config(target.config), layer_overrides)
         # EAGLE-3: low, mid and high target features fused into one; EAGLE-1 takes the last one as it is.
         self.fusion = nn.Linear(len(self.feature_layers) * h, h, bias=False) if len(self.feature_layers) > 1 else None
-        self.fc = nn.Linear(2 * h, h)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         # The stock base-model class with one layer: its own decoder layer, rotary embedding, mask and cache
         # handling and final norm, no forked model code. Tokens are embedded by the target's table instead.
         self.decoder = type(target.base_model)(self.layer_config)
         self.decoder.set_input_embeddings(None)
+        if variant == "upstream":  # EAGLE-1 as published: no input norm on layer 0, no final norm
+            layers = getattr(self.decoder, "layers", None)
+            if layers is None or not hasattr(layers[0], "input_layernorm") or not hasattr(self.decoder, "norm"):
+                raise ValueError(f"the upstream EAGLE variant needs a Llama-like target (decoder layers with an "
+                                 f"input_layernorm, a final norm); {type(target).__name__} is not one")
+            layers[0].input_layernorm = nn.Identity()
+            self.decoder.norm = nn.Identity()
+        self.embed_tokens = None
+        if own_embeddings:  # frozen, like the target's table it stands in for
+            self.embed_tokens = nn.Embedding(vocab_size_of(target), h).requires_grad_(False)
         # a list keeps the target's frozen tables out of our parameters and state_dict
         self._target_tables = [target.get_input_embeddings(), target.get_output_embeddings()]
         self.to(target.device)
@@ -133,7 +206,8 @@ class EagleModel(nn.Module):
         """input_ids [b, n] and the features they pair with [b, n, h] → predicted next features [b, n, h].
 
         Without ``attention_mask`` the attention is causal after whatever ``cache`` holds."""
-        x = self.fc(torch.cat([self._target_tables[0](input_ids), features], dim=-1))  # [b, n, h]
+        embed = self.embed_tokens if self.embed_tokens is not None else self._target_tables[0]
+        x = self.fc(torch.cat([embed(input_ids), features], dim=-1))  # [b, n, h]
         return self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                             use_cache=cache is not None).last_hidden_state
 
@@ -152,7 +226,15 @@ class EagleModel(nn.Module):
             raise ValueError(f"EAGLE config in {folder} needs 'feature_layers' (a list) and 'architecture' (a dict), "
                              f"got keys {sorted(config)}")
         check_fits_target(config, target)
-        model = cls(target, feature_layers=config["feature_layers"])
+        variant = config.get("variant", "treespec")
+        try:
+            model = cls(target, feature_layers=config["feature_layers"], variant=variant,
+                        layer_overrides=config.get("layer_overrides"), fc_bias=config.get("fc_bias", True),
+                        own_embeddings=config.get("own_embeddings", False))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"EAGLE config in {folder}: {err}") from None
+        if variant != "treespec":  # an upstream checkpoint's biases are whatever it holds
+            conform_linear_biases(model, weights)
         try:
             model.load_state_dict(weights)  # copied into our device and dtype
         except RuntimeError as err:  # missing, unexpected or mis-shaped tensors

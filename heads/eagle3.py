@@ -252,6 +252,8 @@ class Eagle3Model(nn.Module):
         """Load a drafter for ``target`` (safetensors only); one built for another target is refused with a
         ValueError naming the differences."""
         config, weights = load_drafter(folder, KIND)
+        if "upstream" in config:
+            raise ValueError(f"{folder} holds an upstream-layout EAGLE-3 drafter: load it with treespec.heads.load")
         if not (isinstance(config.get("eagle_aux_hidden_state_layer_ids"), list)
                 and isinstance(config.get("architecture"), dict)):
             raise ValueError(f"EAGLE-3 config in {folder} needs 'eagle_aux_hidden_state_layer_ids' (a list) and "

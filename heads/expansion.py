@@ -4,8 +4,9 @@
 One ``propose`` is one forward over the committed tokens the drafter has not seen yet (ending with the
 root), whose last output gives the root's children, then one forward per depth over the nodes chosen
 to have children. Each expanded node attends to the cached context, its expanded ancestors and itself
-(``masks.ancestor_mask``) at position root + depth, so its output equals a sequential decode of its
-path (SpecInfer, Miao et al. 2024). Children are chosen in one of two ways:
+(inside its window on a sliding-window layer: ``treespec.cache.attention_masks``) at position root + depth,
+so its output equals a sequential decode of its path (SpecInfer, Miao et al. 2024). Children are chosen in
+one of two ways:
 
 * a static ``Tree``: node i's children are the top-k ranks its tree paths name (deterministic), or
   i.i.d. samples from the draft distribution (``candidates="sample"`` at temperature > 0; ``q_draft``
@@ -24,10 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from treespec.cache import keep_tree_path
+from treespec.cache import attention_masks, keep_tree_path
 from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
 from treespec.dynamic_tree import DynamicTree
-from treespec.masks import ancestor_mask
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
 
@@ -92,8 +92,9 @@ class ExpandingDrafter(Drafter):
 
     def _forward_nodes(self, tokens: torch.Tensor, nodes: list[int], parents: list[int],
                        attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """One cached forward over grown ``nodes`` (tokens [F], their ``parents``) with the float mask
-        [1, 1, F, n_cached + K] and positions [1, F] → draft logits at those nodes [F, V]."""
+        """One cached forward over grown ``nodes`` (tokens [F], their ``parents``) with the mask of
+        ``treespec.cache.attention_masks`` (float [1, 1, F, cached + K]; a dict of them keyed by layer type
+        when sliding and full layers differ) and positions [1, F] → draft logits at those nodes [F, V]."""
         raise NotImplementedError
 
     # -- the expansion ---------------------------------------------------------------------------------
@@ -115,12 +116,13 @@ class ExpandingDrafter(Drafter):
         kv_nodes = self._expanded + frontier
         allowed = torch.tensor([[k in nodes.lineage[f] for k in kv_nodes] for f in frontier])  # [F, K]
         root_position = self.n_cached - 1
+        positions = torch.tensor([root_position + nodes.depths[k] for k in kv_nodes], device=device)  # [K]
         logits = self._forward_nodes(
             torch.tensor([nodes.tokens[f] for f in frontier], device=device),
             frontier,
             [nodes.parents[f] for f in frontier],
-            ancestor_mask(allowed, self.n_cached, dtype=self.model.dtype, device=device),
-            torch.tensor([[root_position + nodes.depths[f] for f in frontier]], device=device),
+            attention_masks(self.cache, allowed, self.n_cached, positions, dtype=self.model.dtype, device=device),
+            positions[None, len(self._expanded) :],  # [1, F]
         )
         self._expanded = kv_nodes
         return logits

@@ -5,6 +5,7 @@ describes each one's settings once.
 
     kind = registry.get("eagle")
     drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
+    drafter = registry.build("auto", target, source="/path/to/any/checkpoint")   # heads/load.py detects the format
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from . import draft_model, eagle, eagle3, medusa
 from .draft_model import DraftModel
 from .eagle import Eagle, EagleModel
 from .eagle3 import Eagle3, Eagle3Model
+from .load import drafter_for, load_module
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
 
@@ -44,6 +46,29 @@ def _load_draft_model(source, target):
     return load_model(source, dtype=target.dtype)[0].to(target.device)
 
 
+# "auto": any checkpoint treespec.heads.load reads (treespec, EAGLE-1/2, EAGLE-3, Medusa layouts; a folder or a Hub
+# repo id), measured and driven as the module it turns out to be.
+def _by_module(module, eagle_fn, eagle3_fn, medusa_fn):
+    if isinstance(module, Eagle3Model):
+        return eagle3_fn
+    if isinstance(module, EagleModel):
+        return eagle_fn
+    if isinstance(module, MedusaHeads):
+        return medusa_fn
+    raise TypeError(f"drafter 'auto' loaded a {type(module).__name__}, which it cannot drive")
+
+
+def _auto_rank_accuracy(target, module, windows, **kwargs):
+    fn = _by_module(module, eagle.rank_accuracy, eagle3.rank_accuracy, medusa.rank_accuracy)
+    return fn(target, module, windows, **kwargs)
+
+
+def _auto_cost(module):
+    if isinstance(module, MedusaHeads):
+        return medusa.proposal_cost(module), 0.0
+    return 0.0, eagle.depth_cost(module)
+
+
 KINDS: dict[str, DrafterKind] = {
     "draft": DrafterKind(
         "draft", _load_draft_model, lambda m, candidates: DraftModel(m, candidates=candidates),
@@ -61,6 +86,10 @@ KINDS: dict[str, DrafterKind] = {
         "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
         lambda m, candidates: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
         lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
+    "auto": DrafterKind(
+        "auto", lambda source, target: load_module(source, target), lambda m, candidates: drafter_for(m, candidates),
+        _auto_rank_accuracy, _auto_cost, CANDIDATE_MODES,
+        max_depth=lambda m: m.num_heads if isinstance(m, MedusaHeads) else None),
 }
 
 

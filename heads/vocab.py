@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch import nn
 
 from treespec.io import atomic_write, load_safetensors
 
@@ -90,3 +91,22 @@ class DraftVocab:
         tensors = load_safetensors(path, "draft vocabulary")
         return cls(tensors["ids"], int(tensors["vocab_size"]))
 
+
+
+class ReducedHead(nn.Module):
+    """FR-Spec (Zhao et al. 2025): a drafter's bias-free lm_head restricted to a draft vocabulary, with no
+    retraining. hidden [..., h] → logits over the full target vocabulary [..., V], -inf outside the
+    vocabulary; costs N/V of the full projection. The kept rows are sliced once, at construction."""
+
+    def __init__(self, lm_head: nn.Module, vocab: DraftVocab):
+        super().__init__()
+        if getattr(lm_head, "bias", None) is not None:
+            raise ValueError("a reduced draft vocabulary needs a bias-free lm_head")
+        if lm_head.weight.shape[0] != vocab.vocab_size:
+            raise ValueError(f"the lm_head has {lm_head.weight.shape[0]} rows but the draft vocabulary indexes a "
+                             f"{vocab.vocab_size}-token vocabulary")
+        self.vocab = vocab
+        self.register_buffer("rows", vocab.projection(lm_head.weight.detach()), persistent=False)  # [N, h]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.vocab.logits(hidden, self.rows)

@@ -6,13 +6,20 @@ after the ``past_len`` cached tokens, and each tree token may attend to the whol
 its ancestors only, so its logits equal those of decoding its root-to-node path one token at a time.
 Its position id is ``past_len + depth``, the position it would have in that sequential decode.
 
+Sliding-window layers (Mistral, Gemma-2/3, gpt-oss, ...) see less: a query at position p sees only keys at
+positions > p − window (transformers' rule, ``masking_utils.sliding_window_overlay``), counted by *sequential*
+positions, so a tree node at past_len + depth sees its ancestors and the last window − 1 − depth cached
+tokens, exactly what it would see in a sequential decode of its path. Such a layer's cache may also have
+dropped its oldest entries (treespec/cache.py): ``start`` is the position of the first cached key, and
+the mask has past_len − start cached columns.
+
 Why a FLOAT ADDITIVE mask (0.0 allowed, ``finfo(dtype).min`` blocked) and never a bool one: transformers
 5.x passes a 4D ``attention_mask`` through as-is, and with ``attn_implementation="eager"`` it is *added*
 to the attention scores; a bool mask then adds 0/1 instead of blocking, giving silently wrong logits
 (sdpa would accept either). The float form is correct for both eager and sdpa.
 
-Axis letters in shape comments: b batch, h heads, q query tokens (N for a whole tree), t tree key
-positions (the new tokens' keys), p past (cached) positions, k = p + t all key positions.
+Axis letters in shape comments: b batch, h heads, q query tokens (N for a whole tree), t new key
+positions (the new tokens' keys), p cached positions (past_len − start), k = p + t all key positions.
 """
 
 from __future__ import annotations
@@ -27,35 +34,66 @@ DENSE_MASK_ATTENTION = ("eager", "sdpa")
 TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention")
 
 
-def ancestor_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Float additive mask [1, 1, q, past_len + t] from a bool relation among the new tokens.
+def visible(allowed: torch.Tensor, past_len: int, *, start: int = 0, window: int | None = None,
+            positions: torch.Tensor | None = None, device=None) -> torch.Tensor:
+    """BoolTensor [q, (past_len − start) + t]: which keys each query may attend to.
 
-    ``allowed`` [q, t]: True where query token q may see new token t (itself / its ancestors). Every
-    query also sees all ``past_len`` cached positions. The general form, for callers that feed only
-    part of a tree (e.g. a drafter expanding one depth at a time); see ``tree_attention_mask``.
+    Keys are the cached positions ``start .. past_len − 1`` (a layer that dropped older entries holds none
+    before ``start``), then the t new tokens, of which ``allowed`` [q, t] says which each query sees (itself,
+    its ancestors); the queries are the last q new tokens. With ``window`` (a sliding-window layer) a query
+    sees only keys at positions > its own − window; ``positions`` [t] are the new tokens' positions
+    (default past_len, past_len + 1, ...: a causal continuation).
     """
     allowed = allowed.to(device=device, dtype=torch.bool)  # [q, t]
-    past = torch.ones(allowed.shape[0], past_len, dtype=torch.bool, device=allowed.device)  # [q, p]
-    allowed = torch.cat([past, allowed], dim=1)  # [q, k]
-    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)  # [q, k]
-    return mask.masked_fill(allowed, 0.0)[None, None]  # [b=1, h=1, q, k]
+    q, t = allowed.shape
+    cached = torch.ones(q, past_len - start, dtype=torch.bool, device=allowed.device)  # [q, p]
+    seen = torch.cat([cached, allowed], dim=1)  # [q, k]
+    if window is None:
+        return seen
+    if positions is None:
+        positions = past_len + torch.arange(t)
+    positions = positions.to(allowed.device)
+    keys = torch.cat([torch.arange(start, past_len, device=allowed.device), positions])  # [k]
+    queries = positions[t - q :]  # [q]
+    return seen & (keys[None, :] > queries[:, None] - window)
 
 
-def tree_allowed(tree: Tree, past_len: int, device=None) -> torch.Tensor:
-    """BoolTensor [N, past_len + N]: True where tree token i may attend (past, itself, its ancestors)."""
-    past = torch.ones(tree.num_nodes, past_len, dtype=torch.bool, device=device)  # [q, p]
-    return torch.cat([past, tree.ancestors.to(device)], dim=1)  # [q, k]
+def additive(seen: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
+    """Bool relation [q, k] → float additive mask [1, 1, q, k] (0.0 where seen, ``finfo(dtype).min`` elsewhere)."""
+    mask = torch.full(seen.shape, torch.finfo(dtype).min, dtype=dtype, device=seen.device)  # [q, k]
+    return mask.masked_fill(seen, 0.0)[None, None]  # [b=1, h=1, q, k]
 
 
-def tree_attention_mask(tree: Tree, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Float additive mask [1, 1, N, past_len + N]: 0.0 where allowed, ``torch.finfo(dtype).min`` elsewhere.
+def ancestor_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, device=None, start: int = 0,
+                  window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Float additive mask [1, 1, q, (past_len − start) + t] from a bool relation among the new tokens.
+
+    ``allowed`` [q, t]: True where query token q may see new token t (itself / its ancestors). Every
+    query also sees the cached positions (those inside its window, with ``window``; see ``visible``). The
+    general form, for callers that feed only part of a tree (e.g. a drafter expanding one depth at a
+    time); see ``tree_attention_mask``.
+    """
+    seen = visible(allowed, past_len, start=start, window=window, positions=positions, device=device)
+    return additive(seen, dtype=dtype)
+
+
+def tree_allowed(tree: Tree, past_len: int, device=None, *, start: int = 0, window: int | None = None) -> torch.Tensor:
+    """BoolTensor [N, (past_len − start) + N]: True where tree token i may attend (past, itself, its ancestors;
+    inside its window with ``window``)."""
+    return visible(tree.ancestors, past_len, start=start, window=window, positions=past_len + tree.depths,
+                   device=device)
+
+
+def tree_attention_mask(tree: Tree, past_len: int, *, dtype=torch.float32, device=None, start: int = 0,
+                        window: int | None = None) -> torch.Tensor:
+    """Float additive mask [1, 1, N, (past_len − start) + N]: 0.0 where allowed, ``torch.finfo(dtype).min``
+    elsewhere (``tree_allowed``).
 
     ``dtype`` should be the model's compute dtype (the mask is added to its attention scores).
     """
-    return ancestor_mask(tree.ancestors, past_len, dtype=dtype, device=device)
+    return additive(tree_allowed(tree, past_len, device, start=start, window=window), dtype=dtype)
 
 
 def tree_position_ids(tree: Tree, past_len: int, device=None) -> torch.Tensor:
     """LongTensor [1, N]: past_len + depth, each node's position in a sequential decode of its path."""
     return (past_len + tree.depths).to(device)[None]  # [b=1, q]
-

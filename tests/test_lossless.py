@@ -38,8 +38,8 @@ def exact_distribution(target, sampling: Sampling) -> np.ndarray:
     dist = np.zeros((VOCAB,) * NEW)
     with torch.no_grad():
         for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
-            ids = torch.cat([PROMPT, torch.tensor([prefix])], dim=1)
-            p = probs(target(input_ids=ids).logits[0, -NEW:], sampling).double().numpy()  # [NEW, V]
+            ids = torch.cat([PROMPT, torch.tensor([prefix])], dim=1).to(target.device)
+            p = probs(target(input_ids=ids).logits[0, -NEW:], sampling).double().cpu().numpy()  # [NEW, V]
             dist[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
     return dist
 

@@ -64,7 +64,7 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
         layers = tuple(d.feature_layers)
     else:
         layers = fused_layers(target.config.num_hidden_layers) if d.fusion else (-1,)
-    model = EagleModel(target, feature_layers=layers)
+    model = EagleModel(target, feature_layers=layers, variant=d.variant)
 
     def loss(batch):
         return eagle_loss(target, model, batch, noise_std=d.noise_std, token_weight=d.token_weight,

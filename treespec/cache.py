@@ -1,34 +1,211 @@
-"""Keep exactly prefix + accepted path in a transformers KV cache after a verification pass.
+"""The KV cache of tree passes: which entries each layer keeps, and the masks that address them.
 
-A verification pass appends all N tree tokens to the cache, but only the root and the accepted path
-belong to the sequence. Compacting them down to contiguous positions (and dropping the rest) leaves
-the cache exactly as if the accepted tokens had been decoded one by one, so the next step is an
-ordinary continuation (research.md: transformers 5.x DynamicCache, per layer ``.keys/.values`` of
-shape [b, kv_heads, seq, head_dim]).
+**Keeping the accepted path.** A verification pass appends all N tree tokens to the cache, but only the
+root and the accepted path belong to the sequence. ``keep_tree_path`` compacts them down to contiguous
+positions and drops the rest, leaving the cache exactly as if the accepted tokens had been decoded one by
+one, so the next step is an ordinary continuation (research.md: transformers 5.x DynamicCache, per layer
+``.keys/.values`` of shape [b, kv_heads, seq, head_dim]).
+
+**Sliding-window layers** (Mistral, Phi-3, Qwen2 with ``use_sliding_window``, and interleaved with full
+layers in Gemma-2/3 and gpt-oss). transformers' ``DynamicSlidingWindowLayer`` keeps only the last
+window − 1 entries after every update, so a tree pass of N tokens pushes committed tokens that are still
+inside the next step's window out of the cache before the walker knows which nodes survive, and rolling
+back to the accepted path is impossible. (Its ``record_past`` mode keeps them, but hands each pass only the
+last window − 1 + q keys, which drops committed keys that a drafter's second expansion pass still needs.)
+So ``TreeCache`` gives each sliding layer a ``SlidingWindowLayer`` instead: it keeps every entry a pass
+appends, as a full-attention layer does, and only ``keep_tree_path`` — the one place that knows which
+entries are committed — drops what no later query can see: all but the last window − 1 committed entries
+(the next root, at position L, sees positions > L − window). Memory stays bounded by the window (window − 1
++ the tokens fed since the last compaction), which matters for Gemma-3 (five of six layers slide over
+1,024 tokens of a 128k context); keeping sliding layers as full layers and masking would be as correct and
+a little simpler, but would grow them with the whole sequence.
+
+A sliding layer's first entry is then at position ``start`` (> 0 once it dropped entries), and the window
+is applied by sequential position, so it needs its own tree mask: ``tree_masks`` builds one per kind of
+layer (``masks.visible``), a single mask when all layers are alike (Mistral takes one mask for every
+layer), and a dict keyed by layer type when they differ (the form transformers 5.x models with
+``config.layer_types`` take, e.g. Gemma-2). For a chain and the prefill, the model builds its own masks
+from ``get_mask_sizes`` (keys held, offset = start), as it does for transformers' own sliding layers.
+
+**What cannot be rolled back** is refused before any forward (``attention_layers``, called at generate's
+door, ``check_rollback``): recurrent state (linear attention, state-space and convolution layers: Mamba,
+Qwen3-Next, Falcon-H1, RWKV, xLSTM, ...; by layer type, or by transformers' ``_is_stateful`` flag)
+integrates every token a pass feeds, siblings included, and cannot drop the rejected ones; chunked
+attention (Llama 4), caches shared across layers and sparse indexer caches have masks or layouts
+treespec does not build. ``check_filled`` catches, after the prefill, any other model that keeps its state
+outside the cache it was given.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+
+from treespec.masks import mask_for
+from treespec.tree import Tree
+
+# Layer types (transformers' get_layer_types_and_kwargs) treespec cannot roll back, and why.
+UNSUPPORTED_LAYERS = {
+    "linear_attention": "recurrent state (linear attention / state-space layers) integrates every token of a tree "
+                        "pass, siblings included, and cannot be rolled back to the accepted path",
+    "conv": "convolution state integrates every token of a tree pass and cannot be rolled back to the accepted path",
+    "hybrid": "recurrent state (attention + state-space hybrid layers) cannot be rolled back to the accepted path",
+    "hybrid_sliding": "recurrent state (attention + state-space hybrid layers) cannot be rolled back to the accepted "
+                      "path",
+    "chunked_attention": "chunked attention (Llama 4) needs chunk-aligned tree masks, which treespec does not build "
+                         "yet",
+    "dummy": "layers that reuse another layer's KV cache (KV sharing) are not supported yet",
+    "indexed_attention": "sparse attention with an indexer cache (DeepSeek-V3.2 style) is not supported yet",
+}
+
+
+class SlidingWindowLayer(DynamicLayer):
+    """A sliding-window layer whose entries can be rolled back: it keeps every entry a pass appends (as
+    ``DynamicLayer``), and ``keep_tree_path`` drops the committed entries older than the window. ``start``
+    is the position of its first entry; lengths and mask offsets count from position 0, as transformers'
+    ``DynamicSlidingWindowLayer`` reports them."""
+
+    is_sliding = True
+
+    def __init__(self, sliding_window: int):
+        super().__init__()
+        self.sliding_window = sliding_window
+        self.start = 0
+
+    def held(self) -> int:
+        """Entries held (positions start .. start + held − 1)."""
+        return super().get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.start + self.held()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held() + query_length, self.start  # (kv_length, kv_offset)
+
+    def reset(self) -> None:
+        super().reset()
+        self.start = 0
+
+
+def attention_layers(config) -> list[int | None]:
+    """The sliding window of each decoder layer (None: full attention), classified as transformers'
+    DynamicCache classifies them. Raises ValueError naming the model and the layer types treespec cannot
+    roll back (see UNSUPPORTED_LAYERS), and interleaved windows a single mask cannot express."""
+    decoder = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(decoder)
+    bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if bad:
+        reasons = "; ".join(f"{t!r} ({types.count(t)} of {len(types)} layers): "
+                            f"{UNSUPPORTED_LAYERS.get(t, 'a cache layer type treespec does not know')}" for t in bad)
+        raise ValueError(f"{getattr(config, 'model_type', type(config).__name__)} cannot be verified with tree passes: "
+                         f"{reasons}. treespec supports full-attention and sliding-window KV caches")
+    windows = [kw.get("sliding_window") if t == "sliding_attention" else None
+               for t, kw in zip(types, kwargs, strict=True)]
+    if len(set(windows)) > 1 and getattr(decoder, "layer_types", None) is None:
+        raise ValueError(f"{config.model_type} mixes attention windows {sorted(set(windows), key=str)} but has no "
+                         "config.layer_types to key one mask per layer type by")
+    return windows
+
+
+def check_rollback(model) -> None:
+    """Raise ValueError, naming the reason, if tree passes cannot be rolled back in ``model``'s state: cache
+    layer types treespec does not handle (``attention_layers``), or a model transformers marks stateful (it
+    keeps a recurrent state, and transformers refuses assisted generation for it for the same reason)."""
+    attention_layers(model.config)
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(f"{type(model).__name__} keeps a recurrent state (transformers marks it stateful) that every "
+                         "token of a tree pass updates, siblings included, and that cannot be rolled back to the "
+                         "accepted path")
+
+
+class TreeCache(DynamicCache):
+    """transformers' DynamicCache for a model with ``config``, every layer of which ``keep_tree_path`` can roll
+    back: full layers as transformers builds them, sliding layers as ``SlidingWindowLayer``. Remembers the
+    layer types (``config.layer_types``) to key one mask per type by."""
+
+    def __init__(self, config):
+        windows = attention_layers(config)
+        super().__init__(config=config)
+        self.layers = [DynamicLayer() if w is None else SlidingWindowLayer(w) for w in windows]
+        self.layer_types = getattr(config.get_text_config(decoder=True), "layer_types", None)
+
+
+def check_filled(cache, length: int, model) -> None:
+    """After a prefill of ``length`` tokens, every layer must hold them: a model that keeps its state elsewhere
+    (its own cache class, a recurrent state) would be verified without its past."""
+    held = {layer.get_seq_length() if layer.is_initialized else 0 for layer in cache.layers}
+    if held != {length}:
+        raise ValueError(f"{type(model).__name__} did not fill the KV cache it was given (a prefill of {length} tokens "
+                         f"left layers holding {sorted(held)}): it keeps its state elsewhere, which treespec cannot "
+                         "roll back")
+
+
+def check_layer(layer) -> None:
+    """Raise NotImplementedError unless ``keep_tree_path`` can roll ``layer`` back."""
+    if type(layer) in (DynamicLayer, SlidingWindowLayer):
+        return
+    why = "; treespec supports DynamicLayer and SlidingWindowLayer caches"
+    if type(layer).__name__ == "DynamicSlidingWindowLayer":
+        why = (" (it keeps only the last sliding_window - 1 tokens, so a tree pass pushes committed tokens out): build "
+               "the cache with treespec.cache.TreeCache(config)")
+    raise NotImplementedError(f"cache layer type {type(layer).__name__} cannot be rolled back to an accepted tree path"
+                              + why)
 
 
 def keep_tree_path(cache, past_len: int, keep: torch.Tensor) -> None:
-    """Keep the cache entries ``past_len + keep`` (tree-node offsets, increasing, root = 0) and drop
-    everything after them, in place. keep: LongTensor [k]."""
+    """Keep the cache entries at positions ``past_len + keep`` (tree-node offsets, increasing, root = 0) and drop
+    everything after them, in place; sliding layers then drop the entries older than their window.
+    keep: LongTensor [k]."""
     k = keep.numel()
     contiguous = bool((keep == torch.arange(k, device=keep.device)).all()) if k else True
     for layer in cache.layers:
-        if type(layer).__name__ != "DynamicLayer":
-            raise NotImplementedError(
-                f"cache layer type {type(layer).__name__} (sliding-window, quantised or static caches) cannot be "
-                "compacted yet; treespec supports full-attention models with a DynamicCache"
-            )
+        check_layer(layer)
         if not layer.is_initialized:
             continue
+        start = getattr(layer, "start", 0)
+        root = past_len - start  # entry index of tree node 0
         if not contiguous:  # a chain prefix (the common case) is already in place
-            src = (past_len + keep).to(layer.keys.device)
+            src = (root + keep).to(layer.keys.device)
             # [b, h, seq, d]: gather the accepted rows, then write them right after the prefix
-            layer.keys[:, :, past_len : past_len + k] = layer.keys.index_select(2, src)
-            layer.values[:, :, past_len : past_len + k] = layer.values.index_select(2, src)
-        layer.keys = layer.keys[:, :, : past_len + k]
-        layer.values = layer.values[:, :, : past_len + k]
+            layer.keys[:, :, root : root + k] = layer.keys.index_select(2, src)
+            layer.values[:, :, root : root + k] = layer.values.index_select(2, src)
+        end = root + k
+        drop = max(0, end - (layer.sliding_window - 1)) if isinstance(layer, SlidingWindowLayer) else 0
+        layer.keys = layer.keys[:, :, drop:end]
+        layer.values = layer.values[:, :, drop:end]
+        if drop:
+            layer.start = start + drop
+
+
+def attention_masks(cache, allowed: torch.Tensor, past_len: int, positions: torch.Tensor, *,
+                    attn_implementation: str = "sdpa", dtype=torch.float32, device=None):
+    """The ``attention_mask`` a forward over new tokens takes, given what each layer of ``cache`` holds.
+
+    ``allowed`` [q, t]: which new tokens each query sees (itself, its ancestors), the queries being the last
+    q of them; ``positions`` [t]: the new tokens' sequential positions; the cache holds positions up to
+    ``past_len − 1``. One mask (``masks.mask_for``) per kind of layer: a single mask when every layer is
+    alike, else a dict keyed by layer type (a ``TreeCache`` knows its model's ``config.layer_types``).
+    """
+    for layer in cache.layers:
+        check_layer(layer)
+    # (window, first cached position) of each layer; a cache whose layers are created lazily has none before
+    # its first forward
+    kinds = [(getattr(layer, "sliding_window", None), getattr(layer, "start", 0)) for layer in cache.layers]
+    masks = {kind: mask_for(attn_implementation, allowed, past_len, positions=positions, start=kind[1], window=kind[0],
+                            dtype=dtype, device=device) for kind in dict.fromkeys(kinds or [(None, 0)])}
+    if len(masks) == 1:
+        return next(iter(masks.values()))
+    by_type = {}
+    for layer_type, kind in zip(cache.layer_types, kinds, strict=True):
+        if by_type.setdefault(layer_type, kind) != kind:  # one mask per type must fit every layer of that type
+            raise RuntimeError(f"{layer_type!r} layers hold different windows or positions: {by_type[layer_type]} "
+                               f"and {kind} (window, first cached position)")
+    return {layer_type: masks[kind] for layer_type, kind in by_type.items()}
+
+
+def tree_masks(cache, tree: Tree, past_len: int, *, attn_implementation: str = "sdpa", dtype=torch.float32,
+               device=None):
+    """``attention_masks`` for a whole tree after ``past_len`` cached tokens (nodes at past_len + depth)."""
+    return attention_masks(cache, tree.ancestors, past_len, past_len + tree.depths,
+                           attn_implementation=attn_implementation, dtype=dtype, device=device)

@@ -17,13 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
-from treespec.cache import keep_tree_path
+from treespec.cache import TreeCache, check_filled, keep_tree_path, tree_masks
 from treespec.drafter import Proposal, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import check_inputs
-from treespec.masks import tree_mask_for, tree_position_ids
+from treespec.masks import tree_position_ids
 from treespec.sampling import probs, sample
 from treespec.tree import Tree
 from treespec.verify import walk
@@ -91,6 +90,7 @@ def generate(
     needs_features = drafter is not None and drafter.needs_features
     feature_layers = tuple(drafter.feature_layers) if needs_features else ()
     device = target.device
+    attn_implementation = target.config._attn_implementation
 
     prompt_len = input_ids.shape[1]
     sequence = torch.empty(1, prompt_len + max_new_tokens, dtype=torch.long, device=device)  # [1, L_max]
@@ -107,8 +107,9 @@ def generate(
         return out, stack_features(out.hidden_states, feature_layers)  # [1, n, L·h]
 
     # -- prefill: the prompt's last logits give the first new token (the first root) --------------
-    cache = DynamicCache(config=target.config)
+    cache = TreeCache(target.config)  # sliding-window layers too can be rolled back (treespec/cache.py)
     out, features = forward(input_ids=input_ids.to(device))  # features: [1, P, L·h]
+    check_filled(cache, prompt_len, target)
     p_target = probs(out.logits[0, -1], sampling)  # [V]
     root = int(p_target.argmax() if sampling.greedy else sample(p_target, generator))
     length = prompt_len
@@ -135,10 +136,11 @@ def generate(
             candidates = proposal.tokens.to(device)
         past = length - 1
         tokens = torch.cat([sequence[0, past:length], candidates])  # [N]: root + candidates
-        # a chain is verified with the model's own causal mask and positions (no mask to build per step)
+        # a chain is verified with the model's own causal mask and positions (no mask to build per step); a
+        # tree takes one mask per kind of layer (full attention, sliding window)
         tree_inputs = {} if proposal.tree.is_chain else {
-            "attention_mask": tree_mask_for(target.config._attn_implementation, proposal.tree, past,
-                                            dtype=target.dtype, device=device),
+            "attention_mask": tree_masks(cache, proposal.tree, past, attn_implementation=attn_implementation,
+                                         dtype=target.dtype, device=device),
             "position_ids": tree_position_ids(proposal.tree, past, device=device)}
         out, features = forward(input_ids=tokens[None], **tree_inputs)
         accepted = walk(out.logits[0], proposal, sampling, acceptance=acceptance, generator=generator)

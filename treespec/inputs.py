@@ -5,7 +5,9 @@ accepted, never an error from deep inside torch or a silently wrong result.
 Normalised: ``input_ids`` as a list of ints, a [P] tensor or a [1, P] tensor; ``eos_token_id`` as an int, a
 numpy integer, a sequence of ints or an integer tensor; ``tree`` as a Tree, a DynamicTree or a tree-spec
 dict (treespec.tree_spec). Refused: a target in training mode (dropout would make its output random),
-an attention implementation that cannot take a tree mask, flex_attention with a branching tree on CPU.
+an attention implementation that cannot take a tree mask, flex_attention on CPU, a
+target whose cache layers cannot be rolled back to an accepted path (recurrent state: linear attention,
+state-space and convolution layers; see treespec/cache.py), named with the layer types.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treespec.cache import check_rollback
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import TREE_MASK_ATTENTION
@@ -93,19 +96,20 @@ def check_sampling(temperature, top_p) -> Sampling:
     return Sampling(float(temperature), float(top_p))
 
 
-def check_target(target, tree: Tree | DynamicTree) -> None:
+def check_target(target) -> None:
     if target.training:
         raise ValueError("the target is in training mode (dropout makes its output random, so nothing would equal "
                          "its greedy decoding): call target.eval() first")
+    check_rollback(target)  # state treespec cannot roll back is refused here, naming its layer types
     impl = getattr(target.config, "_attn_implementation", None)
     if impl not in TREE_MASK_ATTENTION:
         raise ValueError(f"attention implementation {impl!r} cannot take a tree mask; load the target with "
                          "attn_implementation='sdpa' (or 'eager'; 'flex_attention' on GPU)")
-    branching = isinstance(tree, DynamicTree) or not tree.is_chain
-    if impl == "flex_attention" and target.device.type == "cpu" and branching:
-        # torch 2.13's inductor cannot compile flex_attention with a tree mask on CPU (CppCompileError)
-        raise ValueError("flex_attention takes tree masks on CUDA only: load the target with "
-                         "attn_implementation='sdpa' on CPU (chains work with flex_attention everywhere)")
+    if impl == "flex_attention" and target.device.type == "cpu":
+        # torch 2.13's inductor fails on CPU: CppCompileError for tree masks, an out-of-bounds index in the
+        # compiled kernel for the decode steps of a plain chain (tests/test_gpu.py's CPU dry run found both)
+        raise ValueError("flex_attention runs on CUDA only here: load the target with attn_implementation='sdpa' "
+                         "on CPU")
 
 
 def check_tree(tree, drafter) -> Tree | DynamicTree:
@@ -138,7 +142,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     eos = frozenset(token_ids(eos_token_id, "eos_token_id")) if eos_token_id is not None else frozenset()
     input_ids = check_input_ids(input_ids, target)
     tree = check_tree(tree, drafter)
-    check_target(target, tree)
+    check_target(target)
     vocab = vocab_size(target)
     if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
         raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")

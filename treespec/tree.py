@@ -98,8 +98,11 @@ class Tree:
         """BoolTensor [N, N]: ancestors[i, j] is True iff j is i itself or an ancestor of i."""
         n = self.num_nodes
         anc = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):  # parents precede children, so row parent[i] is complete
-            anc[i] |= anc[self.parents[i]]
+        node = torch.arange(n)
+        up = self.parents.clamp(min=0)  # the root is its own parent: walking up from it stays at 0
+        for _ in range(self.depth):  # one tensor op per level, not one per node (dynamic trees build one per step)
+            node = up[node]
+            anc[torch.arange(n), node] = True
         return anc
 
     @cached_property

@@ -1,0 +1,110 @@
+"""Export a treespec drafter in the layout another project loads: ``export(drafter, target, out_dir, to=...)``.
+
+=============  ==========================================  ===========================  ===================
+``to``         EagleModel (variant "upstream")             Eagle3Model                  MedusaHeads
+=============  ==========================================  ===========================  ===================
+sglang         ``LlamaForCausalLMEagle``                   ``LlamaForCausalLMEagle3``   refused
+vllm           ``EagleLlamaForCausalLM``                   ``Eagle3LlamaForCausalLM``   ``MedusaModel``
+speculators    refused (vLLM reads eagle3 only)            ``Eagle3Speculator``         refused
+eagle          SafeAILab/EAGLE (``pytorch_model.bin``)     SafeAILab/EAGLE EAGLE-3      refused
+medusa         refused                                     refused                      ``medusa_lm_head.pt``
+=============  ==========================================  ===========================  ===================
+
+Each folder holds exactly the files that consumer reads (``config.json`` and one weight file:
+``model.safetensors``, or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1,
+``medusa_lm_head.pt`` for Medusa-1). The tensors carry the consumer's names, the config its architecture
+name, aux-layer ids in its convention (heads/upstream_eagle.py), RoPE as ``rope_parameters`` mirrored into
+``rope_theta`` / ``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as
+its loader builds them (zeros where it expects one the drafter lacks). What a consumer cannot represent is
+refused with the reason (``Refused``, a ValueError): a treespec-variant or fused EAGLE-1 drafter, a nonzero
+bias its loader would drop, aux layers it cannot capture, norm_before_residual where it has none, a token
+table of the drafter's own where it uses the target's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from treespec.drafter import Drafter
+from treespec.io import atomic_write, atomic_write_json
+
+from . import medusa
+from .eagle import EagleModel
+from .eagle3 import Eagle3Model
+from .medusa import MedusaHeads
+from .upstream_eagle import Refused, eagle3_to_upstream, eagle_to_upstream
+from .upstream_medusa import medusa_to_upstream
+
+CONSUMERS = ("sglang", "vllm", "speculators", "eagle", "medusa")
+# files an export may find in its folder and replace: any other weight or drafter file there is refused
+OWN_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "medusa_lm_head.pt")
+FOREIGN = ("*.safetensors", "*.bin", "*.pt", "*.index.json", "*_config.json")
+
+
+def module_of(drafter_or_module) -> nn.Module:
+    """The module inside a Drafter (Eagle / Eagle3: ``.model``; Medusa: ``.heads``), or the module itself."""
+    if isinstance(drafter_or_module, Drafter):
+        for name in ("model", "heads"):
+            inner = getattr(drafter_or_module, name, None)
+            if isinstance(inner, EagleModel | Eagle3Model | MedusaHeads):
+                return inner
+        raise TypeError(f"{type(drafter_or_module).__name__} has no weights to export")
+    if isinstance(drafter_or_module, EagleModel | Eagle3Model | MedusaHeads):
+        return drafter_or_module
+    raise TypeError(f"cannot export a {type(drafter_or_module).__name__}: give an Eagle, Eagle3 or Medusa drafter or "
+                    "its EagleModel, Eagle3Model or MedusaHeads")
+
+
+def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
+            speculative_tokens: int = 3) -> tuple[dict, dict, str]:
+    """(config.json, tensors, weight file name) for consumer ``to``, without writing anything."""
+    if to not in CONSUMERS:
+        raise ValueError(f"to must be one of {CONSUMERS}, got {to!r}")
+    module = module_of(drafter_or_module)
+    if isinstance(module, Eagle3Model):
+        module.check_fits(target)
+        if to == "medusa":
+            raise Refused("an EAGLE-3 drafter cannot be written as Medusa heads")
+        config, tensors = eagle3_to_upstream(module, target, to, verifier=verifier,
+                                             speculative_tokens=speculative_tokens)
+        return config, tensors, "model.safetensors"
+    if isinstance(module, EagleModel):
+        module.check_fits(target)
+        if to in ("speculators", "medusa"):
+            raise Refused(f"{to} cannot hold an EAGLE-1 drafter (vLLM reads speculators' eagle3 format only)"
+                          if to == "speculators" else "an EAGLE drafter cannot be written as Medusa heads")
+        config, tensors = eagle_to_upstream(module, target, to)
+        return config, tensors, "pytorch_model.bin" if to == "eagle" else "model.safetensors"
+    medusa.check_fits_target(module.config, target)
+    config, tensors = medusa_to_upstream(module, target, to, verifier=verifier)
+    return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
+
+
+def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None = None,
+           speculative_tokens: int = 3) -> Path:
+    """Write ``drafter_or_module`` (a Drafter or its module) for ``target`` into ``out_dir`` in consumer ``to``'s
+    layout (module docstring); returns the folder. ``verifier``: the target's name or path recorded where a
+    consumer asks for one (speculators' verifier, Medusa's base model; default the target's own
+    ``_name_or_path``); ``speculative_tokens``: speculators' proposal length. A folder holding other drafter
+    files is refused (a consumer would find two checkpoints)."""
+    config, tensors, filename = convert(drafter_or_module, target, to, verifier=verifier,
+                                        speculative_tokens=speculative_tokens)
+    out = Path(out_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out} exists and is not a folder")
+        other = sorted({p.name for pattern in FOREIGN for p in out.glob(pattern)} - {filename})
+        if other:
+            raise ValueError(f"{out} already holds {', '.join(other)}; export into an empty folder so that {to} finds "
+                             "one checkpoint only")
+    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+    if filename.endswith(".safetensors"):
+        atomic_write(out / filename, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    else:  # the pickle the original project reads (a plain dict of tensors; treespec reads it weights_only)
+        atomic_write(out / filename, lambda tmp: torch.save(tensors, tmp))
+    atomic_write_json(out / "config.json", config, indent=2)
+    return out

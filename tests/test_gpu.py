@@ -1,0 +1,63 @@
+"""The accelerator path: greedy equality and lossless sampling with every tensor on the device, in fp32 and
+bf16, under sdpa, eager and flex_attention. Marked ``gpu``: skipped without CUDA. ``scripts/gpu_check.sh``
+runs it on a GPU; ``TREESPEC_TEST_DEVICE=cpu`` runs the same code on the CPU (its dry run, in CI)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from treespec import Tree, generate
+from treespec.dynamic_tree import DynamicTree
+from treespec.heads import DraftModel, Eagle, EagleModel, PromptLookup
+from treespec.sampling import Sampling
+
+from .stats import chi2_pvalue
+from .test_lossless import PROMPT, VOCAB, exact_distribution
+from .tiny_models import hf_greedy, perturbed, tiny_llama
+
+DEVICE = os.environ.get("TREESPEC_TEST_DEVICE", "cuda")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
+# the CPU dry run only exercises the code path; on CUDA the chi-square test runs at full strength
+RUNS = 2000 if DEVICE == "cuda" else 300
+TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
+
+
+def on_device(model, dtype=torch.float32):
+    return model.to(device=DEVICE, dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_greedy_equals_transformers_on_device(attn, tree_name):
+    if attn == "flex_attention" and DEVICE == "cpu":
+        pytest.skip("flex_attention needs CUDA: torch 2.13's inductor fails on CPU (generate refuses it there)")
+    target = on_device(tiny_llama(seed=0, attn=attn))
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    drafter = DraftModel(perturbed(target, 0.1)) if tree_name != "dynamic" else Eagle(EagleModel(target))
+    out = generate(target, prompt, drafter=drafter, tree=TREES[tree_name], max_new_tokens=24)
+    assert out.sequences.device.type == torch.device(DEVICE).type
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
+
+
+def test_bf16_greedy_equals_transformers_bf16():
+    target = on_device(tiny_llama(seed=0), torch.bfloat16)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    out = generate(target, prompt, drafter=DraftModel(perturbed(target, 0.1)), tree=Tree.full(2, 2), max_new_tokens=16)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))
+
+
+@pytest.mark.parametrize("drafter_name", ["draft-sampled", "prompt-lookup"])
+def test_sampling_is_lossless_on_device(drafter_name):
+    target = on_device(tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1))
+    drafter = DraftModel(perturbed(target, 1.0), candidates="sample") if drafter_name == "draft-sampled" \
+        else PromptLookup()
+    sampling, gen = Sampling(1.0), torch.Generator().manual_seed(0)  # a CPU generator: the walk draws on the host
+    counts = np.zeros((VOCAB,) * 3)
+    for _ in range(RUNS):
+        out = generate(target, PROMPT.to(DEVICE), drafter=drafter, tree=Tree.full(2, 2), max_new_tokens=3,
+                       temperature=1.0, generator=gen)
+        counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
+    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
