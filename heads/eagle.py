@@ -53,6 +53,7 @@ from treespec.tree import Tree
 from .accuracy import RankHits
 from .checkpoint import load_drafter, save_drafter, vocab_size_of
 from .expansion import ExpandingDrafter
+from .vocab import DraftVocab, ReducedHead
 
 # Target config values a drafter's weights depend on (llama/qwen2/mistral names and GPT-2's); a drafter
 # is refused by a target that differs in any of them.
@@ -197,9 +198,14 @@ class EagleModel(nn.Module):
         """Target hidden states [..., L·h] (the feature layers side by side) → drafter features [..., h]."""
         return target_features if self.fusion is None else self.fusion(target_features)
 
+    @property
+    def lm_head(self) -> nn.Module:
+        """The target's frozen lm_head (not a parameter of the drafter)."""
+        return self._target_tables[1]
+
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """[..., h] → [..., V] with the target's lm_head."""
-        return self._target_tables[1](features)
+        return self.lm_head(features)
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, attention_mask=None, position_ids=None,
                 cache=None) -> torch.Tensor:
@@ -249,11 +255,16 @@ class Eagle(ExpandingDrafter):
     keeps_expanded_path = False  # expanded nodes were fed the drafter's features, not the target's
 
     def __init__(self, model: EagleModel, *, default_tree: Tree | DynamicTree | None = None,
-                 candidates: str = "topk"):
+                 candidates: str = "topk", draft_vocab: DraftVocab | None = None):
         """default_tree: EAGLE-2's dynamic tree, sized for CPUs (research.md: 16 verified tokens cost ~1.5×
-        one); the paper's GPU default is DynamicTree(60, 7, 10). candidates: as for DraftModel."""
+        one); the paper's GPU default is DynamicTree(60, 7, 10). candidates: as for DraftModel.
+        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
         super().__init__(model, default_tree if default_tree is not None else DynamicTree(16, 5, 4), candidates)
         self.feature_layers = model.feature_layers
+        if draft_vocab is not None and hasattr(model, "draft_vocab"):
+            raise ValueError("this EAGLE-3 drafter has its own draft vocabulary (d2t/t2d); FR-Spec is for "
+                             "full-vocabulary heads")
+        self._logits = ReducedHead(model.lm_head, draft_vocab) if draft_vocab is not None else model.logits
 
     def check_target(self, target) -> None:
         self.model.check_fits(target)
@@ -282,14 +293,14 @@ class Eagle(ExpandingDrafter):
         self.n_cached += tokens.shape[1]
         self._pending = []
         self._outputs = {0: g[0, -1]}
-        return self.model.logits(g[:, -1])  # [1, V]
+        return self._logits(g[:, -1])  # [1, V]
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         features = torch.stack([self._outputs[p] for p in parents])[None]  # [1, F, h]: each parent's output
         g = self.model(tokens[None], features, attention_mask=attention_mask, position_ids=position_ids,
                        cache=self.cache)[0]  # [F, h]
         self._outputs.update(zip(nodes, g, strict=True))
-        return self.model.logits(g)  # [F, V]
+        return self._logits(g)  # [F, V]
 
     @torch.no_grad()
     def accept(self, path, features) -> None:

@@ -25,6 +25,7 @@ from treespec.tree import Tree
 
 from .accuracy import RankHits
 from .checkpoint import load_drafter, save_drafter, vocab_size_of
+from .vocab import DraftVocab, ReducedHead
 
 
 class ResBlock(nn.Module):
@@ -62,13 +63,20 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return self.config["num_heads"]
 
-    def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
-        """hidden [..., h] → logits [k, ..., V] for the first ``heads`` heads (default all)."""
+    def forward(self, hidden: torch.Tensor, heads: int | None = None, projections=None) -> torch.Tensor:
+        """hidden [..., h] → logits [k, ..., V] for the first ``heads`` heads (default all); ``projections``
+        (one per head, from ``reduced``) replace the vocabulary projections."""
+        projections = projections or self.projections or [self._lm_head[0]] * self.num_heads
         out = []
         for k in range(heads or self.num_heads):
-            x = self.blocks[k](hidden)
-            out.append(self._lm_head[0](x) if self.projections is None else self.projections[k](x))
+            out.append(projections[k](self.blocks[k](hidden)))
         return torch.stack(out)
+
+    def reduced(self, vocab: DraftVocab) -> list[ReducedHead]:
+        """Per head, its vocabulary projection restricted to ``vocab`` (FR-Spec): a shared lm_head is sliced once."""
+        if self.projections is None:
+            return [ReducedHead(self._lm_head[0], vocab)] * self.num_heads
+        return [ReducedHead(projection, vocab) for projection in self.projections]
 
     # -- persistence ---------------------------------------------------------------------------------
     def save_pretrained(self, folder) -> None:
@@ -118,19 +126,23 @@ class Medusa(Drafter):
 
     needs_features = True
 
-    def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None):
+    def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None):
+        """draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
         self.heads = heads.eval()
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
+        self._projections = heads.reduced(draft_vocab) if draft_vocab is not None else None
 
     def check_target(self, target) -> None:
         check_fits_target(self.heads.config, target)
         self.heads.to(device=target.device, dtype=target.dtype)  # heads built or loaded for another dtype
+        for projection in self._projections or ():
+            projection.to(device=target.device, dtype=target.dtype)
 
     @torch.no_grad()
     def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
         if tree.depth > self.heads.num_heads:
             raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
-        logits = self.heads(feature[0], heads=tree.depth)  # [D, V]: head d fills depth d + 1
+        logits = self.heads(feature[0], heads=tree.depth, projections=self._projections)  # [D, V]: depth d + 1
         top = logits.topk(max(tree.top_k_per_depth())).indices  # [D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]

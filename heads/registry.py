@@ -23,6 +23,7 @@ from .eagle3 import Eagle3, Eagle3Model
 from .load import drafter_for, load_module
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
+from .vocab import DraftVocab
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class DrafterKind:
     name: str
     #: (source folder, target) → the trained module; None for drafters without weights
     load: Callable | None
-    #: (module, candidates) → the Drafter generate() takes
-    make: Callable[[object, str], Drafter]
+    #: (module, candidates, draft vocabulary or None) → the Drafter generate() takes
+    make: Callable[[object, str, DraftVocab | None], Drafter]
     #: (target, module, windows, *, sampling) → acc[d][r] (heads/accuracy.py); None: no fixed ranks to score
     rank_accuracy: Callable | None = None
     #: module → (seconds per proposal, seconds per drafted depth), for predicted speedups
@@ -40,6 +41,8 @@ class DrafterKind:
     candidate_modes: tuple[str, ...] = ("topk",)
     #: the deepest tree it can fill, from the module (Medusa: its number of heads); None: unbounded
     max_depth: Callable[[object], int | None] = lambda module: None
+    #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec, heads/vocab.py)
+    reduces_vocab: bool = False
 
 
 def _load_draft_model(source, target):
@@ -71,23 +74,25 @@ def _auto_cost(module):
 
 KINDS: dict[str, DrafterKind] = {
     "draft": DrafterKind(
-        "draft", _load_draft_model, lambda m, candidates: DraftModel(m, candidates=candidates),
-        draft_model.rank_accuracy, lambda m: (0.0, draft_model.depth_cost(m)), CANDIDATE_MODES),
-    "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates: PromptLookup()),
+        "draft", _load_draft_model,
+        lambda m, candidates, vocab: DraftModel(m, candidates=candidates, draft_vocab=vocab),
+        draft_model.rank_accuracy, lambda m: (0.0, draft_model.depth_cost(m)), CANDIDATE_MODES, reduces_vocab=True),
+    "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates, vocab: PromptLookup()),
     "medusa": DrafterKind(
         "medusa", lambda source, target: MedusaHeads.from_pretrained(resolve(source), target),
-        lambda m, candidates: Medusa(m), medusa.rank_accuracy, lambda m: (medusa.proposal_cost(m), 0.0),
-        max_depth=lambda m: m.num_heads),
+        lambda m, candidates, vocab: Medusa(m, draft_vocab=vocab), medusa.rank_accuracy,
+        lambda m: (medusa.proposal_cost(m), 0.0), max_depth=lambda m: m.num_heads, reduces_vocab=True),
     "eagle": DrafterKind(
         "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
-        lambda m, candidates: Eagle(m, candidates=candidates), eagle.rank_accuracy,
-        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
+        lambda m, candidates, vocab: Eagle(m, candidates=candidates, draft_vocab=vocab), eagle.rank_accuracy,
+        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES, reduces_vocab=True),
     "eagle3": DrafterKind(
         "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
-        lambda m, candidates: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
+        lambda m, candidates, vocab: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
         lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
     "auto": DrafterKind(
-        "auto", lambda source, target: load_module(source, target), lambda m, candidates: drafter_for(m, candidates),
+        "auto", lambda source, target: load_module(source, target),
+        lambda m, candidates, vocab: drafter_for(m, candidates),
         _auto_rank_accuracy, _auto_cost, CANDIDATE_MODES,
         max_depth=lambda m: m.num_heads if isinstance(m, MedusaHeads) else None),
 }
@@ -110,11 +115,14 @@ def load(name: str, target, source=None):
     return kind.load(source, target)
 
 
-def make(name: str, module, candidates: str = "topk") -> Drafter:
+def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None) -> Drafter:
+    """``draft_vocab``: restrict the drafter's vocabulary projection to these target ids (FR-Spec)."""
     kind = get(name)
     if candidates not in kind.candidate_modes:
         raise ValueError(f"drafter {name!r} takes candidates in {kind.candidate_modes}, got {candidates!r}")
-    return kind.make(module, candidates)
+    if draft_vocab is not None and not kind.reduces_vocab:
+        raise ValueError(f"drafter {name!r} has no full-vocabulary head to restrict (FR-Spec: draft, medusa, eagle)")
+    return kind.make(module, candidates, draft_vocab)
 
 
 def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:

@@ -66,3 +66,39 @@ def test_draft_model_with_a_reduced_vocabulary_samples_losslessly(candidates):
     counts = sampled_counts(target, drafter, Tree.full(2, 2), sampling, runs=FR_RUNS)
     assert counts[2].sum() > 0  # the target still emits the token the drafter cannot propose
     assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+
+
+def test_eagle_and_medusa_with_a_reduced_vocabulary_are_greedy_lossless():
+    from treespec.dynamic_tree import DynamicTree
+    from treespec.heads import Eagle, EagleModel, Medusa, MedusaHeads
+
+    target = tiny_llama(seed=0)
+    vocab = DraftVocab.most_frequent(torch.randint(0, 100, (64,), generator=torch.Generator().manual_seed(0)), 24)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    heads = MedusaHeads(32, 64, num_heads=2, share_lm_head=False, lm_head=target.get_output_embeddings())
+    for drafter, tree in [(Eagle(EagleModel(target), draft_vocab=vocab), DynamicTree(8, 3, 2)),
+                          (Medusa(heads, draft_vocab=vocab), Tree.full(2, 2))]:
+        seen, propose = [], drafter.propose
+        drafter.propose = lambda *a, propose=propose, seen=seen, **k: seen.append(propose(*a, **k)) or seen[-1]
+        out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=16)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))
+        assert seen and all(bool(vocab.t2d[p.tokens].all()) for p in seen)
+
+
+def test_eagle_with_a_reduced_vocabulary_samples_losslessly():
+    from treespec.heads import Eagle, EagleModel
+
+    target = tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
+    torch.manual_seed(0)
+    drafter = Eagle(EagleModel(target), candidates="sample", draft_vocab=DraftVocab(torch.tensor([0, 2, 3]), VOCAB))
+    sampling = Sampling(1.0)
+    counts = sampled_counts(target, drafter, Tree.full(2, 2), sampling, runs=FR_RUNS)
+    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+
+
+def test_registry_refuses_a_vocabulary_where_there_is_no_head():
+    from treespec.heads import registry
+
+    with pytest.raises(ValueError, match="no full-vocabulary head to restrict"):
+        registry.make("prompt_lookup", None, draft_vocab=DraftVocab(torch.tensor([0, 1]), 4))
