@@ -78,3 +78,21 @@ def test_shipped_eagle_loads_and_decodes_losslessly(models):
     for tree in (Tree.full(2, 2), DynamicTree(8, 4, 3)):
         out = generate(target, prompt, drafter=Eagle(eagle), tree=tree, max_new_tokens=24)
         assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.5
+
+
+def test_shipped_eagle3_loads_and_decodes_losslessly(models):
+    from treespec.dynamic_tree import DynamicTree
+    from treespec.heads import registry
+    from treespec.heads.accuracy import read_accuracy
+
+    target, _, tokenizer = models
+    folder = reference.MODELS_DIR / "eagle3"
+    drafter = registry.build("eagle3", target, "reference:eagle3")  # the same public path as the others
+    accuracy = read_accuracy(folder)
+    assert len(accuracy) >= 4 and accuracy[0][0] > 0.4
+    assert drafter.model.draft_vocab_size < drafter.model.vocab_size  # a reduced draft vocabulary
+    prompt = tokenizer(reference.prompts()[1], return_tensors="pt").input_ids
+    vanilla = generate(target, prompt, max_new_tokens=24)
+    for tree in (Tree.full(2, 2), DynamicTree(8, 4, 3)):
+        out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
+        assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.3
