@@ -6,6 +6,9 @@
     python scripts/train_heads.py drafter=eagle                            # EAGLE drafter, dynamic-tree eval
 """
 
+import os
+import sys
+
 import hydra
 
 from treespec.train.heads import run
@@ -17,4 +20,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: only rank 0 writes hydra's .hydra/ and job log
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     main()

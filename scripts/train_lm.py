@@ -5,6 +5,9 @@
     python scripts/train_lm.py model=target resume=true     # continue an interrupted run
 """
 
+import os
+import sys
+
 import hydra
 
 from treespec.train.lm import run
@@ -16,4 +19,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: only rank 0 writes hydra's .hydra/ and job log
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     main()

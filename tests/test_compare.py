@@ -1,6 +1,7 @@
 """The tree-comparison harness: tree=auto follows the analysis, outputs are written, bad specs named."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,27 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     assert float(rows[0]["tau"]) == 1.0 and float(rows[1]["tau"]) > 1.0 and rows[2]["predicted_tau"] != "nan"
     assert rows[-1]["predicted_tau"] != "nan"
     assert {p["name"] for p in result["peers"]} >= {"transformers greedy", "transformers assisted"}
-    for name in ("results.md", "cost_curve.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png",
-                 "accept_length_hist.png"):
+    for name in ("results.md", "summary.csv", "cost_curve.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png",
+                 "accept_length_hist.png", "acceptance_heatmap.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+    # per-prompt values for the intervals, each drafter's best beside the peers, a stamp, no "nan" anywhere
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["prompt_of_run"] == [0, 1] and all(len(r["runs"]["speedup"]) == 2 for r in saved["records"])
+    bests = {max((r for r in saved["records"] if r["drafter"] == d), key=lambda r: r["speedup"])["config"]
+             for d in ("draft", "prompt_lookup", "eagle")}
+    assert set(saved["peer_pass"]) == {"vanilla"} | bests
+    assert saved["skipped"] == [{"config": "prompt_lookup | accuracy 3", "drafter": "prompt_lookup",
+                                 "tree": "accuracy 3", "reason": "prompt_lookup has no measured accuracies"}]
+    assert set(saved["accuracy"]) == {"draft", "eagle"}
+    stamp = saved["stamp"]
+    assert stamp["drafters"]["prompt_lookup"]["weights"] is None
+    assert len(stamp["drafters"]["draft"]["weights_sha1"]) == 40
+    md = (tmp_path / "results.md").read_text()
+    assert "nan" not in md.lower() and "## Summary" in md and stamp["target"]["weights_sha1"][:12] in md
     assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
+    for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
+                "compare/acceptance_heatmap"):
+        assert wandb_run_contains(tmp_path, key), key
 
 
 def test_bad_tree_spec_in_config_is_named(tmp_path):

@@ -27,7 +27,8 @@ CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
 CASES += [("train_heads", [f"drafter={d}"]) for d in heads.RECIPES]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
-CASES += [("compare", [f"drafters=[{d}]"]) for d in group("drafter")]
+CASES += [("compare", [f"drafters=[{d}]"]) for d in group("drafter") if d != "upstream"]
+CASES += [("compare", ["drafters=[upstream]", "available.upstream.source=/some/checkpoint"])]
 
 
 @pytest.mark.parametrize("job, overrides", CASES, ids=[f"{j}-{'-'.join(o) or 'default'}" for j, o in CASES])
@@ -48,6 +49,8 @@ def test_every_config_is_covered():
     ("compare", ["repeats=0"], r"repeats must be an integer >= 1"),
     ("compare", ["available.medusa.candidates=sample", "drafters=[medusa]"], r"takes candidates in"),
     ("train_lm", ["trainer.seq_len=4096"], r"exceeds model.max_position_embeddings"),
+    ("compare", ["drafters=[upstream]"], r"'upstream' needs its checkpoint: available.upstream.source="),
+    ("compare", ["drafters=[prompt_lookup]", "+available.prompt_lookup.draft_vocab=64"], r"no full-vocabulary head"),
 ])
 def test_bad_configs_fail_at_start_up(job, overrides, message):
     with pytest.raises(ValueError, match=message):

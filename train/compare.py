@@ -4,8 +4,10 @@ For every drafter × tree: τ, acceptance-length histogram, target passes, token
 vanilla decoding measured in the same process (bench.measure: interleaved, warmed up, medians), beside
 the analytic prediction from the drafter's measured per-depth top-k accuracies and the target's
 measured cost curve (autotree). Peers run on the same prompts: transformers' greedy generate(),
-assisted generation with the draft as ``assistant_model``, and ``prompt_lookup_num_tokens``.
-The report (tables, plots, wandb) is train/report.py. Driven by scripts/compare_trees.py (conf/compare.yaml).
+assisted generation with the draft as ``assistant_model``, and ``prompt_lookup_num_tokens``, interleaved
+with each drafter's best configuration. Every prompt run's values are kept (results.json), so the report
+(train/report.py: tables with bootstrap intervals, plots, wandb) can be rendered again later without
+measuring; train/stamp.py records what was run where. Driven by scripts/compare_trees.py (conf/compare.yaml).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +29,16 @@ from treespec.bench import Config, measure
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.accuracy import read_accuracy
+from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
-from .data import held_out_windows
+from .data import STDLIB_CORPUS, held_out_windows, prepare_tokens
 from .log import RunLogger
-from .report import write_outputs
+from .report import compare_runs, rerender, write_outputs
+from .stamp import collect as collect_stamp
+from .stamp import model_checksum
 
 
 @dataclass
@@ -43,6 +49,7 @@ class DrafterSpec:
     draft_cost_per_depth: float = 0.0   # seconds, for predictions
     draft_cost_fixed: float = 0.0
     max_depth: int | None = None        # deepest tree it can fill (Medusa: number of heads)
+    checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
 
 
 def expand_specs(specs) -> list[dict]:
@@ -104,55 +111,110 @@ def hf_peer(target, kind: str, assistant=None):
     return run
 
 
+def _module_checksum(drafter) -> dict:
+    """A drafter's weights, when it was handed over without a source: the modules it holds."""
+    modules = [v for v in vars(drafter).values() if isinstance(v, torch.nn.Module)]
+    if not modules:
+        return model_checksum()
+    return model_checksum(torch.nn.ModuleList(modules), source=type(drafter).__name__)
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def _record(row, meta: dict) -> dict:
+    """One configuration's measurement as results.json keeps it: medians and every prompt run."""
+    return {"config": row.name, **meta, "tau": _finite(row.tau), "tokens_per_s": row.tokens_per_s,
+            "speedup": row.speedup, "target_passes": row.target_passes, "new_tokens": row.new_tokens,
+            "overhead_fraction": _finite(row.overhead_fraction),
+            "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
+                     "accept_lengths": row.prompt_accept_lengths}}
+
+
 def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], prompts: list[torch.Tensor], *,
                    max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, repeats: int = 1,
                    cost_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_nodes: int = 64, peers: bool = True,
-                   assistant=None, out_dir=".", logger=None, log=print) -> dict:
+                   assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
+                   stamp: dict | None = None) -> dict:
+    """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
+
+    ``stamp`` (train/stamp.py) describes the run for the report; without one a stamp is collected here from
+    what this function is given. ``bootstrap``: {samples, level, seed} for the report's intervals."""
+    started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if stamp is None:
+        stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
+                              drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
     log(f"cost curve: target forward over N tree tokens, N in {list(cost_sizes)}")
     curve = measure_cost_curve(target, cost_sizes)
     log("  " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in curve.items()))
 
-    configs, meta = [], {}
+    configs, meta, skipped = [], {}, []
     for d in drafters:
         for spec in expand_specs(tree_specs):
             tree, reason = resolve_tree(spec, d, curve, max_nodes)
             name = f"{d.name} | {spec_label(spec)}"
             if tree is None:
                 log(f"  skip {name}: {reason}")
+                skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
                 continue
             configs.append(Config(name, d.drafter, tree))
             pred = predict(tree, d.accuracy, curve, d.draft_cost_per_depth, d.draft_cost_fixed) \
                 if d.accuracy is not None and isinstance(tree, Tree) else None
             meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                           "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
-                          "predicted_tau": pred.tau if pred else math.nan,
-                          "predicted_speedup": pred.speedup if pred else math.nan}
+                          "predicted_tau": pred.tau if pred else None,
+                          "predicted_speedup": pred.speedup if pred else None}
     total = (len(configs) + 1) * len(prompts) * repeats
     done = itertools.count(1)
     rows = measure(target, configs, prompts * repeats, max_new_tokens=max_new_tokens, temperature=temperature,
-                   top_p=top_p, progress=lambda name, i: log(f"  [{next(done)}/{total}] {name}"))
+                   top_p=top_p, seed=seed, progress=lambda name, i: log(f"  [{next(done)}/{total}] {name}"))
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0}
-
-    result = {"cost_curve": curve, "rows": rows, "meta": meta}
-    best = max(rows[1:], key=lambda r: r.speedup) if len(rows) > 1 else rows[0]
-    result["best"] = best.name
+    records = [_record(r, meta[r.name]) for r in rows]
+    for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
+        per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
+        rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
+        rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
+    best = max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla"
+    result = {
+        "format": 2,
+        "stamp": stamp,
+        "settings": {"prompts": len(prompts), "repeats": repeats, "max_new_tokens": max_new_tokens,
+                     "temperature": temperature, "top_p": top_p, "seed": seed, "bootstrap": dict(bootstrap or {})},
+        "prompt_of_run": [i % len(prompts) for i in range(len(prompts) * repeats)],
+        "cost_curve": curve, "records": records, "skipped": skipped, "best": best,
+        "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "peers": None,
+    }
     if peers:
-        peer_configs = [Config(best.name, next(c for c in configs if c.name == best.name).drafter,
-                               next(c for c in configs if c.name == best.name).tree)] if len(rows) > 1 else []
+        # each drafter's best configuration runs again beside the peers, interleaved prompt by prompt, so its
+        # ratio to every peer is measured on the same prompts in the same pass
+        by_name = {c.name: c for c in configs}
+        bests = {}
+        for rec in records[1:]:
+            if rec["drafter"] not in bests or rec["speedup"] > bests[rec["drafter"]]["speedup"]:
+                bests[rec["drafter"]] = rec
+        peer_configs = [by_name[rec["config"]] for rec in bests.values()]
         peer_configs += [Config("transformers greedy", run=hf_peer(target, "greedy"))]
         if assistant is not None:
             peer_configs.append(Config("transformers assisted", run=hf_peer(target, "assisted", assistant)))
         peer_configs.append(Config("transformers prompt lookup", run=hf_peer(target, "prompt_lookup")))
-        log("peers on the same prompts (interleaved with treespec vanilla and best)")
+        log(f"peers on the same prompts, interleaved with treespec vanilla and each drafter's best "
+            f"({', '.join(by_name[rec['config']].name for rec in bests.values())})")
         peer_rows = measure(target, peer_configs, prompts * repeats, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p)
-        best_tps = next(r.tokens_per_s for r in peer_rows if r.name == best.name) if len(rows) > 1 else \
-            peer_rows[0].tokens_per_s
+                            temperature=temperature, top_p=top_p, seed=seed)
+        runs = {r.name: r.prompt_tokens_per_s for r in peer_rows}
+        best_runs = runs.get(best, runs["vanilla"])
+        result["peer_pass"] = {r.name: {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}
+                               for r in peer_rows if not r.name.startswith("transformers ")}
         result["peers"] = [{"name": r.name, "tokens_per_s": r.tokens_per_s, "speedup_vs_vanilla": r.speedup,
-                            "treespec_best_over_this": best_tps / r.tokens_per_s} for r in peer_rows]
+                            "treespec_best_over_this": statistics.median(
+                                b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
+                            "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}}
+                           for r in peer_rows if r.name.startswith("transformers ")]
+    result["wall_s"] = time.perf_counter() - started
     write_outputs(result, out_dir, logger)
     return result
 
@@ -175,41 +237,76 @@ def check_config(cfg) -> None:
                              "conf/drafter/ describes them)")
         entry = cfg.available[label]
         kind = registry.get(entry.name)
+        if kind.load is not None and OmegaConf.is_missing(entry, "source"):
+            raise ValueError(f"drafter {label!r} needs its checkpoint: available.{label}.source=/path/to/folder")
+        if entry.get("draft_vocab") is not None and not kind.reduces_vocab:
+            raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
         if entry.get("candidates", "topk") not in kind.candidate_modes:
             raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
     for key in ("prompts", "repeats", "max_new_tokens"):
         if not (isinstance(cfg[key], int) and cfg[key] >= 1):
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    boot = bootstrap_settings(cfg)
+    if boot["samples"] < 100 or not 0 < boot["level"] < 1:
+        raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
     available = len(reference.prompts())
     if cfg.prompts > available:
         raise ValueError(f"prompts={cfg.prompts}: only {available} held-out prompts are shipped")
 
 
-def load_drafters(cfg, target, windows, sampling: Sampling) -> list[DrafterSpec]:
+def local_folder(source) -> Path | None:
+    """The folder a drafter source names, or None for a source that is not one (a Hub id, no source)."""
+    try:
+        return reference.resolve(source) if source else None
+    except FileNotFoundError:
+        return None
+
+
+def drafter_checksum(entry, module) -> dict:
+    """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1."""
+    if module is None:
+        return {"source": entry.get("source"), "weights": None}
+    try:
+        folder = reference.resolve(entry.source)
+    except (FileNotFoundError, TypeError):
+        folder = None
+    return model_checksum(module, entry.get("source"), folder)
+
+
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies shipped beside a drafter are greedy ones; others, and all
-    at temperature > 0, are measured on held-out windows."""
+    at temperature > 0, are measured on held-out windows. ``vocab_of(entry.draft_vocab)`` gives the
+    drafter's FR-Spec vocabulary (None: its full head)."""
     specs = []
     for label in cfg.drafters:
         entry = cfg.available[label]
         kind = registry.get(entry.name)
         candidates = entry.get("candidates", "topk")
         module = registry.load(entry.name, target, entry.get("source"))
+        draft_vocab = vocab_of(entry.get("draft_vocab"))
         accuracy = None
-        if kind.rank_accuracy is not None and candidates == "topk":  # predictions assume top-k ranks
-            shipped = read_accuracy(reference.resolve(entry.source)) if kind.load else None
+        # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured)
+        if kind.rank_accuracy is not None and candidates == "topk" and draft_vocab is None:
+            shipped = read_accuracy(folder) if (folder := local_folder(entry.source)) else None
             if shipped is not None and sampling.greedy:
                 accuracy = shipped
             else:
                 accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
         fixed, per_depth = kind.cost(module)
-        specs.append(DrafterSpec(label, registry.make(entry.name, module, candidates), accuracy,
+        specs.append(DrafterSpec(label, registry.make(entry.name, module, candidates, draft_vocab), accuracy,
                                  draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
-                                 max_depth=kind.max_depth(module)))
+                                 max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module)))
     return specs
 
 
-def run_from_config(cfg, out_dir) -> dict:
+def bootstrap_settings(cfg) -> dict:
+    b = cfg.get("bootstrap") or {}
+    return {"samples": int(b.get("samples", 2000)), "level": float(b.get("level", 0.95)),
+            "seed": int(b.get("seed", 0))}
+
+
+def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     """The scripts/compare_trees.py job: load target and drafters named in ``cfg``, compare, write outputs."""
     check_config(cfg)
     if cfg.threads:
@@ -223,12 +320,55 @@ def run_from_config(cfg, out_dir) -> dict:
     def windows() -> torch.Tensor:  # [accuracy_windows, 256], loaded once, only if a drafter needs them
         return held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.paths.data)
 
-    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p))
+    @functools.cache
+    def corpus_counts() -> torch.Tensor:  # [V] token counts of the corpus's training split (FR-Spec's ranking)
+        _, train_tokens, _ = prepare_tokens(STDLIB_CORPUS, len(tokenizer), cfg.paths.data, tokenizer=tokenizer)
+        return torch.bincount(train_tokens.long(), minlength=len(tokenizer))
+
+    def vocab_of(spec) -> DraftVocab | None:
+        """``draft_vocab`` of a drafter entry: N (the N most frequent corpus tokens), a saved vocabulary's path,
+        or null (the full head)."""
+        if spec is None:
+            return None
+        if isinstance(spec, int):
+            return DraftVocab.most_frequent(corpus_counts(), spec)
+        return DraftVocab.load(spec)
+
+    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    stamp = collect_stamp(
+        target=target, target_source=str(cfg.target), target_folder=reference.resolve(cfg.target),
+        drafters={d.name: d.checksum for d in drafters}, prompts=prompts, command=command, config=resolved,
+        prompt_set=f"treespec reference prompts (prompts.jsonl, split test), the first {cfg.prompts}",
+        seed=int(cfg.get("seed") or 0))
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
-                       config=OmegaConf.to_container(cfg, resolve=True))
+                       config={**resolved, "stamp": {k: v for k, v in stamp.items() if k != "config"}})
     result = run_comparison(target, drafters, tree_specs, prompts, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, top_p=cfg.top_p, repeats=cfg.repeats,
                             cost_sizes=tuple(cfg.cost_sizes), max_nodes=cfg.max_nodes, peers=cfg.peers,
-                            assistant=assistant, out_dir=out_dir, logger=logger)
+                            assistant=assistant, out_dir=out_dir, logger=logger, seed=int(cfg.get("seed") or 0),
+                            bootstrap=bootstrap_settings(cfg), stamp=stamp)
     logger.finish()
     return result
+
+
+def run_job(cfg, out_dir, command: str | None = None) -> dict:
+    """scripts/compare_trees.py: ``report=PATH`` re-renders a run's outputs from its results.json (nothing is
+    measured), ``compare=[A,B,...]`` writes ``comparison.md`` (runs side by side) into ``out_dir``, else a
+    comparison is measured. Returns {"mode", "outputs" (files written), "markdown" (what to print), ...}."""
+    if cfg.get("report") and cfg.get("compare"):
+        raise ValueError("give report=PATH or compare=[A,B], not both")
+    if cfg.get("report"):
+        folder = rerender(cfg.report)
+        return {"mode": "report", "outputs": folder, "markdown": (folder / "results.md").read_text()}
+    if cfg.get("compare"):
+        paths = cfg.compare
+        paths = [p.strip() for p in paths.split(",")] if isinstance(paths, str) else [str(p) for p in paths]
+        text = compare_runs(paths)
+        path = Path(out_dir) / "comparison.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return {"mode": "compare", "outputs": path, "markdown": text}
+    result = run_from_config(cfg, out_dir, command)
+    return {"mode": "measure", "outputs": Path(out_dir), "best": result["best"], "result": result,
+            "markdown": (Path(out_dir) / "results.md").read_text()}

@@ -229,6 +229,16 @@ def self_distill(target, tokens: torch.Tensor, *, n_prompts: int, prompt_tokens:
     return stream
 
 
+def permuted_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
+    """The sample indices of global step ``step``: epoch e visits every one of ``n`` samples once, in the order
+    ``randperm(n, seed + e)``, ``batch_size`` at a time (a last partial batch is dropped). A pure function of
+    (seed, step): what exact resume and rank sharding rest on."""
+    steps_per_epoch = n // batch_size
+    epoch, i = divmod(step, steps_per_epoch)
+    g = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g)[i * batch_size : (i + 1) * batch_size]
+
+
 class TokenBatches:
     """Deterministic [batch, seq_len + 1] windows over a token stream.
 
@@ -246,14 +256,65 @@ class TokenBatches:
             )
         self.steps_per_epoch = self.n_windows // batch_size
 
+    def indices(self, step: int) -> torch.Tensor:
+        """The windows of global step ``step`` (``permuted_indices``)."""
+        return permuted_indices(self.n_windows, self.batch_size, self.seed, step)
+
+    def windows(self, indices: torch.Tensor) -> torch.Tensor:
+        """Windows ``indices`` (window i starts at token i · seq_len): LongTensor [len(indices), seq_len + 1]."""
+        idx = torch.as_tensor(indices)[:, None] * self.seq_len + torch.arange(self.seq_len + 1)[None, :]
+        return self.tokens[idx].long()
+
     def batch(self, step: int) -> torch.Tensor:
         """The batch for global step ``step``: LongTensor [batch, seq_len + 1]."""
-        epoch, i = divmod(step, self.steps_per_epoch)
-        g = torch.Generator().manual_seed(self.seed + epoch)
-        order = torch.randperm(self.n_windows, generator=g)[i * self.batch_size : (i + 1) * self.batch_size]
-        starts = order * self.seq_len
-        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        return self.tokens[idx].long()
+        return self.windows(self.indices(step))
+
+
+# -- batches: a LongTensor of token windows, or a dict of row-aligned tensors ---------------------------------
+# A batch is either a LongTensor [b, S] (corpus windows, every position trained on) or a dict with
+# "input_ids" [b, S] and, for chat data, "loss_mask" [b, S] (True on the tokens the drafter learns to predict)
+# and "attention_mask" [b, S] (False on right padding), and, for stored target features (train/features.py),
+# "hidden.<i>" [b, S, h] (the target's hidden_states[i]). Rows are right-padded: under causal attention no real
+# token sees padding, so padding never needs a mask in the forward passes, only in the losses.
+Batch = torch.Tensor | dict
+
+
+def batch_rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows [start, stop) of a batch; a dict batch is trimmed to its longest remaining row."""
+    if torch.is_tensor(batch):
+        return batch[start:stop]
+    rows = {k: v[start:stop] for k, v in batch.items()}
+    if "attention_mask" in rows and rows["attention_mask"].numel():
+        width = int(rows["attention_mask"].sum(1).max())
+        seq = batch["attention_mask"].shape[1]
+        rows = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == seq else v for k, v in rows.items()}
+    return rows
+
+
+def batch_size_of(batch: Batch) -> int:
+    return (batch if torch.is_tensor(batch) else batch["input_ids"]).shape[0]
+
+
+def batch_tokens(batch: Batch) -> int:
+    """Tokens a batch trains on: every position but the first of each window; for dict batches, the
+    non-padding positions."""
+    if torch.is_tensor(batch):
+        return batch.shape[0] * (batch.shape[1] - 1)
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum()) - batch_size_of(batch)
+    return batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
+
+
+def batch_to(batch: Batch, device) -> Batch:
+    if torch.is_tensor(batch):
+        return batch.to(device)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def split_batch(batch: Batch, size: int) -> list:
+    """Consecutive pieces of at most ``size`` rows."""
+    n = batch_size_of(batch)
+    return [batch_rows(batch, i, min(n, i + size)) for i in range(0, n, size)]
 
 
 def eval_windows(tokens: torch.Tensor, seq_len: int, max_windows: int | None = None) -> torch.Tensor:

@@ -8,6 +8,10 @@ next-token distribution against the target's, lm_head(f_{j+1}) (soft labels).
 
 Training-time test: ``unroll_steps`` extra passes feed the drafter its own features, as deeper tree
 nodes are at inference (heads/eagle.py ``unrolled``); step k's loss is weighted ``unroll_decay ** k``.
+
+Batches are token windows [b, S] (every entry trained on) or dicts with a loss mask (chat data: entry j is
+trained on when the token it predicts, j + 2, is) and possibly the target's stored hidden states
+(train/features.py: the same code runs with a ``StoredTarget``).
 """
 
 from __future__ import annotations
@@ -17,12 +21,23 @@ import torch.nn.functional as F
 
 from treespec.heads.eagle import Eagle, EagleModel, fused_layers, rank_accuracy, unrolled
 
+from .data import split_batch
+from .features import batch_parts, shifted_mask
 from .recipe import Recipe
 
 
-def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float) -> tuple:
-    """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool → (loss, feature loss, CE, top-1 agreement)."""
-    g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
+def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
+              mask: torch.Tensor | None = None) -> tuple:
+    """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool or a slice; mask [b, n] bool or None (every
+    entry) → (loss, feature loss, CE, top-1 agreement) over the valid, masked entries."""
+    if mask is None:
+        g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
+    else:
+        keep = mask & valid[None] if torch.is_tensor(valid) else mask
+        if not bool(keep.any()):  # nothing to learn in this batch at this step: keep the graph, add nothing
+            zero = g.sum() * 0.0
+            return zero, zero.detach(), zero.detach(), zero.detach()
+        g, f_next, p_target = g[keep], f_next[keep], p_target[keep]
     feature = F.smooth_l1_loss(g.float(), f_next.float())
     log_q = torch.log_softmax(model.logits(g).float(), dim=-1)  # [b, n', V]
     ce = -(p_target * log_q).sum(-1).mean()
@@ -32,13 +47,15 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
 
 def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
                feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8) -> tuple:
-    """batch [b, S] → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 + token_weight · CE) over steps
-    0..unroll_steps, metrics)."""
-    f_next, target_logits, steps = unrolled(target, model, batch, steps=unroll_steps, noise_std=noise_std)
+    """batch [b, S] (or a dict batch, train/data.py) → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 +
+    token_weight · CE) over steps 0..unroll_steps, metrics)."""
+    ids, loss_mask, target = batch_parts(batch, target, model.device)
+    f_next, target_logits, steps = unrolled(target, model, ids, steps=unroll_steps, noise_std=noise_std)
     p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
+    mask = None if loss_mask is None else shifted_mask(loss_mask, 2, f_next.shape[1])  # entry j predicts token j + 2
     total, metrics = 0.0, {}
     for k, g, valid in steps:
-        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight)
+        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, mask)
         total = total + unroll_decay**k * loss
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item()})
     return total, metrics
@@ -46,10 +63,10 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
 
 @torch.no_grad()
 def eagle_metrics(target, model, windows: torch.Tensor, unroll_steps: int, batch_size: int = 8) -> dict:
-    """Mean over ``windows`` [n, S] of the noise-free training metrics: per step, how often the drafter's
-    top-1 token is the target's (``top1_k``), its feature loss and CE."""
+    """Mean over ``windows`` [n, S] (or a dict batch) of the noise-free training metrics: per step, how often
+    the drafter's top-1 token is the target's (``top1_k``), its feature loss and CE."""
     totals: dict[str, float] = {}
-    batches = windows.split(batch_size)
+    batches = split_batch(windows, batch_size)
     for batch in batches:
         _, metrics = eagle_loss(target, model, batch, unroll_steps=unroll_steps)
         for k, v in metrics.items():
@@ -57,13 +74,18 @@ def eagle_metrics(target, model, windows: torch.Tensor, unroll_steps: int, batch
     return totals
 
 
+def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
+    """The target hidden states the drafter reads (``drafter.feature_layers``, else the fusion switch's low/mid/
+    high ones, else the last): what offline features must hold besides the last one."""
+    if d.feature_layers:
+        return tuple(d.feature_layers)
+    return fused_layers(num_hidden_layers) if d.fusion else (-1,)
+
+
 def recipe(cfg, target, train_tokens=None) -> Recipe:
     """The recipe for ``drafter=eagle`` (conf/drafter/eagle.yaml)."""
     d = cfg.drafter
-    if d.feature_layers:
-        layers = tuple(d.feature_layers)
-    else:
-        layers = fused_layers(target.config.num_hidden_layers) if d.fusion else (-1,)
+    layers = target_layers(d, target.config.num_hidden_layers)
     model = EagleModel(target, feature_layers=layers, variant=d.variant)
 
     def loss(batch):

@@ -14,6 +14,9 @@ no feature noise: the unrolled steps are what makes the drafter robust to its ow
 
 The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the training stream
 (``token_counts`` → ``heads.eagle3.build_vocab_map``).
+
+Batches are token windows [b, S] or dicts with a loss mask (chat data: position p is scored when token p + 1
+is trained on) and possibly the target's stored hidden states (train/features.py, a ``StoredTarget``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,18 @@ from __future__ import annotations
 import torch
 
 from treespec.heads.checkpoint import vocab_size_of
-from treespec.heads.eagle3 import Eagle3, Eagle3Model, build_vocab_map, rank_accuracy, target_states, unrolled
+from treespec.heads.eagle3 import (
+    Eagle3,
+    Eagle3Model,
+    build_vocab_map,
+    rank_accuracy,
+    resolve_aux_layers,
+    target_states,
+    unrolled,
+)
 
+from .data import split_batch
+from .features import batch_parts, shifted_mask
 from .recipe import Recipe
 
 
@@ -38,14 +51,18 @@ def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = N
 class RestrictedTarget:
     """The target's next-token distribution restricted to the draft vocabulary and renormalised, per
     position of ``target_logits`` [b, S, V]: p [b, S, Vd], its negative entropy Σ p log p [b, S], its argmax
-    (a draft id) [b, S], and ``valid`` [b, S]: the target's argmax lies in the draft vocabulary."""
+    (a draft id) [b, S], and ``valid`` [b, S]: the target's argmax lies in the draft vocabulary (and, given
+    ``scored`` [b, S] bool, the position is scored: the loss mask)."""
 
-    def __init__(self, target_logits: torch.Tensor, model: Eagle3Model):
+    def __init__(self, target_logits: torch.Tensor, model: Eagle3Model, scored: torch.Tensor | None = None):
         log_p = torch.log_softmax(target_logits.float()[..., model.draft_ids], dim=-1)
         self.p = log_p.exp()
         self.neg_entropy = (self.p * log_p).sum(-1)
         self.argmax = log_p.argmax(-1)
         self.valid = model.t2d[target_logits.argmax(-1)]
+        self.scored = scored
+        if scored is not None:
+            self.valid = self.valid & scored
 
     def kl(self, draft_logits: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """KL(p || q) with q = softmax(draft_logits [b, S - start, Vd]) at positions start.., averaged over
@@ -61,13 +78,16 @@ class RestrictedTarget:
 
 def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
                 decay: float = 0.8) -> tuple[torch.Tensor, dict]:
-    """batch [b, S] token windows → (Σ_i decay^i · KL_i over unrolled steps i = 0..unroll_steps, metrics:
-    ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept positions) and
-    ``kept_fraction`` (positions whose target argmax is in the draft vocabulary))."""
-    batch = batch.to(model.device)
+    """batch [b, S] token windows (or a dict batch, train/data.py) → (Σ_i decay^i · KL_i over unrolled steps
+    i = 0..unroll_steps, metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept
+    positions) and ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+    batch, loss_mask, target = batch_parts(batch, target, model.device)
     features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
-    restricted = RestrictedTarget(target_logits, model)
-    total, metrics = 0.0, {"kept_fraction": restricted.valid[:, 1:].float().mean().item()}
+    scored = None if loss_mask is None else shifted_mask(loss_mask, 1, batch.shape[1])  # p predicts token p + 1
+    restricted = RestrictedTarget(target_logits, model, scored)
+    kept = restricted.valid[:, 1:].float().sum() / (scored[:, 1:].sum().clamp(min=1) if scored is not None
+                                                    else restricted.valid[:, 1:].numel())
+    total, metrics = 0.0, {"kept_fraction": kept.item()}
     for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
         kl, top1 = restricted.kl(model.draft_logits(out), 1 + i)
@@ -83,13 +103,18 @@ def eagle3_metrics(target, model: Eagle3Model, windows: torch.Tensor, unroll_ste
     was_training = model.training
     model.eval()
     totals: dict[str, float] = {}
-    batches = windows.split(batch_size)
+    batches = split_batch(windows, batch_size)
     for batch in batches:
         _, metrics = eagle3_loss(target, model, batch, unroll_steps=unroll_steps)
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v / len(batches)
     model.train(was_training)
     return totals
+
+
+def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
+    """The aux hidden states the drafter fuses: what offline features must hold besides the last one."""
+    return resolve_aux_layers(d.aux_layers, num_hidden_layers)
 
 
 def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:

@@ -1,6 +1,8 @@
-"""The drafter-training job (``scripts/train_heads.py drafter=medusa|eagle``): data (self-distilled by
-default), the training loop, export with per-depth rank accuracies, and an end-of-run decoding evaluation
-whose per-step acceptance lengths are logged (histogram + mean) with tokens/s against vanilla decoding.
+"""The drafter-training job (``scripts/train_heads.py drafter=medusa|eagle|eagle3``): data (self-distilled
+corpus text by default, ``data=chat`` conversations, or stored target features ``data.features=DIR``), the
+training loop (one process, or several under torchrun: train/distributed.py), export with per-depth rank
+accuracies, and an end-of-run decoding evaluation whose per-step acceptance lengths are logged (histogram +
+mean) with tokens/s against vanilla decoding. ``prepare_features`` is ``scripts/prepare_features.py``.
 
 What differs per drafter is its ``Recipe`` (train/recipe.py), found by the drafter's registry name.
 """
@@ -10,22 +12,28 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import OmegaConf
 
 from treespec.autotree import auto_chooser, measure_cost_curve
 from treespec.bench import Config, measure
+from treespec.io import weights_digest
 from treespec.reference import load_model
 from treespec.tree_spec import build_tree, check_tree_spec
 
-from . import eagle, eagle3, medusa
+from . import distributed, eagle, eagle3, medusa
+from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
+from .distributed import record
+from .features import FeatureBatches, FeatureStore, WindowSamples, prepare, split_layers
 from .lm import fingerprint
 from .log import RunLogger
 from .loop import OptimConfig, train
 
 RECIPES = {"medusa": medusa.recipe, "eagle": eagle.recipe, "eagle3": eagle3.recipe}  # registry name → recipe
+TARGET_LAYERS = {"medusa": medusa.target_layers, "eagle": eagle.target_layers, "eagle3": eagle3.target_layers}
 
 
 def eval_tree_spec(cfg):
@@ -42,6 +50,12 @@ def check_config(cfg) -> None:
     if spec is None:
         raise ValueError("no evaluation tree: set tree=... or the drafter's eval_tree")
     check_tree_spec(spec)
+    distributed.check_trainer(cfg.trainer)
+    chat = cfg.data.get("chat")
+    if chat is not None and not chat.get("source"):
+        raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
+    if chat is None and cfg.data.get("corpus") is None:
+        raise ValueError("no training data: data.corpus (data=stdlib) or data.chat (data=chat)")
 
 
 def training_tokens(cfg, target, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,12 +72,97 @@ def training_tokens(cfg, target, tokenizer) -> tuple[torch.Tensor, torch.Tensor]
     return train_tokens, val_tokens
 
 
-def decoding_eval(cfg, target, recipe, accuracy, val_tokens) -> tuple[dict, list[int]]:
-    """Decode held-out windows with the trained drafter on the evaluation tree, against vanilla."""
+@dataclass
+class TrainingData:
+    """What a drafter run trains and evaluates on."""
+
+    batches: object                  # .batch(step) → the global batch; .steps_per_epoch
+    val: object                      # the in-training evaluation's batch: [n, S] windows or a dict (chat, features)
+    val_windows: torch.Tensor        # [n, S] held-out windows: per-depth accuracies at export
+    prompts: list                    # [1, P] prompts of the decoding evaluation
+    stats_tokens: torch.Tensor       # the trained-on tokens: statistics for recipes (EAGLE-3's draft vocabulary)
+    train_samples: object            # what prepare_features stores: chat.Samples or features.WindowSamples
+    val_samples: object
+    info: dict = field(default_factory=dict)  # for the run's summary
+
+
+def pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+
+def data_settings(cfg) -> dict:
+    """The data settings stored features depend on (beside the target and its layers)."""
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    keep = {k: data.get(k) for k in ("corpus", "self_distill", "chat")}
+    return {**keep, "seq_len": cfg.trainer.seq_len, "eval_windows": cfg.trainer.eval_windows, "seed": cfg.seed}
+
+
+def feature_key(cfg, target) -> dict:
+    return {"target": fingerprint(target), "weights": weights_digest(target), "data": data_settings(cfg)}
+
+
+def needed_layers(cfg, target) -> list[int]:
+    n = target.config.num_hidden_layers
+    return split_layers(TARGET_LAYERS[cfg.drafter.name](cfg.drafter, n), n)
+
+
+def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingData:
+    """The data of ``cfg.data``: corpus windows (self-distilled when asked) or chat conversations; with
+    ``data.features`` the training batches and the evaluation batch come from stored target features."""
+    t, e = cfg.trainer, cfg.eval
+    pad = pad_id(tokenizer)
+    if cfg.data.get("chat") is not None:
+        chat = prepare_chat(cfg.data.chat, tokenizer, cfg.data.cache_dir, progress=progress)
+        batches = SampleBatches(chat.train, t.batch_size, seed=cfg.seed, pad_id=pad)
+        n_val = min(len(chat.val), t.eval_windows or len(chat.val))
+        held_out, n_val = (chat.val, n_val) if n_val else (chat.train, 1)  # tiny sets may have no validation
+        val_samples = Samples(*_first(held_out, n_val))
+        val = val_samples.collate(range(n_val), pad)
+        stream = held_out.stream(tokenizer.eos_token_id or 0)
+        val_windows = eval_windows(stream, t.seq_len, t.eval_windows) if len(stream) > t.seq_len else val["input_ids"]
+        prompts = []
+        for i in range(min(len(held_out), e.prompts)):  # each conversation up to its first answer (its last
+            ids, _ = held_out.sample(i)                    # eval.prompt_tokens tokens)
+            end = max(1, int(held_out.prompt_lens[i]))
+            prompts.append(ids[max(0, end - e.prompt_tokens) : end][None].long())
+        data = TrainingData(batches, val, val_windows, prompts, chat.train.trained_tokens(), chat.train, val_samples,
+                            {"data_rows": chat.rows, "data_train_conversations": len(chat.train),
+                             "data_val_conversations": len(chat.val), "data_skipped": chat.skipped})
+    else:
+        train_tokens, val_tokens = training_tokens(cfg, target, tokenizer)
+        batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
+        val = eval_windows(val_tokens, t.seq_len, t.eval_windows)
+        prompts = [w[None, : e.prompt_tokens] for w in eval_windows(val_tokens, e.prompt_tokens, e.prompts)]
+        data = TrainingData(batches, val, val, prompts, train_tokens, WindowSamples(batches=batches),
+                            WindowSamples(val))
+    if cfg.data.get("features"):
+        store = FeatureStore(cfg.data.features)
+        store.check(feature_key(cfg, target), needed_layers(cfg, target))
+        split = store.split("train")
+        if split.meta["digest"] != data.train_samples.digest() or len(split) != len(data.train_samples):
+            raise ValueError(f"features in {cfg.data.features} were computed on other training samples than these "
+                             "data settings give: prepare them again")
+        data.batches = FeatureBatches(split, t.batch_size, seed=cfg.seed, pad_id=pad)
+        val_split = store.split("val")
+        if val_split.meta["digest"] != data.val_samples.digest():
+            raise ValueError(f"features in {cfg.data.features} hold other evaluation samples than these data settings "
+                             "give: prepare them again")
+        data.val = val_split.collate(range(len(val_split)), pad)
+        data.info["features"] = str(cfg.data.features)
+    return data
+
+
+def _first(samples, n: int):
+    """The first ``n`` samples of a chat.Samples, as its constructor's arguments."""
+    end = int(samples.offsets[n])
+    return samples.input_ids[:end], samples.loss_mask[:end], samples.offsets[: n + 1], samples.prompt_lens[:n]
+
+
+def decoding_eval(cfg, target, recipe, accuracy, prompts) -> tuple[dict, list[int]]:
+    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla."""
     e, spec = cfg.eval, eval_tree_spec(cfg)
     choose = auto_chooser(measure_cost_curve(target)) if spec.get("kind") == "auto" else None
     tree = build_tree(spec, accuracy=accuracy, choose=choose)
-    prompts = [w[None, : e.prompt_tokens] for w in eval_windows(val_tokens, e.prompt_tokens, e.prompts)]
     rows = measure(target, [Config(cfg.drafter.name, recipe.drafter(), tree)], prompts,
                    max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=cfg.seed)
     drafter_row = rows[-1]
@@ -72,44 +171,67 @@ def decoding_eval(cfg, target, recipe, accuracy, val_tokens) -> tuple[dict, list
             "eval_speedup": drafter_row.speedup}, drafter_row.accept_lengths
 
 
+def load_target(cfg, ctx):
+    target, tokenizer = load_model(cfg.target)
+    target.to(ctx.device)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, tokenizer
+
+
+@record
 def run(cfg) -> dict:
-    """The ``scripts/train_heads.py`` job."""
+    """The ``scripts/train_heads.py`` job (every rank under torchrun; rank 0 returns the summary)."""
     check_config(cfg)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
-    target, tokenizer = load_model(cfg.target)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    train_tokens, val_tokens = training_tokens(cfg, target, tokenizer)
+    with distributed.session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
+        return _run(cfg, ctx)
 
-    d = cfg.drafter
-    torch.manual_seed(cfg.seed)
-    recipe = RECIPES[d.name](cfg, target, train_tokens)
+
+def _run(cfg, ctx) -> dict:
+    t, d = cfg.trainer, cfg.drafter
+    target, tokenizer = load_target(cfg, ctx)
+    with distributed.rank0_first(ctx):  # rank 0 fills the data caches, the others read them
+        data = training_data(cfg, target, tokenizer, progress=ctx.is_main)
+
+    torch.manual_seed(cfg.seed)  # every rank builds the same initial drafter
+    recipe = RECIPES[d.name](cfg, target, data.stats_tokens)
     module = recipe.module
-    batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
-    total_steps = t.max_steps or math.ceil(t.epochs * batches.steps_per_epoch)
-    val = eval_windows(val_tokens, t.seq_len, t.eval_windows)
+    total_steps = t.max_steps or math.ceil(t.epochs * data.batches.steps_per_epoch)
     n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    print(f"{d.name}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps")
+    if ctx.is_main:
+        where = f", {ctx.world_size} ranks ({ctx.strategy})" if ctx.distributed else ""
+        print(f"{d.name}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps"
+              f"{where}")
 
-    logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
-                       name=f"heads-{d.name}", config=OmegaConf.to_container(cfg, resolve=True), resume=cfg.resume)
+    logger = None
+    if ctx.is_main:
+        logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
+                           name=f"heads-{d.name}", config=OmegaConf.to_container(cfg, resolve=True), resume=cfg.resume)
     result = train(
-        module, recipe.loss, batches.batch,
+        module, recipe.loss, data.batches.batch,
         total_steps=total_steps, optim=OptimConfig(**cfg.optim), run_dir=cfg.run_dir,
         fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed},
-        evaluate=lambda: recipe.evaluate(val),
+        evaluate=lambda: recipe.evaluate(data.val),
         eval_every=t.eval_every, ckpt_every=t.ckpt_every, log_every=t.log_every, resume=cfg.resume,
         logger=logger, progress=t.progress, stop_after=t.stop_after, precision=t.precision,
+        grad_accum=t.get("grad_accum", 1), seed=cfg.seed, dist=ctx,
     )
+    if not ctx.is_main:
+        return {}
+    if result.full_state is not None:  # FSDP: export from an unsharded copy holding the trained weights
+        torch.manual_seed(cfg.seed)
+        recipe = RECIPES[d.name](cfg, target, data.stats_tokens)
+        recipe.module.load_state_dict(result.full_state, strict=False)
     summary = {"drafter": d.name, "trainable_parameters": n_params, "steps": result.step,
                "tokens_seen": result.tokens_seen, "train_wall_time_s": result.wall_time,
-               "train_loss": result.train_loss}
+               "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
     if result.step >= total_steps:
-        final_metrics, accuracy = recipe.export(val, cfg.export_dir)
+        final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
         summary.update(final_metrics)
-        eval_metrics, accept_lengths = decoding_eval(cfg, target, recipe, accuracy, val_tokens)
+        eval_metrics, accept_lengths = decoding_eval(cfg, target, recipe, accuracy, data.prompts)
         summary.update(eval_metrics)
         logger.histogram("eval/accept_length", accept_lengths, step=result.step)
         logger.log({**eval_metrics, **final_metrics}, step=result.step)
@@ -117,3 +239,34 @@ def run(cfg) -> dict:
     logger.summary(summary)
     logger.finish()
     return summary
+
+
+# -- offline target features (scripts/prepare_features.py) ------------------------------------------------
+@record
+def prepare_features(cfg) -> dict | None:
+    """Run the frozen target once over the training data (and the evaluation windows) of ``cfg`` and store
+    what the drafter trains on under ``data.features`` (train/features.py): every rank under torchrun takes
+    its share of the shards; rank 0 writes the index. Resumable: finished shards are kept."""
+    check_config(cfg)
+    if not cfg.data.get("features"):
+        raise ValueError("prepare_features needs data.features=<folder to write the features to>")
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
+        target, tokenizer = load_target(cfg, ctx)
+        features = cfg.data.features
+        with distributed.rank0_first(ctx):
+            plain = OmegaConf.merge(cfg, {"data": {"features": None}})
+            data = training_data(plain, target, tokenizer, progress=ctx.is_main)
+        t0 = time.time()
+        index = prepare(target, {"train": data.train_samples, "val": data.val_samples}, needed_layers(cfg, target),
+                        features, key=feature_key(cfg, target), dtype=cfg.data.get("features_dtype", "float32"),
+                        batch_size=cfg.data.get("features_batch_size", 8),
+                        shard_samples=cfg.data.get("features_shard_samples", 256),
+                        pad_id=pad_id(tokenizer), rank=ctx.rank, world_size=ctx.world_size,
+                        barrier=lambda: distributed.barrier(ctx), progress=ctx.is_main)
+        if index is not None:
+            tokens = sum(s["tokens"] for s in index["splits"].values())
+            print(f"features written to {features}: {tokens} tokens, {index['bytes_per_token']} bytes/token, "
+                  f"{time.time() - t0:.0f} s")
+        return index

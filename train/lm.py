@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from . import distributed
 from .data import TokenBatches, eval_windows, prepare_tokens
+from .distributed import record
 from .log import RunLogger
 from .loop import OptimConfig, train
 
@@ -34,11 +36,16 @@ def build_llama(model_cfg: dict, vocab_size: int, tokenizer=None, seed: int = 0)
     return LlamaForCausalLM(config)
 
 
-def lm_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """Next-token cross-entropy. batch: [b, s + 1] token ids."""
-    logits = model(input_ids=batch[:, :-1]).logits  # [b, s, v]
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-    return loss, {}
+def lm_loss(model, batch) -> tuple[torch.Tensor, dict]:
+    """Next-token cross-entropy. batch: [b, s + 1] token ids, or a dict batch (train/data.py) whose loss mask
+    selects the predicted tokens."""
+    if torch.is_tensor(batch):
+        logits = model(input_ids=batch[:, :-1]).logits  # [b, s, v]
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()), {}
+    ids, mask = batch["input_ids"], batch.get("loss_mask")
+    logits = model(input_ids=ids[:, :-1]).logits
+    keep = mask[:, 1:].bool() if mask is not None else torch.ones_like(ids[:, 1:], dtype=torch.bool)
+    return F.cross_entropy(logits[keep].float(), ids[:, 1:][keep]), {}
 
 
 @torch.no_grad()
@@ -67,32 +74,43 @@ def check_config(cfg) -> None:
     if cfg.trainer.seq_len > cfg.model.max_position_embeddings:
         raise ValueError(f"trainer.seq_len={cfg.trainer.seq_len} exceeds model.max_position_embeddings="
                          f"{cfg.model.max_position_embeddings}")
-    for key in ("batch_size", "seq_len"):
-        if not (isinstance(cfg.trainer[key], int) and cfg.trainer[key] >= 1):
-            raise ValueError(f"trainer.{key} must be an integer >= 1, got {cfg.trainer[key]!r}")
+    distributed.check_trainer(cfg.trainer)
 
 
+@record
 def run(cfg) -> dict:
-    """The ``scripts/train_lm.py`` job: tokens → model → the training loop → exported model."""
+    """The ``scripts/train_lm.py`` job: tokens → model → the training loop → exported model (every rank under
+    torchrun; rank 0 writes and returns the summary)."""
     check_config(cfg)
     t = cfg.trainer
     if t.threads:
         torch.set_num_threads(t.threads)
+    with distributed.session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
+        return _run(cfg, ctx)
+
+
+def _run(cfg, ctx) -> dict:
+    t = cfg.trainer
     corpus_cfg = OmegaConf.to_container(cfg.data.corpus, resolve=True)
-    tokenizer, train_tokens, val_tokens = prepare_tokens(corpus_cfg, cfg.data.vocab_size, cfg.data.cache_dir)
+    with distributed.rank0_first(ctx):  # rank 0 trains the tokenizer and encodes the corpus, the others read them
+        tokenizer, train_tokens, val_tokens = prepare_tokens(corpus_cfg, cfg.data.vocab_size, cfg.data.cache_dir)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model = build_llama(model_cfg, len(tokenizer), tokenizer, seed=cfg.seed)
+    model = build_llama(model_cfg, len(tokenizer), tokenizer, seed=cfg.seed).to(ctx.device)
     batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
     total_steps = t.max_steps or math.ceil(t.epochs * batches.steps_per_epoch)
     val = eval_windows(val_tokens, t.seq_len, t.eval_windows)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters, {len(train_tokens)} train tokens, "
-          f"{total_steps} steps of {t.batch_size}x{t.seq_len}")
+    if ctx.is_main:
+        print(f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters, {len(train_tokens)} train tokens, "
+              f"{total_steps} steps of {t.batch_size}x{t.seq_len}"
+              + (f", {ctx.world_size} ranks ({ctx.strategy})" if ctx.distributed else ""))
 
     forward = torch.compile(model) if t.compile else model
-    logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
-                       name=f"lm-{cfg.model.name}", config=OmegaConf.to_container(cfg, resolve=True),
-                       resume=cfg.resume)
+    logger = None
+    if ctx.is_main:
+        logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
+                           name=f"lm-{cfg.model.name}", config=OmegaConf.to_container(cfg, resolve=True),
+                           resume=cfg.resume)
     t0 = time.time()
     result = train(
         model, lambda batch: lm_loss(forward, batch), batches.batch,
@@ -100,18 +118,27 @@ def run(cfg) -> dict:
         fingerprint={**fingerprint(model), "seq_len": t.seq_len, "batch_size": t.batch_size, "seed": cfg.seed},
         evaluate=lambda: evaluate_lm(forward, val), eval_every=t.eval_every, ckpt_every=t.ckpt_every,
         log_every=t.log_every, resume=cfg.resume, logger=logger, progress=t.progress,
-        stop_after=t.stop_after, precision=t.precision,
+        stop_after=t.stop_after, precision=t.precision, grad_accum=t.get("grad_accum", 1), seed=cfg.seed, dist=ctx,
     )
+    if not ctx.is_main:
+        return {}
+    if result.full_state is not None:  # FSDP: export from an unsharded copy holding the trained weights
+        model = build_llama(model_cfg, len(tokenizer), tokenizer, seed=cfg.seed)
+        missing = model.load_state_dict(result.full_state, strict=False).missing_keys
+        params = dict(model.named_parameters(remove_duplicate=False))
+        loaded = {id(params[k]) for k in result.full_state if k in params}
+        if any(id(params.get(k)) not in loaded for k in missing):  # only tied copies (lm_head = embed) may be absent
+            raise RuntimeError(f"the gathered FSDP state lacks {missing}")
     summary = {
         "model": cfg.model.name, "parameters": n_params, "steps": result.step, "total_steps": total_steps,
         "tokens_seen": result.tokens_seen, "epochs": result.tokens_seen / len(train_tokens),
         "train_tokens": len(train_tokens), "val_tokens": len(val_tokens), "train_wall_time_s": result.wall_time,
-        "session_wall_time_s": time.time() - t0, "train_loss": result.train_loss,
+        "session_wall_time_s": time.time() - t0, "train_loss": result.train_loss, "world_size": ctx.world_size,
         **{f"val_{k}": v for k, v in result.eval_metrics.items()},
     }
     if result.step >= total_steps:
         export = Path(cfg.export_dir)
-        model.to(getattr(torch, cfg.export_dtype)).save_pretrained(export)
+        model.cpu().to(getattr(torch, cfg.export_dtype)).save_pretrained(export)
         tokenizer.save_pretrained(export)
         summary["export_dir"] = str(export)
     logger.summary(summary)

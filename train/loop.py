@@ -3,7 +3,13 @@
 Every trainer in treespec (language models, Medusa heads, EAGLE drafters) is this loop with a
 different ``loss_fn`` and ``evaluate``. Exact resume rests on three facts: the learning rate is a
 pure function of the step (no scheduler object to restore), the batch for a step is a pure function
-of (seed, step) (``TokenBatches``), and the checkpoint carries the optimizer and RNG states.
+of (seed, step) (``TokenBatches``), and the checkpoint carries the optimizer and RNG states (and jobs
+reseed the RNG per micro-batch from (seed, step, micro-batch)).
+
+The same loop runs on several processes (torchrun; train/distributed.py): the global batch is split over
+ranks and ``grad_accum`` micro-batches, DDP or FSDP2 averages the gradients, and rank 0 alone logs and
+writes checkpoints, in one format whatever the strategy (an FSDP run's checkpoint holds whole tensors and
+resumes under DDP, one process, or another world size).
 
 Checkpoints hold no pickle (loading one never runs code). A run directory holds::
 
@@ -35,6 +41,10 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from treespec.io import atomic_write, atomic_write_json, file_digest, load_safetensors, read_json
+
+from . import distributed
+from .data import batch_rows, batch_size_of, batch_to, batch_tokens
+from .distributed import Context
 
 FORMAT = "treespec-checkpoint-1"
 LATEST = "latest.json"  # {"format", "checkpoints": ["ckpt-<step>", ...]}, newest first
@@ -295,6 +305,15 @@ class TrainResult:
     eval_metrics: dict
     wall_time: float
     tokens_seen: int
+    # FSDP only: the trained parameters as whole tensors (every rank), to load into an unsharded module for
+    # export; the sharded module cannot be used outside the loop's collectives
+    full_state: dict | None = None
+
+
+def micro_seed(seed: int, step: int, micro: int) -> int:
+    """The RNG seed of global micro-batch ``micro`` of step ``step`` (feature noise, dropout): the same on any
+    number of ranks and after a resume."""
+    return (int(seed) * 1_000_003 + int(step) * 1009 + int(micro)) % (2**63 - 1)
 
 
 def train(
@@ -315,19 +334,34 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     precision: str = "fp32",
+    grad_accum: int = 1,
+    seed: int | None = None,
+    dist: Context | None = None,
 ) -> TrainResult:
     """Optimise the trainable parameters of ``module`` for ``total_steps`` steps.
 
-    ``loss_fn(batch) -> (loss, metrics)``; ``batch_at(step)`` must be deterministic in ``step``.
-    ``stop_after`` ends the run early after that many steps (as an interruption would), leaving a
-    checkpoint to resume from. ``precision="bf16"`` runs forward passes under CPU/GPU autocast.
+    ``loss_fn(batch) -> (loss, metrics)``; ``batch_at(step)`` must be deterministic in ``step`` and returns the
+    global batch (a tensor or a dict of row-aligned tensors, train/data.py). Each step, rank r of W takes rows
+    [r·B/W, (r+1)·B/W) and runs them as ``grad_accum`` micro-batches, each loss divided by ``grad_accum``; the
+    gradient is averaged over ranks (DDP or FSDP2 per ``dist``, train/distributed.py). With ``seed`` the RNG is
+    reseeded from (seed, step, global micro-batch) before each micro-batch, so random draws (feature noise)
+    do not depend on the number of ranks. ``stop_after`` ends the run early after that many steps (as an
+    interruption would), leaving a checkpoint to resume from. ``precision="bf16"`` runs forward passes under
+    CPU/GPU autocast. Only rank 0 logs, shows progress and writes checkpoints.
     """
+    ctx = dist or Context()
+    if ctx.distributed and seed is None:
+        raise ValueError("distributed training needs a seed (random draws are reseeded per micro-batch)")
+    if not (isinstance(grad_accum, int) and grad_accum >= 1):
+        raise ValueError(f"grad_accum must be an integer >= 1, got {grad_accum!r}")
     run_dir = Path(run_dir)
-    opt = make_optimizer(module.parameters(), optim)
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    wrapped = distributed.wrap(module, loss_fn, ctx)
+    opt = make_optimizer(module.parameters(), optim)  # after wrapping: FSDP replaces parameters by DTensors
     step, tokens_seen, elapsed = 0, 0, 0.0
     previous: list[str] = []  # the checkpoint to keep beside the next one
     legacy = run_dir / LEGACY_CHECKPOINT
+    say = print if ctx.is_main else (lambda *a, **k: None)
     if resume:
         ckpt = load_latest_checkpoint(run_dir, fingerprint)
         if ckpt is None and legacy.exists():
@@ -337,74 +371,100 @@ def train(
                 f"from; delete {legacy} to start this run from step 0, or use a new run_dir"
             )
         if legacy.exists():
-            print(f"ignoring {legacy}: pickle checkpoints are never loaded; resuming from {ckpt['path']}")
+            say(f"ignoring {legacy}: pickle checkpoints are never loaded; resuming from {ckpt['path']}")
         if ckpt is not None:
-            restore(module, opt, ckpt)
+            if distributed.is_fsdp(wrapped):
+                distributed.load_full_state(wrapped, opt, ckpt["model"], ckpt["optimizer"])
+                set_rng_state(ckpt["rng"])
+            else:
+                restore(module, opt, ckpt)
             step, tokens_seen, elapsed = ckpt["step"], ckpt["tokens_seen"], ckpt["wall_time"]
             previous = [ckpt["path"].name]
-            print(f"resuming from {ckpt['path']} at step {step}")
+            say(f"resuming from {ckpt['path']} at step {step}")
         else:
-            print(f"resume=true but no checkpoint in {run_dir}: starting from step 0")
+            say(f"resume=true but no checkpoint in {run_dir}: starting from step 0")
         if logger is not None and hasattr(logger, "truncate"):
             logger.truncate(step)  # steps logged after the checkpoint are logged again
-    else:
+    elif ctx.is_main:
         clear_checkpoints(run_dir)
+    distributed.barrier(ctx)  # every rank has read the checkpoint (or rank 0 cleared the old ones)
 
     def checkpoint() -> None:
-        state = {n: t for n, t in module.state_dict().items() if n in trainable}
-        folder = save_checkpoint(
-            run_dir, step=step, model=state, optimizer=opt.state_dict(), rng=rng_state(),
-            fingerprint=fingerprint, tokens_seen=tokens_seen, wall_time=elapsed, keep=previous,
-        )
-        previous[:] = [folder.name]
+        state, optimizer_state = distributed.full_state(wrapped, module, opt, trainable, ctx)  # FSDP: collective
+        if ctx.is_main:
+            folder = save_checkpoint(
+                run_dir, step=step, model=state, optimizer=optimizer_state, rng=rng_state(),
+                fingerprint=fingerprint, tokens_seen=tokens_seen, wall_time=elapsed, keep=previous,
+            )
+            previous[:] = [folder.name]
 
-    device_type = next(module.parameters()).device.type
-    autocast = torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    device = ctx.device if ctx.distributed else next(module.parameters()).device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    params = [p for p in module.parameters() if p.requires_grad]
     end = total_steps if stop_after is None else min(total_steps, step + stop_after)
-    bar = tqdm(total=total_steps, initial=step, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=step, disable=not (progress and ctx.is_main), dynamic_ncols=True)
     loss_ema, eval_metrics, t_last, tok_last = None, {}, time.perf_counter(), tokens_seen
-    module.train()
-    while step < end:
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, total_steps, optim)
-        batch = batch_at(step)
-        with autocast:
-            loss, metrics = loss_fn(batch)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in module.parameters() if p.requires_grad], optim.grad_clip
-        )
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += batch.shape[0] * (batch.shape[1] - 1)
-        elapsed += time.perf_counter() - t0
-        loss_value = loss.item()
-        loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
-        bar.update(1)
-        if step % log_every == 0 or step == end:
-            now = time.perf_counter()
-            tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
-            t_last, tok_last = now, tokens_seen
-            bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tok_s:.0f}")
-            if logger is not None:
-                logger.log(
-                    {"train/loss": loss_value, "train/lr": opt.param_groups[0]["lr"],
-                     "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
-                     "train/tokens_seen": tokens_seen, **{f"train/{k}": v for k, v in metrics.items()}},
-                    step=step,
-                )
-        if evaluate is not None and (step % eval_every == 0 or step == total_steps):
-            module.eval()
-            with torch.no_grad(), autocast:
-                eval_metrics = evaluate()
-            module.train()
-            bar.write(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
-            if logger is not None:
-                logger.log({f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
-        if step % ckpt_every == 0 or step == end:
-            checkpoint()
-    bar.close()
-    module.eval()
-    return TrainResult(step, loss_ema if loss_ema is not None else float("nan"), eval_metrics, elapsed, tokens_seen)
+    wrapped.train()
+    try:
+        while step < end:
+            t0 = time.perf_counter()
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, total_steps, optim)
+            batch = batch_at(step)
+            rows = batch_size_of(batch)
+            n_micro = ctx.world_size * grad_accum
+            if rows % n_micro:
+                raise ValueError(f"the global batch of {rows} rows does not split into {ctx.world_size} rank(s) × "
+                                 f"grad_accum={grad_accum} equal micro-batches")
+            size = rows // n_micro
+            loss_sum, metrics = 0.0, {}
+            for m in range(grad_accum):
+                micro = ctx.rank * grad_accum + m  # global micro-batch index: rows [micro·size, (micro+1)·size)
+                piece = batch_to(batch_rows(batch, micro * size, (micro + 1) * size), device)
+                if seed is not None:
+                    torch.manual_seed(micro_seed(seed, step, micro))
+                with distributed.gradient_sync(wrapped, sync=m == grad_accum - 1):
+                    with autocast:
+                        loss, micro_metrics = wrapped(piece)
+                    (loss / grad_accum if grad_accum > 1 else loss).backward()
+                loss_sum += loss.item()
+                for k, v in micro_metrics.items():
+                    metrics[k] = metrics.get(k, 0.0) + v / grad_accum
+            grad_norm = distributed.to_local(torch.nn.utils.clip_grad_norm_(params, optim.grad_clip))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += batch_tokens(batch)
+            elapsed += time.perf_counter() - t0
+            loss_value = distributed.mean_over_ranks(ctx, loss_sum / grad_accum)
+            loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
+            bar.update(1)
+            if step % log_every == 0 or step == end:
+                now = time.perf_counter()
+                tok_s = (tokens_seen - tok_last) / max(now - t_last, 1e-9)
+                t_last, tok_last = now, tokens_seen
+                bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tok_s:.0f}")
+                if logger is not None:
+                    logger.log(
+                        {"train/loss": loss_value, "train/lr": opt.param_groups[0]["lr"],
+                         "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
+                         "train/tokens_seen": tokens_seen, **{f"train/{k}": v for k, v in metrics.items()}},
+                        step=step,
+                    )
+            if evaluate is not None and (step % eval_every == 0 or step == total_steps):
+                wrapped.eval()
+                with torch.no_grad(), autocast, distributed.full_parameters(wrapped):
+                    eval_metrics = evaluate()  # every rank (FSDP's layer units gather in lockstep); rank 0 logs
+                wrapped.train()
+                if ctx.is_main:
+                    bar.write(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
+                if logger is not None:
+                    logger.log({f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
+            if step % ckpt_every == 0 or step == end:
+                checkpoint()
+    finally:
+        bar.close()
+    wrapped.eval()
+    full = distributed.gathered_state(wrapped, trainable) if distributed.is_fsdp(wrapped) else None
+    return TrainResult(step, loss_ema if loss_ema is not None else float("nan"), eval_metrics, elapsed, tokens_seen,
+                       full)

@@ -20,7 +20,7 @@ from treespec.heads.accuracy import accuracy_metrics, write_accuracy
 @dataclass
 class Recipe:
     module: torch.nn.Module                              # the trainable drafter
-    loss: Callable[[torch.Tensor], tuple]                # batch → (loss, metrics)
+    loss: Callable[[torch.Tensor | dict], tuple]         # batch (tokens [b, S] or a data.py dict) → (loss, metrics)
     evaluate: Callable[[torch.Tensor], dict]             # validation windows → metrics, during training
     rank_accuracy: Callable[[torch.Tensor], list]        # validation windows → acc[d][r], at export
     drafter: Callable[[], object]                        # the trained module as a treespec Drafter

@@ -3,7 +3,8 @@
 Machines are shared and noisy, so speed is only ever reported as a ratio against a baseline measured
 in the same run: configurations are interleaved prompt by prompt (vanilla first), after a warm-up, and
 each configuration's speedup is the median over prompts of (its tokens/s ÷ vanilla's tokens/s on that
-prompt). τ is the mean tokens committed per verification pass, bonus included.
+prompt). τ is the mean tokens committed per verification pass, bonus included. Each row also keeps its
+per-prompt values (tokens/s, ratio to vanilla, accept lengths), for intervals over prompts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class Row:
     new_tokens: int
     overhead_fraction: float            # engine time outside model forwards / wall time (median)
     accept_lengths: list[int] = field(default_factory=list)
+    # one entry per prompt run, in the order measure() was given the prompts (for intervals over prompts)
+    prompt_tokens_per_s: list[float] = field(default_factory=list)
+    prompt_speedups: list[float] = field(default_factory=list)      # tokens/s ÷ vanilla's on the same prompt
+    prompt_accept_lengths: list[list[int]] = field(default_factory=list)
+    draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
 
 
 def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_new_tokens: int,
@@ -70,16 +76,22 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
     for config in configs:
         outs, base = results[config.name], results["vanilla"]
         lengths = [n for o in outs for n in o.accept_lengths]
+        ratios = [o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)]
         rows.append(Row(
             name=config.name,
             tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
-            speedup=statistics.median(o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)),
+            speedup=statistics.median(ratios),
             tau=sum(lengths) / len(lengths) if lengths else float("nan"),
             target_passes=sum(o.target_passes for o in outs),
             new_tokens=sum(o.new_tokens for o in outs),
             overhead_fraction=(statistics.median(o.overhead_time / o.wall_time for o in outs)
                                if lengths else float("nan")),
             accept_lengths=lengths,
+            prompt_tokens_per_s=[o.tokens_per_s for o in outs],
+            prompt_speedups=ratios,
+            prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
+            draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
+                                 if lengths else float("nan")),
         ))
     return rows
 
@@ -95,10 +107,14 @@ def markdown_table(rows: list[Row]) -> str:
 
 def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) -> float:
     """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    # CUDA kernels run asynchronously: wait for them on both sides of the timed call (a no-op without CUDA)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     for i in range(warmup + repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -109,8 +125,8 @@ def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 3
     """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones."""
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, past_len), generator=gen)
-    new = torch.randint(0, vocab, (1, n_tokens), generator=gen)
+    prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
     cache = DynamicCache(config=model.config)
     model(input_ids=prefix, cache=cache, use_cache=True)
 

@@ -1,0 +1,219 @@
+"""Chat data: ShareGPT and OpenAI conversations rendered with a chat template, loss masks on assistant tokens
+only, bad rows counted and skipped, every source kind read through ``datasets``, batches a function of
+(seed, step), and regenerated responses (resumable)."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from treespec.train.chat import (
+    CHATML,
+    ChatRenderer,
+    SampleBatches,
+    encode_conversations,
+    load_rows,
+    normalize,
+    prepare_chat,
+    regenerate,
+)
+from treespec.train.data import train_tokenizer
+
+from .tiny_models import compose_cfg
+
+WORDS = ("the cat sat on a mat while dogs ran past quick brown foxes jumping over lazy rivers def return "
+         "print value list items sorted yes no maybe hello there how are you fine thanks").split()
+
+
+def chat_tokenizer(folder=None):
+    """A 300-token byte-level BPE with ChatML's special tokens and chat template."""
+    tok = train_tokenizer([" ".join(WORDS)] * 4 + ["<think> </think> 0123456789 ?!.,:\n"], 400)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    if folder is not None:
+        tok.save_pretrained(folder)
+    return tok
+
+
+def sentence(rng, n=None) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n or rng.randint(3, 8)))
+
+
+def conversations(n: int, seed: int = 0) -> list[dict]:
+    """n well-formed rows, alternating ShareGPT and OpenAI styles, one or two exchanges each."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        turns = []
+        for _ in range(rng.randint(1, 2)):
+            turns += [("user", sentence(rng)), ("assistant", sentence(rng))]
+        if i % 2:
+            rows.append({"messages": [{"role": r, "content": c} for r, c in turns]})
+        else:
+            rows.append({"conversations": [{"from": {"user": "human", "assistant": "gpt"}[r], "value": c}
+                                           for r, c in turns]})
+    return rows
+
+
+BAD_ROWS = [
+    {"conversations": [{"from": "human", "value": "hi"}, {"from": "alien", "value": "zork"}]},   # unknown role
+    {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]},         # empty turn
+    {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": None}]},       # empty turn
+    {"messages": [{"role": "user", "content": "only a question"}]},                             # no assistant
+    {"messages": [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": " ".join(["value"] * 400)}]},                # over max_length
+    {"text": "not a conversation"},                                                             # no conversation
+]
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_chat_target(folder: Path, vocab_extra: int = 0) -> Path:
+    """A tiny random Llama with the chat tokenizer, saved as a transformers folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = chat_tokenizer(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.2, bos_token_id=None, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def heads_cfg(tmp: Path, target: Path, source: Path, *overrides, drafter: str = "eagle"):
+    """train_heads on chat data with a tiny target: tiny batches, no wandb, short evaluations."""
+    depth = [] if drafter == "medusa" else ["drafter.accuracy_depth=2"]
+    return compose_cfg("train_heads", [
+        f"drafter={drafter}", "data=chat", f"data.chat.source={source}", f"target={target}", f"run_dir={tmp}",
+        f"data.cache_dir={tmp.parent / 'cache'}", "logger=none", "trainer.seq_len=96", "trainer.batch_size=4",
+        "trainer.max_steps=3", "trainer.eval_every=2", "trainer.eval_windows=4", "trainer.ckpt_every=2",
+        "trainer.log_every=1", "trainer.progress=false", "optim.warmup_steps=1", "optim.lr=1e-3",
+        "eval.prompts=1", "eval.max_new_tokens=4", *depth, *overrides])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return chat_tokenizer()
+
+
+def masked_text(tok, ids, mask) -> str:
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+
+
+def test_sharegpt_and_openai_render_alike_with_assistant_only_masks(tok):
+    renderer = ChatRenderer(tok)
+    assert (renderer.header, renderer.end_marker) == ("<|im_start|>assistant", "<|im_end|>")
+    sharegpt = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "how are you"},
+                                  {"from": "gpt", "value": "fine thanks"}, {"from": "human", "value": "and the cat"},
+                                  {"from": "gpt", "value": "the cat sat on a mat"}]}
+    openai = {"messages": [{"role": t["from"].replace("human", "user").replace("gpt", "assistant"),
+                            "content": t["value"]} for t in sharegpt["conversations"]]}
+    a, b = renderer.encode(normalize(sharegpt)), renderer.encode(normalize(openai))
+    assert a == b
+    ids, mask, text = a
+    assert text.startswith("<|im_start|>system\nbe brief<|im_end|>")
+    assert masked_text(tok, ids, mask) == "fine thanks<|im_end|>the cat sat on a mat<|im_end|>"
+    # nothing of the system, user turns or assistant headers is trained on
+    first = mask.index(True)
+    assert "how are you" in tok.decode(ids[:first]) and tok.decode(ids[:first]).endswith("<|im_start|>assistant\n")
+
+
+def test_reasoning_blocks_are_trained_on_or_not_as_configured(tok):
+    row = {"messages": [{"role": "user", "content": "why"},
+                        {"role": "assistant", "content": "<think>maybe no</think> yes"}]}
+    ids, mask, _ = ChatRenderer(tok, reasoning="include").encode(normalize(row))
+    assert masked_text(tok, ids, mask) == "<think>maybe no</think> yes<|im_end|>"
+    ids, mask, _ = ChatRenderer(tok, reasoning="exclude").encode(normalize(row))
+    assert masked_text(tok, ids, mask) == " yes<|im_end|>"  # the token " yes" carries its space
+
+
+def test_template_file_and_tokenizer_without_template(tmp_path, tok):
+    plain = train_tokenizer([" ".join(WORDS)] * 2, 280)
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatRenderer(plain)
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    renderer = ChatRenderer(plain, str(template))
+    ids, mask, text = renderer.encode(normalize({"messages": [{"role": "user", "content": "hello"},
+                                                              {"role": "assistant", "content": "fine thanks"}]}))
+    assert text == "user: hello\nassistant: fine thanks\n"
+    assert masked_text(plain, ids, mask).strip() == "fine thanks"
+
+
+def test_bad_rows_are_counted_and_skipped(tok):
+    rows = conversations(10) + BAD_ROWS
+    data = encode_conversations(rows, ChatRenderer(tok), max_length=96, val_fraction=0.0)
+    counts = {k: v["count"] for k, v in data.skipped.items()}
+    assert counts == {"unknown role": 1, "empty turn": 2, "no assistant turn": 1, "over max_length": 1,
+                      "no conversation": 1}
+    assert len(data.train) == 10 and data.rows == 16
+    assert "skipped 6" in data.summary() and "unknown role" in data.summary()
+    truncated = encode_conversations(rows, ChatRenderer(tok), max_length=96, overlong="truncate", val_fraction=0.0)
+    assert len(truncated.train) == 11 and int(truncated.train.lengths().max()) == 96
+
+
+def test_every_source_kind_reads_the_same_rows(tmp_path):
+    rows = conversations(6)
+    jsonl = write_jsonl(tmp_path / "c.jsonl", rows)
+    as_json = tmp_path / "c.json"
+    as_json.write_text(json.dumps(rows))
+    ds = load_rows(str(jsonl), cache_dir=tmp_path / "cache")  # (Dataset.from_list keeps the first row's schema)
+    ds.to_parquet(str(tmp_path / "c.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    expected = [normalize(r) for r in rows]
+    for source in (jsonl, as_json, tmp_path / "c.parquet", tmp_path / "saved"):
+        got = [normalize(r) for r in load_rows(str(source), cache_dir=tmp_path / "cache")]
+        assert got == expected, source
+    with pytest.raises(ValueError, match="matches no file"):
+        load_rows(str(tmp_path / "missing*.jsonl"))
+
+
+def test_prepared_chat_data_is_cached_and_batches_depend_only_on_step(tmp_path, tok):
+    source = write_jsonl(tmp_path / "c.jsonl", conversations(30) + BAD_ROWS)
+    cfg = compose_cfg("train_heads", ["data=chat", f"data.chat.source={source}", "trainer.seq_len=96"])
+    data = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)
+    again = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)  # from the cache
+    assert torch.equal(data.train.input_ids, again.train.input_ids) and data.skipped == again.skipped
+    assert len(data.train) + len(data.val) == 30 and len(data.val) >= 1
+    a, b = SampleBatches(data.train, 4, seed=3), SampleBatches(data.train, 4, seed=3)
+    x, y = a.batch(7), b.batch(7)
+    assert all(torch.equal(x[k], y[k]) for k in x)
+    lengths = x["attention_mask"].sum(1)
+    assert int(lengths.max()) == x["input_ids"].shape[1]  # padded to the longest row, on the right
+    for row, n in enumerate(lengths.tolist()):
+        assert x["attention_mask"][row, :n].all() and not x["loss_mask"][row, n:].any()
+    # an edited source is encoded again, never served from the stale cache
+    write_jsonl(source, conversations(31) + BAD_ROWS)
+    edited = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)
+    assert len(edited.train) + len(edited.val) == 31
+
+
+def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
+    target_dir = tiny_chat_target(tmp_path / "target")
+    from treespec.reference import load_model
+
+    target, tok = load_model(target_dir)
+    source = write_jsonl(tmp_path / "c.jsonl", conversations(5) + BAD_ROWS[:1])
+    cfg = compose_cfg("train_heads", ["data=chat", f"data.chat.source={source}"])
+    out = tmp_path / "regen.jsonl"
+    first = regenerate(target, tok, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
+    assert first["written"] == 5 and first["bad_rows"] == {"unknown role": 1}
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["row"] for r in lines] == [0, 1, 2, 3, 4]
+    original = [normalize(r) for r in conversations(5)]
+    for row, old in zip(lines, original, strict=True):
+        assert [m["role"] for m in row["messages"]] == [m["role"] for m in old]
+        assert [m["content"] for m in row["messages"] if m["role"] == "user"] == \
+               [m["content"] for m in old if m["role"] == "user"]
+    # a kill mid-write: the cut line is dropped and only the missing rows are generated again
+    out.write_text("\n".join(out.read_text().splitlines()[:2]) + '\n{"row": 2, "mess')
+    again = regenerate(target, tok, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
+    assert again["written"] == 3 and again["already_done"] == 2
+    assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 1, 2, 3, 4]
