@@ -314,11 +314,14 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     tree_specs = tree_specs_of(cfg)
     target, tokenizer = reference.load_model(cfg.target)
     assistant = reference.load_model(cfg.assistant)[0] if cfg.get("assistant") else None
-    prompts = [tokenizer(t, return_tensors="pt").input_ids for t in reference.prompts()[: cfg.prompts]]
+    device = torch.device(cfg.get("device") or "cpu")
+    target = target.to(device)  # drafters load onto the target's device (heads/registry.py)
+    assistant = assistant.to(device) if assistant is not None else None
+    prompts = [tokenizer(t, return_tensors="pt").input_ids.to(device) for t in reference.prompts()[: cfg.prompts]]
 
     @functools.cache
     def windows() -> torch.Tensor:  # [accuracy_windows, 256], loaded once, only if a drafter needs them
-        return held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.paths.data)
+        return held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.paths.data).to(device)
 
     @functools.cache
     def corpus_counts() -> torch.Tensor:  # [V] token counts of the corpus's training split (FR-Spec's ranking)
