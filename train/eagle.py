@@ -21,9 +21,8 @@ import torch.nn.functional as F
 
 from treespec.heads.eagle import Eagle, EagleModel, fused_layers, rank_accuracy, unrolled
 
-from .data import split_batch
 from .features import batch_parts, shifted_mask
-from .recipe import Recipe
+from .recipe import Recipe, mean_metrics
 
 
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
@@ -65,13 +64,8 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
 def eagle_metrics(target, model, windows: torch.Tensor, unroll_steps: int, batch_size: int = 8) -> dict:
     """Mean over ``windows`` [n, S] (or a dict batch) of the noise-free training metrics: per step, how often
     the drafter's top-1 token is the target's (``top1_k``), its feature loss and CE."""
-    totals: dict[str, float] = {}
-    batches = split_batch(windows, batch_size)
-    for batch in batches:
-        _, metrics = eagle_loss(target, model, batch, unroll_steps=unroll_steps)
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v / len(batches)
-    return totals
+    return mean_metrics(lambda batch: eagle_loss(target, model, batch, unroll_steps=unroll_steps), windows,
+                        batch_size)
 
 
 def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:

@@ -34,9 +34,8 @@ from treespec.heads.eagle3 import (
     unrolled,
 )
 
-from .data import split_batch
 from .features import batch_parts, shifted_mask
-from .recipe import Recipe
+from .recipe import Recipe, mean_metrics
 
 
 def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,12 +101,8 @@ def eagle3_metrics(target, model: Eagle3Model, windows: torch.Tensor, unroll_ste
     """The training metrics averaged over ``windows`` [n, S] (per step KL and top-1 agreement)."""
     was_training = model.training
     model.eval()
-    totals: dict[str, float] = {}
-    batches = split_batch(windows, batch_size)
-    for batch in batches:
-        _, metrics = eagle3_loss(target, model, batch, unroll_steps=unroll_steps)
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v / len(batches)
+    totals = mean_metrics(lambda batch: eagle3_loss(target, model, batch, unroll_steps=unroll_steps), windows,
+                          batch_size)
     model.train(was_training)
     return totals
 

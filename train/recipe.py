@@ -16,6 +16,8 @@ import torch
 
 from treespec.heads.accuracy import accuracy_metrics, write_accuracy
 
+from .data import split_batch
+
 
 @dataclass
 class Recipe:
@@ -32,3 +34,15 @@ class Recipe:
         self.module.save_pretrained(Path(folder))
         write_accuracy(folder, acc)
         return accuracy_metrics(acc), acc
+
+
+@torch.no_grad()
+def mean_metrics(loss: Callable, windows, batch_size: int) -> dict:
+    """The metrics of ``loss(batch) -> (loss, metrics)`` averaged over ``windows`` split into batches (no
+    gradients; the module's training switch is the caller's)."""
+    totals: dict[str, float] = {}
+    batches = split_batch(windows, batch_size)
+    for batch in batches:
+        for k, v in loss(batch)[1].items():
+            totals[k] = totals.get(k, 0.0) + v / len(batches)
+    return totals
