@@ -34,7 +34,17 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record as _elastic_record
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 STRATEGIES = ("ddp", "fsdp")
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; a rank waits this long for a hung peer
@@ -226,22 +236,18 @@ def wrap(module: nn.Module, loss_fn, ctx: Context) -> nn.Module:
     if not ctx.distributed:
         return wrapped
     if ctx.strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         for layer in decoder_layers(module):
             fully_shard(layer, mesh=mesh)
         fully_shard(wrapped, mesh=mesh)
         return wrapped
-    from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(wrapped, device_ids=device_ids, broadcast_buffers=False)
 
 
 def is_fsdp(wrapped: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
 
     return isinstance(wrapped, FSDPModule)
 
@@ -250,7 +256,6 @@ def is_fsdp(wrapped: nn.Module) -> bool:
 def gradient_sync(wrapped: nn.Module, sync: bool):
     """Around one micro-batch's forward and backward: gradients are reduced across ranks only when
     ``sync`` (the last micro-batch of a step), accumulated locally otherwise."""
-    from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(wrapped, DistributedDataParallel) and not sync:
         with wrapped.no_sync():
@@ -296,11 +301,6 @@ def full_state(wrapped: nn.Module, module: nn.Module, opt: torch.optim.Optimizer
         if not ctx.is_main:
             return None, None
         return {n: t for n, t in module.state_dict().items() if n in trainable}, opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(wrapped, options=options)
@@ -317,11 +317,6 @@ def full_state(wrapped: nn.Module, module: nn.Module, opt: torch.optim.Optimizer
 
 def load_full_state(wrapped: nn.Module, opt: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
     """Under FSDP: load a checkpoint's full tensors (read by every rank) into the sharded module and optimizer."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(wrapped, {f"module.{k}": v for k, v in model_sd.items()}, options=options)
@@ -335,7 +330,6 @@ def load_full_state(wrapped: nn.Module, opt: torch.optim.Optimizer, model_sd: di
 def gathered_state(wrapped: nn.Module, trainable: set[str]) -> dict[str, torch.Tensor]:
     """Under FSDP, every rank: the trainable parameters as whole CPU tensors (a collective), to load into an
     unsharded copy of the module for export and evaluation after training."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True))
     prefix = "module."
