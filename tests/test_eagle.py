@@ -20,7 +20,7 @@ from treespec.tree_spec import build_tree
 
 from .stats import chi2_pvalue
 from .test_lossless import RUNS, VOCAB, exact_distribution, sampled_counts
-from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama, tiny_trained_target
+from .tiny_models import compose_cfg, hf_greedy, perturbed, record_proposals, tiny_llama, tiny_trained_target
 
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
 
@@ -140,15 +140,7 @@ def test_proposals_match_recomputation(target, prompt, kind, tree, monkeypatch):
 
     drafter = {"draft": lambda: DraftModel(perturbed(target, 0.3)), "eagle": lambda: Eagle(random_eagle(target)),
                "eagle-fused": lambda: Eagle(random_eagle(target, (0, 1, -1)))}[kind]()
-    seen = []
-    propose = drafter.propose
-
-    def recording(committed, feature, step_tree, sampling, generator=None):
-        proposal = propose(committed, feature, step_tree, sampling, generator)
-        seen.append((committed.clone(), step_tree, proposal))
-        return proposal
-
-    drafter.propose = recording
+    seen = record_proposals(drafter)
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_deepest)
     out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
     assert out.mean_accept_length > 2.5 and len(seen) > 3

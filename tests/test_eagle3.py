@@ -26,8 +26,9 @@ from treespec.sampling import Sampling
 from treespec.train.eagle3 import eagle3_loss, token_counts
 
 from .stats import chi2_pvalue
+from .test_eagle import scratch_proposal
 from .test_lossless import VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, tiny_llama
+from .tiny_models import hf_greedy, record_proposals, tiny_llama
 
 UPSTREAM_KEYS = {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
                  "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
@@ -198,15 +199,8 @@ def accept_deepest(logits, proposal, sampling, **kwargs):
 def test_proposals_match_recomputation(target, prompt, tree, monkeypatch):
     """Each step's proposal equals one recomputed from scratch (no cache) over the committed sequence."""
     model = random_eagle3(target, draft_vocab=24, seed=2)
-    drafter, seen = Eagle3(model), []
-    propose = drafter.propose
-
-    def recording(committed, feature, step_tree, sampling, generator=None):
-        proposal = propose(committed, feature, step_tree, sampling, generator)
-        seen.append((committed.clone(), step_tree, proposal))
-        return proposal
-
-    drafter.propose = recording
+    drafter = Eagle3(model)
+    seen = record_proposals(drafter)
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_deepest)
     out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=16)
     assert out.mean_accept_length > 2.5 and len(seen) > 3
@@ -224,27 +218,6 @@ def test_proposals_match_recomputation(target, prompt, tree, monkeypatch):
 
             got = dict(zip(proposal.tree.paths, proposal.tokens.tolist(), strict=True))
             assert got == scratch_proposal(logits_at, step_tree)
-
-
-def scratch_proposal(logits_at, tree) -> dict:
-    """{tree path: token}, growing the tree as the drafter should: static ranks or EAGLE-2's beam."""
-    if isinstance(tree, Tree):
-        tokens = {(): []}
-        for path in tree.paths:
-            parent = tokens[path[:-1]]
-            tokens[path] = [*parent, int(logits_at(parent).topk(path[-1] + 1).indices[-1])]
-        return {p: t[-1] for p, t in tokens.items() if p}
-    grown, frontier = [((), (), 0.0)], [((), (), 0.0)]
-    for _ in range(tree.depth):
-        children = []
-        for ranks, toks, score in frontier:
-            top = torch.log_softmax(logits_at(list(toks)), -1).topk(tree.top_k)
-            children += [(ranks + (r,), toks + (int(t),), min(score + float(v), score))
-                         for r, (v, t) in enumerate(zip(top.values, top.indices, strict=True))]
-        grown += children
-        frontier = sorted(children, key=lambda c: -c[2])[: tree.top_k]
-    kept = sorted(grown[1:], key=lambda c: -c[2])[: tree.total_tokens]
-    return {ranks: toks[-1] for ranks, toks, _ in kept}
 
 
 # -- (d) sampling: exactly the target's distribution, with a 3-of-4 draft vocabulary ----------------------

@@ -11,7 +11,7 @@ from treespec.sampling import Sampling
 
 from .stats import chi2_pvalue
 from .test_lossless import VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .tiny_models import hf_greedy, perturbed, record_proposals, tiny_llama
 
 FR_RUNS = 1500  # enough to fail the negative control of test_lossless by a wide margin at this table size
 
@@ -48,13 +48,11 @@ def test_draft_model_with_a_reduced_vocabulary_is_greedy_lossless(tree):
     target = tiny_llama(seed=0)
     vocab = DraftVocab.most_frequent(torch.randint(0, 100, (64,), generator=torch.Generator().manual_seed(0)), 24)
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
-    seen = []
     drafter = DraftModel(perturbed(target, 0.1), draft_vocab=vocab)
-    propose = drafter.propose
-    drafter.propose = lambda *a, **k: seen.append(propose(*a, **k)) or seen[-1]
+    seen = record_proposals(drafter)
     out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
     assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
-    assert seen and all(bool(vocab.t2d[p.tokens].all()) for p in seen)  # candidates stay in the subset
+    assert seen and all(bool(vocab.t2d[p.tokens].all()) for _, _, p in seen)  # candidates stay in the subset
 
 
 @pytest.mark.parametrize("candidates", ["sample", "topk"])
@@ -79,11 +77,10 @@ def test_eagle_and_medusa_with_a_reduced_vocabulary_are_greedy_lossless():
     heads = MedusaHeads(32, 64, num_heads=2, share_lm_head=False, lm_head=target.get_output_embeddings())
     for drafter, tree in [(Eagle(EagleModel(target), draft_vocab=vocab), DynamicTree(8, 3, 2)),
                           (Medusa(heads, draft_vocab=vocab), Tree.full(2, 2))]:
-        seen, propose = [], drafter.propose
-        drafter.propose = lambda *a, propose=propose, seen=seen, **k: seen.append(propose(*a, **k)) or seen[-1]
+        seen = record_proposals(drafter)
         out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=16)
         assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))
-        assert seen and all(bool(vocab.t2d[p.tokens].all()) for p in seen)
+        assert seen and all(bool(vocab.t2d[p.tokens].all()) for _, _, p in seen)
 
 
 def test_eagle_with_a_reduced_vocabulary_samples_losslessly():

@@ -58,3 +58,17 @@ def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
     cache = f"data.cache_dir={tmp_path / 'cache'}"
     lm.run(compose_cfg("train_lm", ["debug=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache, "trainer.max_steps=60"]))
     return tmp_path / "lm" / "final", cache
+
+
+def record_proposals(drafter) -> list:
+    """Wrap ``drafter.propose`` so every step's (committed, tree, proposal) is kept; returns that list."""
+    seen = []
+    propose = drafter.propose
+
+    def recording(committed, feature, step_tree, sampling, generator=None):
+        proposal = propose(committed, feature, step_tree, sampling, generator)
+        seen.append((committed.clone(), step_tree, proposal))
+        return proposal
+
+    drafter.propose = recording
+    return seen

@@ -100,7 +100,7 @@ def prompts_digest(prompts: list[torch.Tensor]) -> str:
     """sha1 over the token ids of the prompts, in order: equal digests mean the same prompts were decoded."""
     h = hashlib.sha1()
     for p in prompts:
-        h.update(p.reshape(-1).to(torch.int64).numpy().tobytes())
+        h.update(p.reshape(-1).to("cpu", torch.int64).numpy().tobytes())
         h.update(b"|")
     return h.hexdigest()
 
