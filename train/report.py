@@ -48,7 +48,7 @@ def md_cell(text) -> str:
 
 
 def md_table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+    return ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)] + \
         ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
 
 
@@ -76,8 +76,12 @@ def analyse(result: dict) -> dict:
     measured = [c for c in configs.values() if c["config"] != "vanilla"]
     best = max(measured, key=lambda c: c["speedup_est"].value) if measured else None
     for c in measured:
-        c["verdict"] = "best" if c is best else \
-            "indistinguishable" if c["speedup_est"].overlaps(best["speedup_est"]) else "below"
+        if c is best:
+            c["verdict"] = "best"
+        elif not (c["speedup_est"].has_interval and best["speedup_est"].has_interval):
+            c["verdict"] = None  # points only (one prompt, or an old results.json): no call either way
+        else:
+            c["verdict"] = "indistinguishable" if c["speedup_est"].overlaps(best["speedup_est"]) else "below"
     bests: dict[str, dict] = {}
     for c in measured:
         if c["drafter"] not in bests or c["speedup_est"].value > bests[c["drafter"]]["speedup_est"].value:
@@ -85,6 +89,8 @@ def analyse(result: dict) -> dict:
     peers = []
     peer_pass = result.get("peer_pass") or {}
     for p in result.get("peers") or []:
+        if p["name"] in configs:  # an old results.json listed treespec's vanilla and best among the peers
+            continue
         entry = {"name": p["name"], "tokens_per_s": p["tokens_per_s"], "ratios": {}}
         runs = p.get("runs")
         entry["speedup_est"] = median_interval(groups_of(runs["speedup"], prompt_of_run), **kw) if runs else \
@@ -126,7 +132,7 @@ def summary_table(a: dict) -> tuple[list[str], list[list]]:
         rows.append([drafter, c["tree"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
                      suffix="×"), num(c["predicted_speedup"], suffix="×")]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
-                    + [VERDICT[c["verdict"]]])
+                    + [VERDICT.get(c["verdict"], DASH)])
     return header, rows
 
 
@@ -188,6 +194,9 @@ def _model_line(m: dict | None) -> str:
 
 
 def stamp_lines(stamp: dict, result: dict, a: dict) -> list[str]:
+    if not stamp:
+        return ["- **stamp**: none (a results.json written before runs were stamped): command, code, versions, "
+                "device, weights and prompts unknown"]
     s = result.get("settings", {})
     git = stamp.get("git") or {}
     if git.get("commit"):
@@ -386,20 +395,23 @@ def plot(result: dict, a: dict, out_dir: Path) -> list[Path]:
             ("tau", "τ: tokens committed per target pass", "tau_vs_nodes.png",
              "τ vs tree size: each drafter's best tree per node count")):
         lines = frontier(a, key)
-        fig, ax = plt.subplots(figsize=(8.5, 5))
+        unit = "×" if key == "speedup" else ""
+        fig, ax = plt.subplots(figsize=(8.5, 5.4))
+        band_alpha = min(0.15, 0.6 / max(1, len(lines)))  # many overlapping bands stay readable
         for d in drafters:
             pts = lines.get(d, [])
             if not pts:
                 continue
             x = [p["nodes"] for p in pts]
-            ax.fill_between(x, [p["lo"] for p in pts], [p["hi"] for p in pts], color=colour[d], alpha=0.15, lw=0)
-            ax.plot(x, [p["value"] for p in pts], "o-", color=colour[d], lw=1.8, ms=4, label=d)
+            top = max(pts, key=lambda p: p["value"])
+            ax.fill_between(x, [p["lo"] for p in pts], [p["hi"] for p in pts], color=colour[d], alpha=band_alpha,
+                            lw=0)
+            ax.plot(x, [p["value"] for p in pts], "o-", color=colour[d], lw=1.8, ms=4,
+                    label=f"{d}: best {top['tree']}, {top['value']:.2f}{unit}")
             pred = [(p["nodes"], p["predicted"]) for p in pts if not _missing(p["predicted"])]
             if pred:
                 ax.plot(*zip(*pred, strict=True), "--", color=colour[d], lw=1.2, alpha=0.9)
-            top = max(pts, key=lambda p: p["value"])
-            ax.annotate(top["tree"], (top["nodes"], top["value"]), textcoords="offset points", xytext=(4, 6),
-                        fontsize=7, color=colour[d])
+            ax.plot([top["nodes"]], [top["value"]], "*", color=colour[d], ms=13, mec="black", mew=0.6, zorder=5)
         nodes = sorted({p["nodes"] for pts in lines.values() for p in pts}) or [1]
         refs = reference_lines(a, key)
         for i, ref in enumerate(refs):
@@ -410,33 +422,53 @@ def plot(result: dict, a: dict, out_dir: Path) -> list[Path]:
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
         ax.set_xlim(min(nodes) / 1.25, max(nodes) * 1.25)
-        _label_lines(ax, refs, "×" if key == "speedup" else "")
+        # a busy machine can throw a band or a prediction far off; keep the medians and reference lines readable
+        shown = [p["value"] for pts in lines.values() for p in pts] + [r["value"] for r in refs]
+        low, high = ax.get_ylim()
+        clipped = high > 1.6 * max(shown)
+        if clipped:
+            ax.set_ylim(low, 1.6 * max(shown))
+        _label_lines(ax, refs, unit)
         ax.set_xlabel("tree nodes (candidates verified per pass)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}\n{_subtitle(result, a)}", fontsize=9)
+        note = " (y cut at 1.6× the top median)" if clipped else ""
+        ax.set_title(f"{title}{note}\n{_subtitle(result, a)}", fontsize=9)
         style_handles = [Line2D([], [], color="grey", marker="o", lw=1.8, ms=4, label="measured median"),
-                         Patch(color="grey", alpha=0.25, label=f"{_level(a)} interval"),
-                         Line2D([], [], color="grey", ls="--", lw=1.2, label="predicted (same tree)")]
+                         Patch(color="grey", alpha=0.25, label=f"{_level(a)} interval over prompts"),
+                         Line2D([], [], color="grey", ls="--", lw=1.2, label="predicted (same tree)"),
+                         Line2D([], [], color="grey", marker="*", ls="", ms=10, mec="black", mew=0.6,
+                                label="the drafter's best")]
         handles, _ = ax.get_legend_handles_labels()
-        fig.legend(handles=handles + style_handles, fontsize=7, loc="lower center", frameon=False,
-                   ncol=min(6, len(handles) + len(style_handles)))
-        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        ncol = 3 if len(handles) > 4 else 2
+        fig.legend(handles=handles + style_handles, fontsize=7, loc="lower center", frameon=False, ncol=ncol)
+        rows = math.ceil((len(handles) + len(style_handles)) / ncol)
+        fig.tight_layout(rect=(0, min(0.35, 0.035 * rows + 0.02), 1, 1))
         fig.savefig(out_dir / fname, dpi=120)
         plt.close(fig)
         written.append(out_dir / fname)
 
     dist = accept_length_distributions(a)
     n = max(1, len(dist))
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.6, 3.2), sharex=True, sharey=True, squeeze=False)
-    for ax, (d, h) in zip(axes[0], dist.items(), strict=False):
+    ncols = min(4, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 0.6, 2.9 * nrows + 0.4), sharex=True,
+                             sharey=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (d, h) in zip(flat, dist.items(), strict=False):
         ax.bar(h["bins"], h["fractions"], width=0.8, color=colour.get(d, "grey"))
         ax.axvline(h["tau"], color="black", ls="--", lw=0.9)
         ax.set_title(f"{h['config']}\nτ = {h['tau']:.2f} (dashed), {h['passes']} passes", fontsize=8)
-        ax.set_xlabel("tokens committed per pass")
+    for ax in flat[len(dist):]:
+        ax.set_axis_off()
+    for i, ax in enumerate(flat[:len(dist)]):
+        if i + ncols >= len(dist):  # the lowest panel of its column
+            ax.set_xlabel("tokens committed per pass")
+            ax.xaxis.set_tick_params(labelbottom=True)
+    for row in axes:
+        row[0].set_ylabel("fraction of passes")
     if dist:
         bins = next(iter(dist.values()))["bins"]
-        axes[0][0].set_xticks(bins if len(bins) <= 12 else bins[:: math.ceil(len(bins) / 12)])
-    axes[0][0].set_ylabel("fraction of passes")
+        flat[0].set_xticks(bins if len(bins) <= 12 else bins[:: math.ceil(len(bins) / 12)])
     fig.suptitle("Acceptance lengths of each drafter's best configuration", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_dir / "accept_length_hist.png", dpi=120)
