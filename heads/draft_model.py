@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from treespec.bench import forward_time
 from treespec.cache import TreeCache
 from treespec.inputs import max_positions
 from treespec.sampling import GREEDY, Sampling
@@ -22,26 +21,39 @@ from treespec.tree import Tree
 from .accuracy import RankHits
 from .checkpoint import check_same_vocab
 from .expansion import ExpandingDrafter
+from .lean import LeanProjection, lean_decoder
 from .vocab import DraftVocab, ReducedHead
 
 
 class DraftModel(ExpandingDrafter):
     def __init__(self, model, *, default_tree: Tree | None = None, candidates: str = "topk",
-                 draft_vocab: DraftVocab | None = None):
+                 draft_vocab: DraftVocab | None = None, lean: bool = True):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0);
-        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
+        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless);
+        lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
         super().__init__(model, default_tree if default_tree is not None else Tree.chain(4), candidates)
         self.max_positions = max_positions(model.config)
         if draft_vocab is not None and getattr(model.config, "final_logit_softcapping", None):
             raise ValueError("a reduced draft vocabulary skips the model's logit soft-capping: not for this draft")
         # with a draft vocabulary: the base model's hidden states through the kept rows of its lm_head
-        self._head = ReducedHead(model.get_output_embeddings(), draft_vocab) if draft_vocab is not None else None
+        self.lean = lean
+        self._decoder = lean_decoder(model.base_model, model.config) if lean else None
+        head = model.get_output_embeddings()
+        self._head = ReducedHead(head, draft_vocab, lean=lean) if draft_vocab is not None else \
+            LeanProjection.of(head) if self._decoder is not None else None
 
-    def _logits(self, **inputs) -> torch.Tensor:
-        """One cached forward → draft logits over the target vocabulary [1, n, V]."""
-        if self._head is None:
+    def _logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """One cached forward over ``input_ids`` [1, n] → draft logits over the target vocabulary [1, n, V];
+        without a mask the tokens are committed ones (causal after the cache)."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if self._decoder is not None:
+            hidden = self._decoder(self.model.get_input_embeddings()(input_ids), self.cache, self.n_cached,
+                                   position_ids, attention_mask)
+        elif self._head is None:
             return self.model(**inputs, cache=self.cache, use_cache=True).logits
-        return self._head(self.model.base_model(**inputs, cache=self.cache, use_cache=True).last_hidden_state)
+        else:
+            hidden = self.model.base_model(**inputs, cache=self.cache, use_cache=True).last_hidden_state
+        return self._head(hidden)
 
     def check_target(self, target) -> None:
         check_same_vocab(self.model, target, "draft model")
@@ -54,6 +66,9 @@ class DraftModel(ExpandingDrafter):
         logits = self._logits(input_ids=pending)[0, -1:]  # [1, V]
         self.n_cached += pending.shape[1]
         return logits
+
+    def _fill_for_timing(self, tokens) -> None:
+        self._logits(tokens)
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         return self._logits(input_ids=tokens[None], attention_mask=attention_mask,
@@ -70,8 +85,3 @@ def rank_accuracy(target, draft, windows: torch.Tensor, *, depth: int = 8, top_k
         counter.add(0, draft(input_ids=w).logits.topk(top_k, dim=-1).indices, target(input_ids=w).logits)
     row = counter.table()[0]
     return [row for _ in range(depth)]
-
-
-def depth_cost(draft) -> float:
-    """Seconds of one expansion depth: a draft forward over a couple of frontier nodes."""
-    return forward_time(draft, n_tokens=2)

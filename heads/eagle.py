@@ -43,7 +43,6 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from treespec.bench import median_time
 from treespec.drafter import target_hidden
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import DENSE_MASK_ATTENTION, ancestor_mask
@@ -53,6 +52,7 @@ from treespec.tree import Tree
 from .accuracy import RankHits
 from .checkpoint import load_drafter, save_drafter, vocab_size_of
 from .expansion import ExpandingDrafter
+from .lean import LeanProjection, lean_decoder
 from .vocab import DraftVocab, ReducedHead
 
 # Target config values a drafter's weights depend on (llama/qwen2/mistral names and GPT-2's); a drafter
@@ -207,15 +207,23 @@ class EagleModel(nn.Module):
         """[..., h] → [..., V] with the target's lm_head."""
         return self.lm_head(features)
 
+    def head(self, lean: bool = False):
+        """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a transposed copy of the same
+        lm_head (heads/lean.py) for drafting."""
+        return LeanProjection.of(self.lm_head) if lean else self.logits
+
+    def decoder_input(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc(cat(embed(input_ids), features)): [b, n] and [b, n, h] → the decoder's input [b, n, h]."""
+        embed = self.embed_tokens if self.embed_tokens is not None else self._target_tables[0]
+        return self.fc(torch.cat([embed(input_ids), features], dim=-1))
+
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, attention_mask=None, position_ids=None,
                 cache=None) -> torch.Tensor:
         """input_ids [b, n] and the features they pair with [b, n, h] → predicted next features [b, n, h].
 
         Without ``attention_mask`` the attention is causal after whatever ``cache`` holds."""
-        embed = self.embed_tokens if self.embed_tokens is not None else self._target_tables[0]
-        x = self.fc(torch.cat([embed(input_ids), features], dim=-1))  # [b, n, h]
-        return self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                            use_cache=cache is not None).last_hidden_state
+        return self.decoder(inputs_embeds=self.decoder_input(input_ids, features), attention_mask=attention_mask,
+                            position_ids=position_ids, cache=cache, use_cache=cache is not None).last_hidden_state
 
     # -- persistence ---------------------------------------------------------------------------------
     def check_fits(self, target) -> None:
@@ -255,16 +263,30 @@ class Eagle(ExpandingDrafter):
     keeps_expanded_path = False  # expanded nodes were fed the drafter's features, not the target's
 
     def __init__(self, model: EagleModel, *, default_tree: Tree | DynamicTree | None = None,
-                 candidates: str = "topk", draft_vocab: DraftVocab | None = None):
+                 candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
         """default_tree: EAGLE-2's dynamic tree, sized for CPUs (research.md: 16 verified tokens cost ~1.5×
         one); the paper's GPU default is DynamicTree(60, 7, 10). candidates: as for DraftModel.
-        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
+        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless).
+        lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
         super().__init__(model, default_tree if default_tree is not None else DynamicTree(16, 5, 4), candidates)
         self.feature_layers = model.feature_layers
         if draft_vocab is not None and hasattr(model, "draft_vocab"):
             raise ValueError("this EAGLE-3 drafter has its own draft vocabulary (d2t/t2d); FR-Spec is for "
                              "full-vocabulary heads")
-        self._logits = ReducedHead(model.lm_head, draft_vocab) if draft_vocab is not None else model.logits
+        self.lean = lean
+        self._logits = ReducedHead(model.lm_head, draft_vocab, lean=lean) if draft_vocab is not None else \
+            model.head(lean)
+        decoder = getattr(model, "decoder", None)
+        self._decoder = lean_decoder(decoder, model.layer_config) if lean and decoder is not None else None
+
+    def _run(self, tokens, features, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """The drafter over ``tokens`` [1, n] paired with ``features`` [1, n, h], after its cache → g [1, n, h];
+        without a mask (committed tokens) causal after the cache, at positions following it."""
+        if self._decoder is None:
+            return self.model(tokens, features, attention_mask=attention_mask, position_ids=position_ids,
+                              cache=self.cache)
+        x = self.model.decoder_input(tokens, features)
+        return self._decoder(x, self.cache, self.n_cached, position_ids, attention_mask)
 
     def check_target(self, target) -> None:
         self.model.check_fits(target)
@@ -289,7 +311,7 @@ class Eagle(ExpandingDrafter):
         if features.shape[1] != tokens.shape[1]:
             raise RuntimeError(f"EAGLE drafter out of sync: {tokens.shape[1]} committed tokens to feed but "
                                f"{features.shape[1]} target features (was accept() called after every propose()?)")
-        g = self.model(tokens, features, cache=self.cache)  # [1, m, h]
+        g = self._run(tokens, features)  # [1, m, h]
         self.n_cached += tokens.shape[1]
         self._pending = []
         self._outputs = {0: g[0, -1]}
@@ -297,10 +319,14 @@ class Eagle(ExpandingDrafter):
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         features = torch.stack([self._outputs[p] for p in parents])[None]  # [1, F, h]: each parent's output
-        g = self.model(tokens[None], features, attention_mask=attention_mask, position_ids=position_ids,
-                       cache=self.cache)[0]  # [F, h]
+        g = self._run(tokens[None], features, attention_mask, position_ids)[0]  # [F, h]
         self._outputs.update(zip(nodes, g, strict=True))
         return self._logits(g)  # [F, V]
+
+    def _fill_for_timing(self, tokens) -> None:
+        h = self.model.fc.out_features
+        features = torch.zeros(*tokens.shape, h, dtype=self.model.dtype, device=self.model.device)
+        self._outputs = {0: self._run(tokens, features)[0, -1]}
 
     @torch.no_grad()
     def accept(self, path, features) -> None:
@@ -375,22 +401,3 @@ def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: in
             counter.add(k, model.logits(g[:, valid]).topk(top_k, dim=-1).indices, target_logits[:, valid])
     model.train(was_training)
     return counter.table()
-
-
-@torch.no_grad()
-def depth_cost(model: EagleModel, n_tokens: int = 4, past_len: int = 256) -> float:
-    """Seconds of one expansion depth: ``n_tokens`` frontier nodes through the drafter's layer and the
-    target's lm_head, after ``past_len`` cached entries."""
-    h = model.fc.out_features
-    cache = DynamicCache(config=model.layer_config)
-    zeros = {"dtype": model.dtype, "device": model.device}
-    model(torch.zeros(1, past_len, dtype=torch.long, device=model.device), torch.zeros(1, past_len, h, **zeros),
-          cache=cache)
-    tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=model.device)
-    features = torch.zeros(1, n_tokens, h, **zeros)
-
-    def depth():
-        model.logits(model(tokens, features, cache=cache))
-        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
-
-    return median_time(depth)

@@ -53,6 +53,7 @@ from treespec.sampling import GREEDY, Sampling
 from .accuracy import RankHits
 from .checkpoint import load_drafter, save_drafter, vocab_size_of
 from .eagle import Eagle, architecture, one_layer_config
+from .lean import LeanProjection, causal_mask
 from .vocab import DraftVocab
 
 KIND = "eagle3"  # checkpoint folder: eagle3_config.json beside eagle3.safetensors (heads/checkpoint.py)
@@ -137,11 +138,6 @@ class Eagle3Layer(nn.Module):
                                  attention_mask=attention_mask, cache=cache)
         hidden = hidden + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
-def causal_mask(n: int, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Float additive mask [1, 1, n, past_len + n]: new token q sees the cache and new tokens up to itself."""
-    return ancestor_mask(torch.ones(n, n, dtype=torch.bool, device=device).tril(), past_len, dtype=dtype, device=device)
 
 
 def unroll_mask(n: int, step: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -233,6 +229,13 @@ class Eagle3Model(nn.Module):
         """Pre-norm outputs [..., H] → logits over the target vocabulary [..., V] (-inf outside the draft one),
         what drafting proposes from."""
         return self.draft_vocab.scatter(self.draft_logits(out))
+
+    def head(self, lean: bool = False):
+        """``logits``, or with ``lean`` the same through a transposed copy of lm_head (heads/lean.py)."""
+        if not lean:
+            return self.logits
+        projection = LeanProjection.of(self.lm_head)
+        return lambda out: self.draft_vocab.scatter(projection(self.norm(out)))
 
     @property
     def feature_layers(self) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from treespec.bench import median_time
 from treespec.cache import attention_masks, keep_tree_path
 from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
 from treespec.dynamic_tree import DynamicTree
@@ -88,6 +89,10 @@ class ExpandingDrafter(Drafter):
     def _start(self, committed: torch.Tensor, feature: torch.Tensor | None) -> torch.Tensor:
         """Feed the committed tokens not cached yet (the root last), add them to ``n_cached`` and return
         the draft logits at the root [1, V]."""
+        raise NotImplementedError
+
+    def _fill_for_timing(self, tokens: torch.Tensor) -> None:
+        """Feed ``tokens`` [1, m] (placeholders) as committed entries, and make node 0 expandable (depth_cost)."""
         raise NotImplementedError
 
     def _forward_nodes(self, tokens: torch.Tensor, nodes: list[int], parents: list[int],
@@ -188,3 +193,24 @@ class ExpandingDrafter(Drafter):
         keep_tree_path(self.cache, self.n_cached, torch.tensor(keep, dtype=torch.long, device=self.model.device))
         self.n_cached += len(keep)
         self._expanded = []
+
+
+@torch.no_grad()
+def depth_cost(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256) -> float:
+    """Seconds of one expansion depth of ``drafter`` as it drafts (lean or not): ``n_tokens`` frontier nodes
+    through its model and head after ``past_len`` cached entries. For predicted speedups (treespec.autotree)."""
+    device = drafter.model.device
+    drafter.reset()
+    drafter._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
+    drafter.n_cached = past_len
+    tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=device)
+    mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=drafter.model.dtype, device=device)  # sees all
+    positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]
+
+    def depth():
+        drafter._forward_nodes(tokens[0], list(range(1, n_tokens + 1)), [0] * n_tokens, mask, positions)
+        drafter.cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+    cost = median_time(depth)
+    drafter.reset()
+    return cost

@@ -20,6 +20,7 @@ from . import draft_model, eagle, eagle3, medusa
 from .draft_model import DraftModel
 from .eagle import Eagle, EagleModel
 from .eagle3 import Eagle3, Eagle3Model
+from .expansion import depth_cost
 from .load import drafter_for, load_module
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
@@ -69,14 +70,14 @@ def _auto_rank_accuracy(target, module, windows, **kwargs):
 def _auto_cost(module):
     if isinstance(module, MedusaHeads):
         return medusa.proposal_cost(module), 0.0
-    return 0.0, eagle.depth_cost(module)
+    return 0.0, depth_cost(drafter_for(module, "topk"))
 
 
 KINDS: dict[str, DrafterKind] = {
     "draft": DrafterKind(
         "draft", _load_draft_model,
         lambda m, candidates, vocab: DraftModel(m, candidates=candidates, draft_vocab=vocab),
-        draft_model.rank_accuracy, lambda m: (0.0, draft_model.depth_cost(m)), CANDIDATE_MODES, reduces_vocab=True),
+        draft_model.rank_accuracy, lambda m: (0.0, depth_cost(DraftModel(m))), CANDIDATE_MODES, reduces_vocab=True),
     "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates, vocab: PromptLookup()),
     "medusa": DrafterKind(
         "medusa", lambda source, target: MedusaHeads.from_pretrained(resolve(source), target),
@@ -85,11 +86,11 @@ KINDS: dict[str, DrafterKind] = {
     "eagle": DrafterKind(
         "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
         lambda m, candidates, vocab: Eagle(m, candidates=candidates, draft_vocab=vocab), eagle.rank_accuracy,
-        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES, reduces_vocab=True),
+        lambda m: (0.0, depth_cost(Eagle(m))), CANDIDATE_MODES, reduces_vocab=True),
     "eagle3": DrafterKind(
         "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
         lambda m, candidates, vocab: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
-        lambda m: (0.0, eagle.depth_cost(m)), CANDIDATE_MODES),
+        lambda m: (0.0, depth_cost(Eagle3(m))), CANDIDATE_MODES),
     "auto": DrafterKind(
         "auto", lambda source, target: load_module(source, target),
         lambda m, candidates, vocab: drafter_for(m, candidates),

@@ -21,6 +21,8 @@ from torch import nn
 
 from treespec.io import atomic_write, load_safetensors
 
+from .lean import LeanProjection
+
 
 class DraftVocab:
     """The target ids a drafter's lm_head covers. ids: sorted LongTensor [N]; vocab_size: V."""
@@ -98,7 +100,7 @@ class ReducedHead(nn.Module):
     retraining. hidden [..., h] → logits over the full target vocabulary [..., V], -inf outside the
     vocabulary; costs N/V of the full projection. The kept rows are sliced once, at construction."""
 
-    def __init__(self, lm_head: nn.Module, vocab: DraftVocab):
+    def __init__(self, lm_head: nn.Module, vocab: DraftVocab, *, lean: bool = False):
         super().__init__()
         if getattr(lm_head, "bias", None) is not None:
             raise ValueError("a reduced draft vocabulary needs a bias-free lm_head")
@@ -107,6 +109,10 @@ class ReducedHead(nn.Module):
                              f"{vocab.vocab_size}-token vocabulary")
         self.vocab = vocab
         self.register_buffer("rows", vocab.projection(lm_head.weight.detach()), persistent=False)  # [N, h]
+        # lean: the kept rows stored transposed for a CPU's small-batch gemm (heads/lean.py)
+        self.lean = LeanProjection(self.rows) if lean else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None:
+            return self.vocab.scatter(self.lean(hidden))
         return self.vocab.logits(hidden, self.rows)

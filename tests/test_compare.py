@@ -9,20 +9,23 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from treespec.autotree import choose_tree, cost_at, predict
+from treespec.bench import Config, measure
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
-from treespec.heads.eagle import depth_cost as eagle_cost
 from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
+from treespec.heads.expansion import depth_cost as eagle_cost
 from treespec.train.compare import (
     DrafterSpec,
     expand_specs,
     run_comparison,
     run_from_config,
+    run_job,
 )
 from treespec.train.log import RunLogger
+from treespec.tree import Tree
 
-from .tiny_models import perturbed, tiny_llama
+from .tiny_models import compose_cfg, perturbed, tiny_llama
 from .wandb_files import wandb_run_contains
 
 ACC = [[0.6, 0.15, 0.05], [0.45, 0.1, 0.05], [0.3, 0.1], [0.2, 0.05]]
@@ -63,7 +66,7 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3)),
                 DrafterSpec("prompt_lookup", PromptLookup()),
                 DrafterSpec("eagle", Eagle(eagle), depth_rank_accuracy(target, eagle, windows, depth=3, top_k=3),
-                            draft_cost_per_depth=eagle_cost(eagle, past_len=8))]
+                            draft_cost_per_depth=eagle_cost(Eagle(eagle), past_len=8))]
     prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     logger = RunLogger(tmp_path, use_wandb=True, name="tiny-compare")
     result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "accuracy", "nodes": 3}],
@@ -82,6 +85,7 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
         assert (tmp_path / name).stat().st_size > 0, name
     # per-prompt values for the intervals, each drafter's best beside the peers, a stamp, no "nan" anywhere
     saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["complete"] is True and saved["prompts_done"] == 2
     assert saved["prompt_of_run"] == [0, 1] and all(len(r["runs"]["speedup"]) == 2 for r in saved["records"])
     bests = {max((r for r in saved["records"] if r["drafter"] == d), key=lambda r: r["speedup"])["config"]
              for d in ("draft", "prompt_lookup", "eagle")}
@@ -94,6 +98,7 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     assert len(stamp["drafters"]["draft"]["weights_sha1"]) == 40
     md = (tmp_path / "results.md").read_text()
     assert "nan" not in md.lower() and "## Summary" in md and stamp["target"]["weights_sha1"][:12] in md
+    assert "partial run" not in md and "| draft ms/depth | c |" in md
     assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
     for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
                 "compare/acceptance_heatmap"):
@@ -117,3 +122,51 @@ def test_sampled_candidates_skip_dynamic_trees():
     assert tree is None and "samples its candidates" in reason
     tree, reason = resolve_tree({"kind": "chain", "depth": 3}, sampled, {1: 1.0}, 8)
     assert len(tree) == 3 and reason is None
+
+
+def test_measure_hands_over_the_rows_after_every_prompt():
+    target = tiny_llama(seed=0)
+    prompts = [torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    seen = []
+    rows = measure(target, [Config("lookup", PromptLookup(), Tree.chain(2))], prompts, max_new_tokens=4,
+                   warmup=False, on_prompt=seen.append)
+    assert len(seen) == 3
+    for k, partial in enumerate(seen, start=1):
+        assert [r.name for r in partial] == ["vanilla", "lookup"]
+        for r in partial:
+            assert len(r.prompt_tokens_per_s) == len(r.prompt_speedups) == len(r.prompt_accept_lengths) == k
+            assert r.new_tokens == 4 * k
+    # each handover extends the one before, and the last is what measure returns
+    final = {r.name: r for r in rows}
+    for partial in seen:
+        for r in partial:
+            k = len(r.prompt_speedups)
+            assert r.prompt_accept_lengths == final[r.name].prompt_accept_lengths[:k]
+            assert r.prompt_tokens_per_s == final[r.name].prompt_tokens_per_s[:k]
+    assert [r.prompt_speedups for r in seen[-1]] == [r.prompt_speedups for r in rows]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_comparison_leaves_a_partial_results_json_that_renders(tmp_path):
+    target = tiny_llama(seed=0)
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+
+    def log(text):  # vanilla then prompt lookup per prompt: the third run is the second prompt's first
+        if text.strip().startswith("[3/4]"):
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_comparison(target, [DrafterSpec("prompt_lookup", PromptLookup())], [{"kind": "chain", "depth": 2}],
+                       prompts, max_new_tokens=4, cost_sizes=(1, 2), peers=False, out_dir=tmp_path, log=log)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["complete"] is False and saved["prompts_done"] == 1 and saved["prompt_of_run"] == [0]
+    assert [r["config"] for r in saved["records"]] == ["vanilla", "prompt_lookup | chain γ=2"]
+    assert all(len(r["runs"][key]) == 1 for r in saved["records"] for key in r["runs"])
+    assert saved["records"][1]["c"] is not None and saved["records"][0]["c"] is None
+    assert not (tmp_path / "results.md").exists(), "the report is rendered only at the end or on report=PATH"
+    job = run_job(compose_cfg("compare", [f"report={tmp_path}", "logger=none"]), tmp_path / "unused")
+    assert "**partial run: 1 of 2 prompt runs measured**" in job["markdown"].splitlines()[2]
+    assert (tmp_path / "speedup_vs_nodes.png").stat().st_size > 0

@@ -1,11 +1,15 @@
-"""The comparison's report (train/report.py, train/stats.py, train/stamp.py) on synthetic measurements: the
-figures' data, intervals, tables without holes, re-rendering and side-by-side comparison. No model runs."""
+"""The comparison's report (train/report.py, train/plots.py, train/stats.py, train/stamp.py) on synthetic
+measurements: the figures' data, intervals, tables without holes, partial runs, re-rendering and side-by-side
+comparison. No model runs."""
 
 import copy
+import csv
 import importlib.util
+import itertools
 import json
 import math
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from treespec.train import report
+from treespec.train import plots, report
 from treespec.train.compare import run_job
 from treespec.train.stamp import collect, flatten, prompts_digest
 from treespec.train.stats import Estimate, groups_of, median_interval, tau_interval
@@ -49,6 +53,7 @@ def synthetic_result(seed: int = 0, prompts: int = 5, repeats: int = 2, commit: 
     records = [{"config": "vanilla", "drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0,
                 "predicted_tau": 1.0, "predicted_speedup": 1.0, "tau": 1.0, "tokens_per_s": 100.0, "speedup": 1.0,
                 "target_passes": runs * 16, "new_tokens": runs * 16, "overhead_fraction": 0.04,
+                "draft_ms_per_depth": None, "c": None,
                 "runs": {"tokens_per_s": vanilla_tps, "speedup": [1.0] * runs, "accept_lengths": [[1] * 16] * runs}}]
     prompt_effect = [rng.uniform(0.85, 1.15) for _ in range(prompts)]
     for drafter, trees in PLAN.items():
@@ -62,6 +67,7 @@ def synthetic_result(seed: int = 0, prompts: int = 5, repeats: int = 2, commit: 
                 "tau": sum(map(sum, lengths)) / sum(map(len, lengths)), "tokens_per_s": 100 * speedup,
                 "speedup": sorted(ratios)[len(ratios) // 2], "target_passes": 12 * runs, "new_tokens": 16 * runs,
                 "overhead_fraction": None if tree.startswith("dynamic") else 0.03,
+                "draft_ms_per_depth": 0.5 * nodes, "c": 0.05 * nodes,
                 "runs": {"tokens_per_s": [100 * r for r in ratios], "speedup": ratios, "accept_lengths": lengths}})
     bests = {}
     for rec in records[1:]:
@@ -149,7 +155,7 @@ def test_degenerate_inputs_give_points_or_nothing():
 
 def test_acceptance_lengths_are_fractions_over_shared_integer_bins(rendered):
     result, a, _ = rendered
-    dist = report.accept_length_distributions(a)
+    dist = plots.accept_length_distributions(a)
     assert set(dist) == set(PLAN)
     bins = {tuple(h["bins"]) for h in dist.values()}
     assert len(bins) == 1, "one shared axis"
@@ -166,7 +172,7 @@ def test_acceptance_lengths_are_fractions_over_shared_integer_bins(rendered):
 def test_every_drafter_has_a_line_with_its_band_and_prediction(rendered):
     _, a, _ = rendered
     for key in ("speedup", "tau"):
-        lines = report.frontier(a, key)
+        lines = plots.frontier(a, key)
         assert set(lines) == set(PLAN)
         for drafter, pts in lines.items():
             nodes = [p["nodes"] for p in pts]
@@ -179,21 +185,21 @@ def test_every_drafter_has_a_line_with_its_band_and_prediction(rendered):
         assert {p["tree"] for p in lines["draft"] if p["nodes"] == 6} <= {"full 2×2", "accuracy 6"}
         assert all(p["predicted"] is None for p in lines["prompt_lookup"])
         assert all(p["predicted"] is not None for p in lines["draft"])
-    refs = report.reference_lines(a, "speedup")
+    refs = plots.reference_lines(a, "speedup")
     assert [r["label"] for r in refs] == ["treespec vanilla", *PEERS] and refs[0]["value"] == 1.0
-    assert [r["label"] for r in report.reference_lines(a, "tau")] == ["treespec vanilla"]
+    assert [r["label"] for r in plots.reference_lines(a, "tau")] == ["treespec vanilla"]
 
 
 def test_heat_map_data_per_drafter_with_accuracies(rendered):
     result, _, _ = rendered
-    grids = report.acceptance_grids(result)
+    grids = plots.acceptance_grids(result)
     assert set(grids) == {"draft", "eagle"}  # prompt lookup measures none
     assert grids["draft"] == [[0.6, 0.2, 0.1], [0.5, 0.15, None]]
 
 
 def test_every_figure_is_written(rendered):
     _, _, out = rendered
-    for name in report.FIGURES:
+    for name in plots.FIGURES:
         assert (out / name).stat().st_size > 5000, name
 
 
@@ -236,8 +242,80 @@ def test_point_only_results_json_renders_with_dashes(tmp_path):
     for p in result["peers"]:
         del p["runs"]
     del result["peer_pass"], result["stamp"]
+    for rec in result["records"]:  # nor the drafting cost (kept since): dashes and empty cells
+        del rec["draft_ms_per_depth"], rec["c"]
     report.render(result, tmp_path, figures=False)
-    assert "nan" not in (tmp_path / "results.md").read_text().lower()
+    md = (tmp_path / "results.md").read_text()
+    assert "nan" not in md.lower()
+    header, rows = md_table_of(md, "All configurations")
+    assert {row[header.index(col)] for row in rows for col in ("draft ms/depth", "c")} == {"–"}
+    header, rows = md_table_of(md, "Summary")
+    assert {row[header.index("c")] for row in rows} == {"–"}
+    assert {r["c"] for r in csv.DictReader(open(tmp_path / "results.csv"))} == {""}
+
+
+def md_table_of(md: str, section: str) -> tuple[list[str], list[list[str]]]:
+    """The first table under the heading starting with ``section``: (header, rows of cells)."""
+    lines = md.split(f"## {section}", 1)[1].split("\n", 1)[1].strip().splitlines()
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")]
+             for line in itertools.takewhile(lambda line: line.startswith("|"), lines)]
+    return cells[0], cells[2:]
+
+
+def test_tables_show_the_drafting_cost_with_dashes_where_it_does_not_apply(rendered):
+    result, a, out = rendered
+    md = (out / "results.md").read_text()
+    header, rows = md_table_of(md, "All configurations")
+    ms, c = header.index("draft ms/depth"), header.index("c")
+    assert len(rows) == len(result["records"])
+    by_config = {(row[0], row[1]): row for row in rows}
+    assert by_config["vanilla (baseline)", "vanilla"][ms] == by_config["vanilla (baseline)", "vanilla"][c] == "–"
+    for rec in result["records"][1:]:
+        row = by_config[rec["drafter"], rec["tree"]]
+        assert (row[ms], row[c]) == (f"{rec['draft_ms_per_depth']:.2f}", f"{rec['c']:.2f}"), rec["config"]
+    header, rows = md_table_of(md, "Summary")
+    assert [row[header.index("c")] for row in rows] == [f"{a['bests'][row[0]]['c']:.2f}" for row in rows]
+    saved = {r["config"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert saved["vanilla"]["c"] == saved["vanilla"]["draft_ms_per_depth"] == ""
+    for rec in result["records"][1:]:
+        assert float(saved[rec["config"]]["c"]) == pytest.approx(rec["c"])
+        assert float(saved[rec["config"]]["draft_ms_per_depth"]) == pytest.approx(rec["draft_ms_per_depth"])
+    summary = list(csv.DictReader(open(out / "summary.csv")))
+    assert [float(r["c"]) for r in summary] == pytest.approx([c["c"] for c in a["bests"].values()])
+
+
+def truncated(result: dict, k: int, prompt_of_run_too: bool = True) -> dict:
+    """``result`` as saved while measuring, after its first ``k`` prompt runs: no peers yet."""
+    out = copy.deepcopy(result)
+    for rec in out["records"]:
+        rec["runs"] = {key: values[:k] for key, values in rec["runs"].items()}
+    out.update(complete=False, prompts_done=k, peers=None)
+    del out["peer_pass"]
+    if prompt_of_run_too:
+        out["prompt_of_run"] = out["prompt_of_run"][:k]
+    return out
+
+
+def test_partial_results_json_renders_what_it_holds_and_says_so(rendered, tmp_path):
+    result, _, out = rendered
+    assert "partial run" not in (out / "results.md").read_text()
+    part = truncated(result, 3)  # 3 of 5 prompts × 2 repeats
+    report.save_result(part, tmp_path)
+    job = run_job(compose_cfg("compare", [f"report={tmp_path}", "logger=none"]), tmp_path / "unused")
+    md = job["markdown"]
+    notice = md.splitlines()[2]
+    assert notice.startswith("**partial run: 3 of 10 prompt runs measured**") and "peers were not measured" in notice
+    assert "nan" not in md.lower() and "## Peers" not in md and "the 3 prompt runs measured" in md
+    for name in plots.FIGURES:
+        assert (tmp_path / name).stat().st_size > 0, name
+    a = report.analyse(report.load_result(tmp_path)[0])
+    for rec in part["records"][1:]:  # intervals over the 3 prompts measured, nothing else
+        e = a["configs"][rec["config"]]["speedup_est"]
+        assert e.n == 3 and e.value == pytest.approx(statistics.median(rec["runs"]["speedup"]))
+    # a results.json whose prompt_of_run still lists every planned run: the same analysis
+    other = report.analyse(truncated(result, 3, prompt_of_run_too=False))
+    assert {k: c["speedup_est"] for k, c in other["configs"].items()} == \
+        {k: c["speedup_est"] for k, c in a["configs"].items()}
 
 
 def test_busy_machine_is_flagged(tmp_path):

@@ -36,7 +36,7 @@ from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
 from .data import STDLIB_CORPUS, held_out_windows, prepare_tokens
 from .log import RunLogger
-from .report import compare_runs, rerender, write_outputs
+from .report import compare_runs, rerender, save_result, write_outputs
 from .stamp import collect as collect_stamp
 from .stamp import model_checksum
 
@@ -167,27 +167,42 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                           "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
                           "predicted_tau": pred.tau if pred else None,
                           "predicted_speedup": pred.speedup if pred else None}
-    total = (len(configs) + 1) * len(prompts) * repeats
-    done = itertools.count(1)
-    rows = measure(target, configs, prompts * repeats, max_new_tokens=max_new_tokens, temperature=temperature,
-                   top_p=top_p, seed=seed, progress=lambda name, i: log(f"  [{next(done)}/{total}] {name}"))
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0}
-    records = [_record(r, meta[r.name]) for r in rows]
-    for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
-        per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
-        rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
-        rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
-    best = max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla"
-    result = {
-        "format": 2,
-        "stamp": stamp,
-        "settings": {"prompts": len(prompts), "repeats": repeats, "max_new_tokens": max_new_tokens,
-                     "temperature": temperature, "top_p": top_p, "seed": seed, "bootstrap": dict(bootstrap or {})},
-        "prompt_of_run": [i % len(prompts) for i in range(len(prompts) * repeats)],
-        "cost_curve": curve, "records": records, "skipped": skipped, "best": best,
-        "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "peers": None,
-    }
+    prompt_of_run = [i % len(prompts) for i in range(len(prompts) * repeats)]
+
+    def result_of(rows) -> dict:
+        """results.json's contents from the rows of the prompt runs measured so far, marked incomplete."""
+        records = [_record(r, meta[r.name]) for r in rows]
+        for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
+            per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
+            rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
+            rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
+        done = len(rows[0].prompt_speedups)
+        return {
+            "format": 2,
+            "complete": False,       # true once every prompt run and the peers are measured
+            "prompts_done": done,    # prompt runs measured (of prompts × repeats)
+            "stamp": stamp,
+            "settings": {"prompts": len(prompts), "repeats": repeats, "max_new_tokens": max_new_tokens,
+                         "temperature": temperature, "top_p": top_p, "seed": seed,
+                         "bootstrap": dict(bootstrap or {})},
+            "prompt_of_run": prompt_of_run[:done],
+            "cost_curve": curve, "records": records, "skipped": skipped,
+            "best": max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla",
+            "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "peers": None,
+            "wall_s": time.perf_counter() - started,
+        }
+
+    total = (len(configs) + 1) * len(prompts) * repeats
+    count = itertools.count(1)
+    # saved after every prompt (atomically), so a run killed after hours keeps what it measured: report=PATH
+    # renders it as a partial run
+    rows = measure(target, configs, prompts * repeats, max_new_tokens=max_new_tokens, temperature=temperature,
+                   top_p=top_p, seed=seed, progress=lambda name, i: log(f"  [{next(count)}/{total}] {name}"),
+                   on_prompt=lambda partial_rows: save_result(result_of(partial_rows), out_dir))
+    result = result_of(rows)
+    records, best = result["records"], result["best"]
     if peers:
         # each drafter's best configuration runs again beside the peers, interleaved prompt by prompt, so its
         # ratio to every peer is measured on the same prompts in the same pass
@@ -214,7 +229,10 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                                 b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
                             "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}}
                            for r in peer_rows if r.name.startswith("transformers ")]
+        result["wall_s"] = time.perf_counter() - started
+        save_result(result, out_dir)
     result["wall_s"] = time.perf_counter() - started
+    result["complete"] = True
     write_outputs(result, out_dir, logger)
     return result
 

@@ -1,7 +1,9 @@
 """The comparison's report, from the harness's measurements (train/compare.py): results.md (stamp, summary,
-peers, the full grid), results.csv, summary.csv, cost_curve.csv, the figures and the wandb run. Nothing here
-measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a run's
-report (``python scripts/compare_trees.py report=PATH``) and ``compare_runs([A, B])`` sets runs side by side.
+peers, the full grid), results.csv, summary.csv, cost_curve.csv, the figures (train/plots.py) and the wandb run.
+Nothing here measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a
+run's report (``python scripts/compare_trees.py report=PATH``) and ``compare_runs([A, B])`` sets runs side by
+side. A results.json saved while the run was still measuring (``"complete": false``) renders what it holds,
+marked as a partial run at the top of results.md.
 
 Uncertainty: per configuration the median speedup (per-prompt ratios to vanilla) and τ, each with a
 bootstrap interval over prompts (train/stats.py). A configuration whose speedup interval overlaps the best
@@ -15,28 +17,26 @@ import json
 import math
 from pathlib import Path
 
+from treespec.io import atomic_write_json, read_json
+
+from .plots import FIGURES, level_text, missing, partial, plot
 from .stamp import flatten
 from .stats import Estimate, groups_of, median_interval, tau_interval
 
 DASH = "–"
-FIGURES = ("speedup_vs_nodes.png", "tau_vs_nodes.png", "accept_length_hist.png", "acceptance_heatmap.png")
 BOOTSTRAP = {"samples": 2000, "level": 0.95, "seed": 0}
 
 
 # ---------------------------------------------------------------------------------------------- formatting
 
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and not math.isfinite(x))
-
-
 def num(x, fmt: str = ".2f", suffix: str = "") -> str:
     """``x`` formatted, or "–" when it does not apply (None, NaN, inf)."""
-    return DASH if _missing(x) else f"{x:{fmt}}{suffix}"
+    return DASH if missing(x) else f"{x:{fmt}}{suffix}"
 
 
 def with_interval(e: Estimate | None, fmt: str = ".2f", suffix: str = "") -> str:
     """"1.51× (1.40–1.62)"; the point alone without an interval; "–" without a value."""
-    if e is None or _missing(e.value):
+    if e is None or missing(e.value):
         return DASH
     if not e.has_interval:
         return num(e.value, fmt, suffix)
@@ -61,6 +61,9 @@ def analyse(result: dict) -> dict:
     boot = {**BOOTSTRAP, **(settings.get("bootstrap") or {})}
     kw = {"samples": boot["samples"], "level": boot["level"], "seed": boot["seed"]}
     prompt_of_run = result.get("prompt_of_run")
+    done = partial(result)
+    if done and prompt_of_run is not None:  # a run that stopped early: its runs cover the first prompts only
+        prompt_of_run = prompt_of_run[: done[0]]
     configs = {}
     for rec in result["records"]:
         runs = rec.get("runs")
@@ -107,10 +110,6 @@ def analyse(result: dict) -> dict:
             "settings": settings}
 
 
-def _level(a: dict) -> str:
-    return f"{100 * a['bootstrap']['level']:g}%"
-
-
 VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"}
 NOISY = 1.5  # vanilla's fastest ÷ slowest prompt run above which the report warns that the machine was busy
 
@@ -119,18 +118,18 @@ def vanilla_spread(a: dict) -> tuple[float, float, float] | None:
     """(min, median, max) of vanilla's tokens/s over the prompt runs; prompts differ a little in length, a
     busy machine a lot."""
     runs = (a["configs"].get("vanilla", {}).get("runs") or {}).get("tokens_per_s") or []
-    runs = sorted(x for x in runs if not _missing(x) and x > 0)
+    runs = sorted(x for x in runs if not missing(x) and x > 0)
     return (runs[0], runs[len(runs) // 2], runs[-1]) if runs else None
 
 
 def summary_table(a: dict) -> tuple[list[str], list[list]]:
     peer_names = [p["name"] for p in a["peers"]]
-    header = ["drafter", "best tree", "nodes", f"τ ({_level(a)} CI)", f"speedup ({_level(a)} CI)",
-              "predicted speedup"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
+    header = ["drafter", "best tree", "nodes", f"τ ({level_text(a)} CI)", f"speedup ({level_text(a)} CI)",
+              "predicted speedup", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
     rows = []
     for drafter, c in a["bests"].items():
         rows.append([drafter, c["tree"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
-                     suffix="×"), num(c["predicted_speedup"], suffix="×")]
+                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(c.get("c"))]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
                     + [VERDICT.get(c["verdict"], DASH)])
     return header, rows
@@ -145,6 +144,7 @@ def summary_records(a: dict) -> list[dict]:
             e = c[f"{key}_est"]
             row.update({key: e.value, f"{key}_lo": e.lo, f"{key}_hi": e.hi})
         row["predicted_speedup"] = c["predicted_speedup"]
+        row["c"] = c.get("c")
         for p in a["peers"]:
             e = p["ratios"].get(drafter) or Estimate(math.nan)
             name = p["name"].replace("transformers ", "").replace(" ", "_")
@@ -155,8 +155,9 @@ def summary_records(a: dict) -> list[dict]:
 
 
 def grid_table(a: dict) -> tuple[list[str], list[list]]:
-    header = ["drafter", "tree", "nodes", "depth", f"τ ({_level(a)} CI)", "predicted τ", "tokens/s",
-              f"speedup ({_level(a)} CI)", "predicted speedup", "engine overhead", "vs the run's best"]
+    header = ["drafter", "tree", "nodes", "depth", f"τ ({level_text(a)} CI)", "predicted τ", "tokens/s",
+              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "draft ms/depth", "c",
+              "vs the run's best"]
     rows = []
     for c in a["configs"].values():
         overhead = c.get("overhead_fraction")
@@ -164,13 +165,14 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
                      with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
-                     DASH if _missing(overhead) else f"{100 * overhead:.1f}%", VERDICT.get(c.get("verdict"), DASH)])
+                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("draft_ms_per_depth")),
+                     num(c.get("c")), VERDICT.get(c.get("verdict"), DASH)])
     return header, rows
 
 
 def peer_table(a: dict) -> tuple[list[str], list[list]]:
     best = a["best"]["drafter"] if a["best"] else None
-    header = ["peer (transformers, same prompts)", "tokens/s", f"speedup vs treespec vanilla ({_level(a)} CI)",
+    header = ["peer (transformers, same prompts)", "tokens/s", f"speedup vs treespec vanilla ({level_text(a)} CI)",
               "treespec's best ÷ peer"]
     rows = [[p["name"], num(p["tokens_per_s"], ".1f"), with_interval(p["speedup_est"], suffix="×"),
              with_interval(p["ratios"].get(best), suffix="×")] for p in a["peers"]]
@@ -225,7 +227,7 @@ def stamp_lines(stamp: dict, result: dict, a: dict) -> list[str]:
         f"- **prompts**: {pr.get('set', DASH)}: {s.get('prompts', DASH)} × {s.get('repeats', DASH)} repeat(s), "
         f"{s.get('max_new_tokens', DASH)} new tokens each, token ids sha1 {_short(pr.get('token_ids_sha1'))}; "
         f"{sampling}; seed {s.get('seed', stamp.get('seed', DASH))}",
-        f"- **intervals**: bootstrap {_level(a)} over prompts ({b['samples']} resamples, seed {b['seed']}); "
+        f"- **intervals**: bootstrap {level_text(a)} over prompts ({b['samples']} resamples, seed {b['seed']}); "
         "a configuration whose speedup interval overlaps the best one's is *indistinguishable from the best in "
         "this run*",
         f"- **started**: {stamp.get('started', DASH)}, measuring took {num(result.get('wall_s'), '.0f', ' s')}",
@@ -239,18 +241,28 @@ def markdown(result: dict, a: dict) -> str:
     stamp = result.get("stamp") or {}
     s = result.get("settings", {})
     lines = ["# Which tree should I use here? Drafters × trees", ""]
+    done = partial(result)
+    if done:
+        lines += [f"**partial run: {done[0]} of {done[1]} prompt runs measured**: the run stopped before it "
+                  f"finished (or is still going), so every number and interval below is over those {done[0]} prompt "
+                  "runs" + ("; the peers were not measured" if result.get("peers") is None else "") + ".", ""]
     lines += stamp_lines(stamp, result, a) + [""]
     lines += ["## Summary: each drafter's best configuration", ""]
     lines += md_table(*summary_table(a))
     vanilla = a["configs"].get("vanilla")
     n_prompts = s.get("prompts", DASH)
     spread = vanilla_spread(a)
-    lines += ["", f"Speedup: median over {n_prompts} prompts × {s.get('repeats', 1)} repeat(s) of the per-prompt ratio "
-              "of tokens/s to treespec's vanilla decoding, interleaved in the same process"
+    runs = f"{n_prompts} prompts × {s.get('repeats', 1)} repeat(s)"
+    if done:
+        runs = f"the {done[0]} prompt runs measured (of {runs} planned)"
+    lines += ["", f"Speedup: median over {runs} of the per-prompt ratio of tokens/s to treespec's vanilla decoding, "
+              "interleaved in the same process"
               + (f" (vanilla: {vanilla['tokens_per_s']:.1f} tokens/s)" if vanilla else "") + ". "
               "τ: tokens committed per target pass, bonus token included. \"vs <peer>\": this drafter's best "
               "configuration's tokens/s ÷ the peer's, per prompt, measured again in one interleaved pass beside the "
-              "peers. \"≈ best\": the speedup intervals overlap; this run cannot tell the two apart."]
+              "peers. \"≈ best\": the speedup intervals overlap; this run cannot tell the two apart. c: drafting "
+              "time per draft depth ÷ one target forward over one token, as measured in this run's decoding (\"draft "
+              "ms/depth\": the same time in milliseconds)."]
     if spread and spread[2] / spread[0] > NOISY:
         lines += ["", f"**Warning: vanilla decoding ran at {spread[0]:.0f}–{spread[2]:.0f} tokens/s over this run's "
                   f"prompt runs ({spread[2] / spread[0]:.1f}× apart)**: the machine's speed changed during the run "
@@ -280,7 +292,8 @@ def csv_rows(a: dict) -> list[dict]:
                     "predicted_tau": c["predicted_tau"], "tokens_per_s": c["tokens_per_s"], "speedup": sp.value,
                     "speedup_lo": sp.lo, "speedup_hi": sp.hi, "predicted_speedup": c["predicted_speedup"],
                     "target_passes": c["target_passes"], "new_tokens": c["new_tokens"],
-                    "overhead_fraction": c.get("overhead_fraction"), "vs_best": c.get("verdict")})
+                    "overhead_fraction": c.get("overhead_fraction"),
+                    "draft_ms_per_depth": c.get("draft_ms_per_depth"), "c": c.get("c"), "vs_best": c.get("verdict")})
     return out
 
 
@@ -289,221 +302,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
         writer.writeheader()
-        writer.writerows({k: "" if _missing(v) else v for k, v in r.items()} for r in rows)
-
-
-# ---------------------------------------------------------------------------------------------- figure data
-
-def frontier(a: dict, key: str) -> dict[str, list[dict]]:
-    """Per drafter, its best configuration at each node count by ``key`` ("speedup" or "tau"), in node
-    order: {drafter: [{nodes, config, tree, value, lo, hi, predicted}]}. Every measured drafter has a line."""
-    out: dict[str, dict[int, dict]] = {}
-    for c in a["configs"].values():
-        if c["config"] == "vanilla":
-            continue
-        e = c[f"{key}_est"]
-        if _missing(e.value):
-            continue
-        at = out.setdefault(c["drafter"], {})
-        if c["nodes"] not in at or e.value > at[c["nodes"]]["value"]:
-            at[c["nodes"]] = {"nodes": c["nodes"], "config": c["config"], "tree": c["tree"], "value": e.value,
-                              "lo": e.lo if e.has_interval else e.value, "hi": e.hi if e.has_interval else e.value,
-                              "predicted": c[f"predicted_{key}"]}
-    return {d: [at[n] for n in sorted(at)] for d, at in out.items()}
-
-
-def reference_lines(a: dict, key: str) -> list[dict]:
-    """Horizontal lines: vanilla (1 for both speedup and τ) and, for speedup, every transformers peer."""
-    lines = [{"label": "treespec vanilla", "value": 1.0}]
-    if key == "speedup":
-        lines += [{"label": p["name"], "value": p["speedup_est"].value} for p in a["peers"]
-                  if not _missing(p["speedup_est"].value)]
-    return lines
-
-
-def accept_length_distributions(a: dict) -> dict[str, dict]:
-    """Each drafter's best configuration's accept lengths as fractions of its passes, on one shared set of
-    integer bins 1..K (K the longest accepted anywhere): {drafter: {config, bins, fractions, tau, passes}}."""
-    lengths = {d: [n for run in (c.get("runs") or {}).get("accept_lengths", []) for n in run]
-               for d, c in a["bests"].items()}
-    top = max((max(v) for v in lengths.values() if v), default=1)
-    bins = list(range(1, top + 1))
-    out = {}
-    for d, values in lengths.items():
-        if not values:
-            continue
-        out[d] = {"config": a["bests"][d]["config"], "bins": bins, "passes": len(values),
-                  "fractions": [sum(1 for v in values if v == b) / len(values) for b in bins],
-                  "tau": sum(values) / len(values)}
-    return out
-
-
-def acceptance_grids(result: dict) -> dict[str, list[list[float | None]]]:
-    """{drafter: acc[depth][rank]} padded with None to a rectangle: the measured acceptance rate of the
-    rank-r sibling at draft depth d + 1, what accuracy-grown trees are grown from."""
-    out = {}
-    for d, acc in (result.get("accuracy") or {}).items():
-        if not acc:
-            continue
-        width = max(len(row) for row in acc)
-        out[d] = [[float(x) for x in row] + [None] * (width - len(row)) for row in acc]
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- figures
-
-def _colours(drafters: list[str]) -> dict[str, str]:
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
-    return {d: palette[i % len(palette)] for i, d in enumerate(drafters)}
-
-
-def _subtitle(result: dict, a: dict) -> str:
-    s = result.get("settings", {})
-    sampling = "greedy" if not s.get("temperature") else f"T={s['temperature']}"
-    return (f"{s.get('prompts', '?')} prompts × {s.get('repeats', 1)} repeat(s) × {s.get('max_new_tokens', '?')} "
-            f"tokens, {sampling}; bands: bootstrap {_level(a)} over prompts")
-
-
-def _label_lines(ax, refs: list[dict], unit: str) -> None:
-    """Name each horizontal line at the right edge, nudging labels apart so that close lines stay legible."""
-    lo, hi = ax.get_ylim()
-    order = sorted(refs, key=lambda r: r["value"])
-    ys = [(r["value"] - lo) / (hi - lo) for r in order]
-    for i in range(1, len(ys)):
-        ys[i] = max(ys[i], ys[i - 1] + 0.045)
-    shift = max(0.0, ys[-1] - 0.98) if ys else 0.0
-    for r, y in zip(order, ys, strict=True):
-        first = r is refs[0]
-        ax.text(1.01, y - shift, f"{r['label']} {r['value']:.2f}{unit}", transform=ax.transAxes, fontsize=7,
-                va="center", color="black" if first else "dimgrey")
-
-
-def plot(result: dict, a: dict, out_dir: Path) -> list[Path]:
-    import matplotlib  # heavy, and only the report needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    drafters = list(a["bests"])
-    colour = _colours(drafters)
-    written = []
-    for key, ylabel, fname, title in (
-            ("speedup", "speedup over vanilla decoding (×)", "speedup_vs_nodes.png",
-             "Speedup vs tree size: each drafter's best tree per node count"),
-            ("tau", "τ: tokens committed per target pass", "tau_vs_nodes.png",
-             "τ vs tree size: each drafter's best tree per node count")):
-        lines = frontier(a, key)
-        unit = "×" if key == "speedup" else ""
-        fig, ax = plt.subplots(figsize=(8.5, 5.4))
-        band_alpha = min(0.15, 0.6 / max(1, len(lines)))  # many overlapping bands stay readable
-        for d in drafters:
-            pts = lines.get(d, [])
-            if not pts:
-                continue
-            x = [p["nodes"] for p in pts]
-            top = max(pts, key=lambda p: p["value"])
-            ax.fill_between(x, [p["lo"] for p in pts], [p["hi"] for p in pts], color=colour[d], alpha=band_alpha,
-                            lw=0)
-            ax.plot(x, [p["value"] for p in pts], "o-", color=colour[d], lw=1.8, ms=4,
-                    label=f"{d}: best {top['tree']}, {top['value']:.2f}{unit}")
-            pred = [(p["nodes"], p["predicted"]) for p in pts if not _missing(p["predicted"])]
-            if pred:
-                ax.plot(*zip(*pred, strict=True), "--", color=colour[d], lw=1.2, alpha=0.9)
-            ax.plot([top["nodes"]], [top["value"]], "*", color=colour[d], ms=13, mec="black", mew=0.6, zorder=5)
-        nodes = sorted({p["nodes"] for pts in lines.values() for p in pts}) or [1]
-        refs = reference_lines(a, key)
-        for i, ref in enumerate(refs):
-            ax.axhline(ref["value"], **({"color": "black", "lw": 1.0} if i == 0 else
-                                        {"color": "grey", "lw": 0.9, "ls": ":"}))
-        ax.set_xscale("log", base=2)
-        ticks = nodes if len(nodes) <= 12 else [2 ** k for k in range(math.ceil(math.log2(nodes[-1])) + 1)]
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlim(min(nodes) / 1.25, max(nodes) * 1.25)
-        # a busy machine can throw a band or a prediction far off; keep the medians and reference lines readable
-        shown = [p["value"] for pts in lines.values() for p in pts] + [r["value"] for r in refs]
-        low, high = ax.get_ylim()
-        clipped = high > 1.6 * max(shown)
-        if clipped:
-            ax.set_ylim(low, 1.6 * max(shown))
-        _label_lines(ax, refs, unit)
-        ax.set_xlabel("tree nodes (candidates verified per pass)")
-        ax.set_ylabel(ylabel)
-        note = " (y cut at 1.6× the top median)" if clipped else ""
-        ax.set_title(f"{title}{note}\n{_subtitle(result, a)}", fontsize=9)
-        style_handles = [Line2D([], [], color="grey", marker="o", lw=1.8, ms=4, label="measured median"),
-                         Patch(color="grey", alpha=0.25, label=f"{_level(a)} interval over prompts"),
-                         Line2D([], [], color="grey", ls="--", lw=1.2, label="predicted (same tree)"),
-                         Line2D([], [], color="grey", marker="*", ls="", ms=10, mec="black", mew=0.6,
-                                label="the drafter's best")]
-        handles, _ = ax.get_legend_handles_labels()
-        ncol = 3 if len(handles) > 4 else 2
-        fig.legend(handles=handles + style_handles, fontsize=7, loc="lower center", frameon=False, ncol=ncol)
-        rows = math.ceil((len(handles) + len(style_handles)) / ncol)
-        fig.tight_layout(rect=(0, min(0.35, 0.035 * rows + 0.02), 1, 1))
-        fig.savefig(out_dir / fname, dpi=120)
-        plt.close(fig)
-        written.append(out_dir / fname)
-
-    dist = accept_length_distributions(a)
-    n = max(1, len(dist))
-    ncols = min(4, n)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 0.6, 2.9 * nrows + 0.4), sharex=True,
-                             sharey=True, squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax, (d, h) in zip(flat, dist.items(), strict=False):
-        ax.bar(h["bins"], h["fractions"], width=0.8, color=colour.get(d, "grey"))
-        ax.axvline(h["tau"], color="black", ls="--", lw=0.9)
-        ax.set_title(f"{h['config']}\nτ = {h['tau']:.2f} (dashed), {h['passes']} passes", fontsize=8)
-    for ax in flat[len(dist):]:
-        ax.set_axis_off()
-    for i, ax in enumerate(flat[:len(dist)]):
-        if i + ncols >= len(dist):  # the lowest panel of its column
-            ax.set_xlabel("tokens committed per pass")
-            ax.xaxis.set_tick_params(labelbottom=True)
-    for row in axes:
-        row[0].set_ylabel("fraction of passes")
-    if dist:
-        bins = next(iter(dist.values()))["bins"]
-        flat[0].set_xticks(bins if len(bins) <= 12 else bins[:: math.ceil(len(bins) / 12)])
-    fig.suptitle("Acceptance lengths of each drafter's best configuration", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "accept_length_hist.png", dpi=120)
-    plt.close(fig)
-    written.append(out_dir / "accept_length_hist.png")
-
-    grids = acceptance_grids(result)
-    n = max(1, len(grids))
-    vmax = max((x for g in grids.values() for row in g for x in row if x is not None), default=1.0)
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 1.2, 3.6), squeeze=False, layout="constrained")
-    image = None
-    for ax, (d, g) in zip(axes[0], grids.items(), strict=False):
-        data = [[math.nan if x is None else x for x in row] for row in g]
-        image = ax.imshow(data, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
-        for i, row in enumerate(g):
-            for j, x in enumerate(row):
-                if x is not None:
-                    ax.text(j, i, f"{x:.2f}"[1:] if x < 1 else "1", ha="center", va="center", fontsize=6,
-                            color="white" if x < 0.6 * vmax else "black")
-        ax.set_xticks(range(len(g[0])), [str(r + 1) for r in range(len(g[0]))])
-        ax.set_yticks(range(len(g)), [str(k + 1) for k in range(len(g))])
-        ax.set_title(d, fontsize=9, color=colour.get(d, "black"))
-    axes[0][0].set_ylabel("draft depth")
-    if not grids:
-        axes[0][0].text(0.5, 0.5, "no drafter with measured accuracies", ha="center", va="center")
-        axes[0][0].set_axis_off()
-    if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), label="acceptance rate", shrink=0.9)
-    fig.suptitle("Measured acceptance rate by depth × sibling rank (what accuracy trees are grown from)",
-                 fontsize=9)
-    fig.supxlabel("sibling rank (1 = the drafter's top candidate)", fontsize=9)
-    fig.savefig(out_dir / "acceptance_heatmap.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    written.append(out_dir / "acceptance_heatmap.png")
-    return written
+        writer.writerows({k: "" if missing(v) else v for k, v in r.items()} for r in rows)
 
 
 # ---------------------------------------------------------------------------------------------- outputs
@@ -523,9 +322,15 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
     return a
 
 
+def save_result(result: dict, out_dir: Path) -> Path:
+    """results.json, written atomically: a run killed while saving keeps the copy saved before."""
+    return atomic_write_json(Path(out_dir) / "results.json", result, indent=1, default=float)
+
+
 def write_outputs(result: dict, out_dir: Path, logger=None, figures: bool = True) -> dict:
+    """results.json, then the report rendered from it (and the wandb run's tables and figures)."""
     out_dir = Path(out_dir)
-    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
+    save_result(result, out_dir)
     a = render(result, out_dir, figures)
     if logger is not None:
         log_wandb(logger, result, a, out_dir)
@@ -538,7 +343,7 @@ def load_result(path: str | Path) -> tuple[dict, Path]:
     file = path / "results.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
-    result = json.loads(file.read_text())
+    result = read_json(file, "results.json")
     result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
     return result, file.parent
 
@@ -614,7 +419,7 @@ def _clip(text: str, n: int = 70) -> str:
 def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
     records = result["records"]
     logger.log({f"compare/{rec['config']}/{k}": rec[k] for rec in records
-                for k in ("tau", "tokens_per_s", "speedup") if not _missing(rec[k])})
+                for k in ("tau", "tokens_per_s", "speedup") if not missing(rec[k])})
     for rec in records[1:]:
         logger.histogram(f"accept_length/{rec['config']}",
                          [n for run in rec["runs"]["accept_lengths"] for n in run])
@@ -640,7 +445,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
         })
 
     def _table(rows: list[dict]):
-        return wandb.Table(columns=list(rows[0]), data=[[None if _missing(v) else v for v in r.values()]
+        return wandb.Table(columns=list(rows[0]), data=[[None if missing(v) else v for v in r.values()]
                                                         for r in rows])
 
     logger._wandb_call(send)  # offline-safe: a wandb error disables wandb with a warning, the run goes on

@@ -4,7 +4,8 @@ Machines are shared and noisy, so speed is only ever reported as a ratio against
 in the same run: configurations are interleaved prompt by prompt (vanilla first), after a warm-up, and
 each configuration's speedup is the median over prompts of (its tokens/s ÷ vanilla's tokens/s on that
 prompt). τ is the mean tokens committed per verification pass, bonus included. Each row also keeps its
-per-prompt values (tokens/s, ratio to vanilla, accept lengths), for intervals over prompts.
+per-prompt values (tokens/s, ratio to vanilla, accept lengths), for intervals over prompts; ``on_prompt``
+hands over the rows of the prompts measured so far after each prompt, so a long run can be saved as it goes.
 """
 
 from __future__ import annotations
@@ -49,10 +50,40 @@ class Row:
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
 
 
+def rows_of(results: dict[str, list]) -> list[Row]:
+    """One Row per configuration from its GenerationResults, one per prompt run measured so far ({name: [...]},
+    vanilla's included, every list the same length); rows in the dict's order."""
+    base, rows = results["vanilla"], []
+    for name, outs in results.items():
+        lengths = [n for o in outs for n in o.accept_lengths]
+        ratios = [o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)]
+        rows.append(Row(
+            name=name,
+            tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
+            speedup=statistics.median(ratios),
+            tau=sum(lengths) / len(lengths) if lengths else float("nan"),
+            target_passes=sum(o.target_passes for o in outs),
+            new_tokens=sum(o.new_tokens for o in outs),
+            overhead_fraction=(statistics.median(o.overhead_time / o.wall_time for o in outs)
+                               if lengths else float("nan")),
+            accept_lengths=lengths,
+            prompt_tokens_per_s=[o.tokens_per_s for o in outs],
+            prompt_speedups=ratios,
+            prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
+            draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
+                                 if lengths else float("nan")),
+        ))
+    return rows
+
+
 def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_new_tokens: int,
             temperature: float = 0.0, top_p: float = 1.0, eos_token_id=None, seed: int = 0,
-            warmup: bool = True, progress=None) -> list[Row]:
-    """Run vanilla + every config on every prompt ([1, P] tensors); rows in config order, vanilla first."""
+            warmup: bool = True, progress=None, on_prompt: Callable[[list[Row]], None] | None = None) -> list[Row]:
+    """Run vanilla + every config on every prompt ([1, P] tensors); rows in config order, vanilla first.
+
+    ``progress(name, i)`` is called after each run; ``on_prompt(rows)`` after every config has run on a prompt,
+    with the rows of the prompts measured so far (their per-prompt lists hold one entry per such prompt), so a
+    caller can save what it has before a long run ends."""
     configs = [Config("vanilla")] + [c for c in configs if c.name != "vanilla"]
 
     def run(config: Config, prompt: torch.Tensor, tag: int):
@@ -72,28 +103,9 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
             results[config.name].append(run(config, prompt, i))
             if progress is not None:
                 progress(config.name, i)
-    rows = []
-    for config in configs:
-        outs, base = results[config.name], results["vanilla"]
-        lengths = [n for o in outs for n in o.accept_lengths]
-        ratios = [o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)]
-        rows.append(Row(
-            name=config.name,
-            tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
-            speedup=statistics.median(ratios),
-            tau=sum(lengths) / len(lengths) if lengths else float("nan"),
-            target_passes=sum(o.target_passes for o in outs),
-            new_tokens=sum(o.new_tokens for o in outs),
-            overhead_fraction=(statistics.median(o.overhead_time / o.wall_time for o in outs)
-                               if lengths else float("nan")),
-            accept_lengths=lengths,
-            prompt_tokens_per_s=[o.tokens_per_s for o in outs],
-            prompt_speedups=ratios,
-            prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
-            draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
-                                 if lengths else float("nan")),
-        ))
-    return rows
+        if on_prompt is not None:
+            on_prompt(rows_of(results))
+    return rows_of(results)
 
 
 def markdown_table(rows: list[Row]) -> str:

@@ -13,6 +13,7 @@ with an empty tree: plain autoregressive decoding, the baseline every speedup is
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +60,11 @@ class GenerationResult:
     def overhead_time(self) -> float:
         """Seconds spent outside target and drafter calls: masks, walking, cache compaction, glue."""
         return self.wall_time - self.target_time - self.draft_time
+
+
+def prefill_kwargs(target) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it (transformers' causal LMs), else nothing."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
 
 
 @torch.no_grad()
@@ -108,7 +114,8 @@ def generate(
 
     # -- prefill: the prompt's last logits give the first new token (the first root) --------------
     cache = TreeCache(target.config)  # sliding-window layers too can be rolled back (treespec/cache.py)
-    out, features = forward(input_ids=input_ids.to(device))  # features: [1, P, L·h]
+    # only the last position's logits are needed (a full-prompt [P, V] projection costs as much as a few steps)
+    out, features = forward(input_ids=input_ids.to(device), **prefill_kwargs(target))  # features: [1, P, L·h]
     check_filled(cache, prompt_len, target)
     p_target = probs(out.logits[0, -1], sampling)  # [V]
     root = int(p_target.argmax() if sampling.greedy else sample(p_target, generator))
