@@ -230,16 +230,17 @@ def _needs_config(found: Found) -> None:
                          "folder has none")
 
 
-def drafter_for(module: nn.Module, candidates: str = "topk") -> Drafter:
-    """The Drafter that drives ``module`` (``candidates``: "topk", or "sample" for EAGLE drafters)."""
+def drafter_for(module: nn.Module, candidates: str = "topk", *, lean: bool = True) -> Drafter:
+    """The Drafter that drives ``module`` (``candidates``: "topk", or "sample" for EAGLE drafters; ``lean``:
+    heads/lean.py's switch)."""
     if isinstance(module, Eagle3Model):
-        return Eagle3(module, candidates=candidates)
+        return Eagle3(module, candidates=candidates, lean=lean)
     if isinstance(module, EagleModel):
-        return Eagle(module, candidates=candidates)
+        return Eagle(module, candidates=candidates, lean=lean)
     if isinstance(module, MedusaHeads):
         if candidates != "topk":
             raise ValueError(f"Medusa heads propose fixed top-k ranks; candidates={candidates!r} is not available")
-        return Medusa(module)
+        return Medusa(module, lean=lean)
     raise TypeError(f"no drafter for a {type(module).__name__}")
 
 

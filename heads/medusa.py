@@ -25,6 +25,7 @@ from treespec.tree import Tree
 
 from .accuracy import RankHits
 from .checkpoint import load_drafter, save_drafter, vocab_size_of
+from .lean import LeanProjection
 from .vocab import DraftVocab, ReducedHead
 
 
@@ -63,14 +64,20 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return self.config["num_heads"]
 
+    def blocks_out(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """hidden [..., h] → each head's residual blocks' output [k, ..., h], before its vocabulary projection."""
+        return torch.stack([self.blocks[k](hidden) for k in range(heads or self.num_heads)])
+
     def forward(self, hidden: torch.Tensor, heads: int | None = None, projections=None) -> torch.Tensor:
         """hidden [..., h] → logits [k, ..., V] for the first ``heads`` heads (default all); ``projections``
         (one per head, from ``reduced``) replace the vocabulary projections."""
         projections = projections or self.projections or [self._lm_head[0]] * self.num_heads
-        out = []
-        for k in range(heads or self.num_heads):
-            out.append(projections[k](self.blocks[k](hidden)))
-        return torch.stack(out)
+        return torch.stack([projections[k](x) for k, x in enumerate(self.blocks_out(hidden, heads))])
+
+    @property
+    def shared_lm_head(self) -> nn.Module | None:
+        """The target's lm_head when every head projects through it (``share_lm_head``), else None."""
+        return self._lm_head[0] if self.projections is None else None
 
     def reduced(self, vocab: DraftVocab) -> list[ReducedHead]:
         """Per head, its vocabulary projection restricted to ``vocab`` (FR-Spec): a shared lm_head is sliced once."""
@@ -126,23 +133,38 @@ class Medusa(Drafter):
 
     needs_features = True
 
-    def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None):
-        """draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless)."""
+    def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None,
+                 lean: bool = True):
+        """draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless).
+        lean: heads sharing the target's lm_head project all depths in one product through a transposed copy of
+        it (heads/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
+        self.lean = lean
         self._projections = heads.reduced(draft_vocab) if draft_vocab is not None else None
+        shared = heads.shared_lm_head
+        self._shared = None
+        if lean and shared is not None:
+            self._shared = ReducedHead(shared, draft_vocab, lean=True) if draft_vocab is not None else \
+                LeanProjection.of(shared)
 
     def check_target(self, target) -> None:
         check_fits_target(self.heads.config, target)
         self.heads.to(device=target.device, dtype=target.dtype)  # heads built or loaded for another dtype
-        for projection in self._projections or ():
+        for projection in [*(self._projections or ()), *([self._shared] if self._shared is not None else [])]:
             projection.to(device=target.device, dtype=target.dtype)
+
+    def logits(self, feature: torch.Tensor, depth: int) -> torch.Tensor:
+        """The first ``depth`` heads on one feature [h] → their logits [depth, V]."""
+        if self._shared is not None:  # one [D, h] × [h, V] product for every depth
+            return self._shared(self.heads.blocks_out(feature, depth))
+        return self.heads(feature, heads=depth, projections=self._projections)
 
     @torch.no_grad()
     def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
         if tree.depth > self.heads.num_heads:
             raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
-        logits = self.heads(feature[0], heads=tree.depth, projections=self._projections)  # [D, V]: depth d + 1
+        logits = self.logits(feature[0], tree.depth)  # [D, V]: depth d + 1
         top = logits.topk(max(tree.top_k_per_depth())).indices  # [D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]
@@ -167,8 +189,10 @@ def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: i
 
 
 @torch.no_grad()
-def proposal_cost(heads: MedusaHeads) -> float:
-    """Seconds of one Medusa proposal: every head on one feature (it fills the whole tree in one call)."""
+def proposal_cost(drafter: Medusa) -> float:
+    """Seconds of one Medusa proposal as ``drafter`` makes it (lean or not): every head on one feature (it
+    fills the whole tree in one call)."""
+    heads = drafter.heads
     weight = heads.blocks[0][0].linear.weight
     feature = torch.randn(heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)
-    return median_time(lambda: heads(feature))
+    return median_time(lambda: drafter.logits(feature, heads.num_heads))

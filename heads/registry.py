@@ -32,12 +32,12 @@ class DrafterKind:
     name: str
     #: (source folder, target) → the trained module; None for drafters without weights
     load: Callable | None
-    #: (module, candidates, draft vocabulary or None) → the Drafter generate() takes
-    make: Callable[[object, str, DraftVocab | None], Drafter]
+    #: (module, candidates, draft vocabulary or None, lean) → the Drafter generate() takes
+    make: Callable[[object, str, DraftVocab | None, bool], Drafter]
     #: (target, module, windows, *, sampling) → acc[d][r] (heads/accuracy.py); None: no fixed ranks to score
     rank_accuracy: Callable | None = None
-    #: module → (seconds per proposal, seconds per drafted depth), for predicted speedups
-    cost: Callable[[object], tuple[float, float]] = lambda module: (0.0, 0.0)
+    #: the Drafter ``make`` gave → (seconds per proposal, seconds per drafted depth), for predicted speedups
+    cost: Callable[[Drafter], tuple[float, float]] = lambda drafter: (0.0, 0.0)
     #: candidate modes it supports ("sample": children drawn i.i.d. from the draft distribution)
     candidate_modes: tuple[str, ...] = ("topk",)
     #: the deepest tree it can fill, from the module (Medusa: its number of heads); None: unbounded
@@ -67,34 +67,36 @@ def _auto_rank_accuracy(target, module, windows, **kwargs):
     return fn(target, module, windows, **kwargs)
 
 
-def _auto_cost(module):
-    if isinstance(module, MedusaHeads):
-        return medusa.proposal_cost(module), 0.0
-    return 0.0, depth_cost(drafter_for(module, "topk"))
+def _drafting_cost(drafter) -> tuple[float, float]:
+    """(per proposal, per depth) seconds of a drafter: Medusa fills its tree in one call, the others per depth."""
+    if isinstance(drafter, Medusa):
+        return medusa.proposal_cost(drafter), 0.0
+    return 0.0, depth_cost(drafter)
 
 
 KINDS: dict[str, DrafterKind] = {
     "draft": DrafterKind(
         "draft", _load_draft_model,
-        lambda m, candidates, vocab: DraftModel(m, candidates=candidates, draft_vocab=vocab),
-        draft_model.rank_accuracy, lambda m: (0.0, depth_cost(DraftModel(m))), CANDIDATE_MODES, reduces_vocab=True),
-    "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates, vocab: PromptLookup()),
+        lambda m, candidates, vocab, lean: DraftModel(m, candidates=candidates, draft_vocab=vocab, lean=lean),
+        draft_model.rank_accuracy, _drafting_cost, CANDIDATE_MODES, reduces_vocab=True),
+    "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates, vocab, lean: PromptLookup()),
     "medusa": DrafterKind(
         "medusa", lambda source, target: MedusaHeads.from_pretrained(resolve(source), target),
-        lambda m, candidates, vocab: Medusa(m, draft_vocab=vocab), medusa.rank_accuracy,
-        lambda m: (medusa.proposal_cost(m), 0.0), max_depth=lambda m: m.num_heads, reduces_vocab=True),
+        lambda m, candidates, vocab, lean: Medusa(m, draft_vocab=vocab, lean=lean), medusa.rank_accuracy,
+        _drafting_cost, max_depth=lambda m: m.num_heads, reduces_vocab=True),
     "eagle": DrafterKind(
         "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
-        lambda m, candidates, vocab: Eagle(m, candidates=candidates, draft_vocab=vocab), eagle.rank_accuracy,
-        lambda m: (0.0, depth_cost(Eagle(m))), CANDIDATE_MODES, reduces_vocab=True),
+        lambda m, candidates, vocab, lean: Eagle(m, candidates=candidates, draft_vocab=vocab, lean=lean),
+        eagle.rank_accuracy,
+        _drafting_cost, CANDIDATE_MODES, reduces_vocab=True),
     "eagle3": DrafterKind(
         "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
-        lambda m, candidates, vocab: Eagle3(m, candidates=candidates), eagle3.rank_accuracy,
-        lambda m: (0.0, depth_cost(Eagle3(m))), CANDIDATE_MODES),
+        lambda m, candidates, vocab, lean: Eagle3(m, candidates=candidates, lean=lean), eagle3.rank_accuracy,
+        _drafting_cost, CANDIDATE_MODES),
     "auto": DrafterKind(
         "auto", lambda source, target: load_module(source, target),
-        lambda m, candidates, vocab: drafter_for(m, candidates),
-        _auto_rank_accuracy, _auto_cost, CANDIDATE_MODES,
+        lambda m, candidates, vocab, lean: drafter_for(m, candidates, lean=lean),
+        _auto_rank_accuracy, _drafting_cost, CANDIDATE_MODES,
         max_depth=lambda m: m.num_heads if isinstance(m, MedusaHeads) else None),
 }
 
@@ -116,14 +118,16 @@ def load(name: str, target, source=None):
     return kind.load(source, target)
 
 
-def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None) -> Drafter:
-    """``draft_vocab``: restrict the drafter's vocabulary projection to these target ids (FR-Spec)."""
+def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, *,
+         lean: bool = True) -> Drafter:
+    """``draft_vocab``: restrict the drafter's vocabulary projection to these target ids (FR-Spec); ``lean``:
+    draft without the base model's per-call work (heads/lean.py), False for the plain forward."""
     kind = get(name)
     if candidates not in kind.candidate_modes:
         raise ValueError(f"drafter {name!r} takes candidates in {kind.candidate_modes}, got {candidates!r}")
     if draft_vocab is not None and not kind.reduces_vocab:
         raise ValueError(f"drafter {name!r} has no full-vocabulary head to restrict (FR-Spec: draft, medusa, eagle)")
-    return kind.make(module, candidates, draft_vocab)
+    return kind.make(module, candidates, draft_vocab, lean)
 
 
 def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:

@@ -50,11 +50,14 @@ def test_bf16_greedy_equals_transformers_bf16():
 
 
 @pytest.mark.parametrize("drafter_name", ["draft-sampled", "prompt-lookup"])
-def test_sampling_is_lossless_on_device(drafter_name):
+@pytest.mark.parametrize("generator_on", ["cpu", "device"])
+def test_sampling_is_lossless_on_device(drafter_name, generator_on):
     target = on_device(tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1))
     drafter = DraftModel(perturbed(target, 1.0), candidates="sample") if drafter_name == "draft-sampled" \
         else PromptLookup()
-    sampling, gen = Sampling(1.0), torch.Generator().manual_seed(0)  # a CPU generator: the walk draws on the host
+    # every draw (root, candidates, the walk's uniforms) is made on the generator's own device
+    gen = torch.Generator(device="cpu" if generator_on == "cpu" else DEVICE).manual_seed(0)
+    sampling = Sampling(1.0)
     counts = np.zeros((VOCAB,) * 3)
     for _ in range(RUNS):
         out = generate(target, PROMPT.to(DEVICE), drafter=drafter, tree=Tree.full(2, 2), max_new_tokens=3,

@@ -15,6 +15,7 @@ from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.lean import LeanProjection, lean_decoder
+from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.masks import ancestor_mask
 
 from .test_architectures import build, full_attention
@@ -84,17 +85,25 @@ def drafters(target, kind, lean):
         return DraftModel(perturbed(target, 0.3), lean=lean)
     if kind == "eagle":
         return Eagle(EagleModel(target).eval(), lean=lean)
+    if kind == "medusa":  # heads sharing the target's lm_head: one projection for every depth
+        return Medusa(MedusaHeads(32, 64, num_heads=3, lm_head=target.get_output_embeddings()), lean=lean)
     return Eagle3(Eagle3Model(target).eval(), lean=lean)
 
 
-@pytest.mark.parametrize("kind", ["draft", "eagle", "eagle3"])
-@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.full(2, 2), DynamicTree(10, 4, 2)], ids=["chain", "full", "dyn"])
-def test_lean_switch_gives_the_same_proposals_and_tokens(target, kind, tree):
+TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dyn": DynamicTree(10, 4, 2)}
+CASES = [(kind, tree) for kind in ("draft", "eagle", "eagle3", "medusa") for tree in TREES
+         if not (kind == "medusa" and tree == "dyn")]  # Medusa fills static trees only
+
+
+@pytest.mark.parametrize(("kind", "tree_name"), CASES)
+def test_lean_switch_gives_the_same_proposals_and_tokens(target, kind, tree_name):
+    tree = TREES[tree_name]
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
     runs = {}
     for lean in (False, True):
         drafter = drafters(target, kind, lean)
-        assert (getattr(drafter, "_decoder", None) is not None) == (lean and kind != "eagle3")
+        lean_parts = getattr(drafter, "_decoder", None) if kind != "medusa" else drafter._shared
+        assert (lean_parts is not None) == (lean and kind != "eagle3")
         seen = record_proposals(drafter)
         out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
         runs[lean] = (out.sequences, [(p.tree.paths, p.tokens.tolist()) for _, _, p in seen])

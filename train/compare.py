@@ -311,8 +311,9 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
                 accuracy = shipped
             else:
                 accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
-        fixed, per_depth = kind.cost(module)
-        specs.append(DrafterSpec(label, registry.make(entry.name, module, candidates, draft_vocab), accuracy,
+        drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
+        fixed, per_depth = kind.cost(drafter)  # as it drafts: lean or not, reduced vocabulary or not
+        specs.append(DrafterSpec(label, drafter, accuracy,
                                  draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
                                  max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module)))
     return specs

@@ -172,6 +172,8 @@ def keep_tree_path(cache, past_len: int, keep: torch.Tensor) -> None:
             layer.values[:, :, root : root + k] = layer.values.index_select(2, src)
         end = root + k
         drop = max(0, end - (layer.sliding_window - 1)) if isinstance(layer, SlidingWindowLayer) else 0
+        if not drop and layer.keys.shape[2] == end:  # nothing to drop (plain decoding keeps what it fed)
+            continue
         layer.keys = layer.keys[:, :, drop:end]
         layer.values = layer.values[:, :, drop:end]
         if drop:

@@ -75,7 +75,7 @@ def walk(
 ) -> Walk:
     """Verify one proposal. logits: [N, V] target logits at nodes 0..n (N = tree.num_nodes).
 
-    ``generator`` (a CPU generator, or None for the global one) is used for every random draw, so a
+    ``generator`` (on any device, or None for the global CPU one) is used for every random draw, so a
     seeded walk is reproducible. The sequential walk runs on the CPU; logits and q_draft may live on
     an accelerator, and only the rows the walk visits are brought over.
 
@@ -134,8 +134,14 @@ def _deepest_passing(tree: Tree, passes: torch.Tensor) -> torch.Tensor:
     return depth.argmax()  # argmax returns the first maximal index: first in node order on ties
 
 
+def _device_of(generator: torch.Generator | None) -> torch.device:
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
     tree = proposal.tree
+    if len(tree) == 0:  # plain decoding (drafter=None): the argmax is all there is
+        return Walk(path=torch.empty(0, dtype=torch.long), next_token=int(logits[0].argmax()))
     best_token = logits.argmax(-1)  # [N]
     passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
     best = _deepest_passing(tree, passes)
@@ -175,7 +181,8 @@ def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
             return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(p_target, generator)))
         # Tree numbers nodes breadth-first by path, so siblings are consecutive, in rank order
         drafted = tokens[kids[0] - 1 : kids[-1]]  # [k]
-        uniform = torch.rand(len(kids), generator=generator).tolist()  # one draw per sibling, drawn up front
+        # one draw per sibling, drawn up front, on the generator's own device (a CUDA generator draws there)
+        uniform = torch.rand(len(kids), generator=generator, device=_device_of(generator)).tolist()
         if q_draft is None:
             chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
         else:
