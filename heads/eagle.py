@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from treespec.cache import TreeCache
 from treespec.drafter import target_hidden
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import DENSE_MASK_ATTENTION, ancestor_mask
@@ -297,7 +298,7 @@ class Eagle(ExpandingDrafter):
         self._outputs: dict[int, torch.Tensor] = {}  # grown node → drafter output g [h] at it
 
     def _new_cache(self):
-        return DynamicCache(config=self.model.layer_config)
+        return TreeCache(self.model.layer_config)  # preallocated (treespec/cache.py): no copy per depth
 
     @torch.no_grad()
     def prefill(self, input_ids, features) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from treespec.cache import TreeCache
 from treespec.generate import generate
 
 
@@ -139,7 +139,7 @@ def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 3
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
-    cache = DynamicCache(config=model.config)
+    cache = TreeCache(model.config)  # the cache generate() verifies with
     model(input_ids=prefix, cache=cache, use_cache=True)
 
     def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones

@@ -1,0 +1,76 @@
+"""The preallocated KV cache (treespec/cache.py, ``PreallocatedLayer``): the same logits and the same held
+entries as transformers' concatenating DynamicLayer through a prefill, tree passes compacted to a non-contiguous
+accepted path, crops, growth past the buffer's capacity and a reset; and generate() decodes the same tokens."""
+
+import pytest
+import torch
+
+from treespec import Tree, generate
+from treespec.cache import PreallocatedLayer, TreeCache, keep_tree_path, tree_masks
+from treespec.heads import DraftModel
+from treespec.masks import tree_position_ids
+
+from .tiny_models import hf_greedy, perturbed, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+def steps(target, cache, gen):
+    """A prefill, then tree passes kept to a non-contiguous path, a chain pass and a crop: the logits of each."""
+    tree = Tree.full(2, 2)  # nodes 1, 2 (depth 1), 3..6 (depth 2)
+    out = [target(input_ids=torch.randint(0, 64, (1, 5), generator=gen), cache=cache, use_cache=True).logits]
+    past = 5
+    for keep in ([0, 2, 5], [0, 1, 4], [0]):
+        tokens = torch.randint(0, 64, (1, tree.num_nodes), generator=gen)
+        out.append(target(input_ids=tokens, cache=cache, use_cache=True,
+                          attention_mask=tree_masks(cache, tree, past, dtype=target.dtype),
+                          position_ids=tree_position_ids(tree, past)).logits)
+        keep_tree_path(cache, past, torch.tensor(keep))
+        past += len(keep)
+    out.append(target(input_ids=torch.randint(0, 64, (1, 3), generator=gen), cache=cache, use_cache=True).logits)
+    cache.crop(-2)
+    out.append(target(input_ids=torch.randint(0, 64, (1, 1), generator=gen), cache=cache, use_cache=True).logits)
+    return out
+
+
+def test_preallocated_cache_equals_concatenating_cache(target, monkeypatch):
+    monkeypatch.setattr(PreallocatedLayer, "MIN_CAPACITY", 4)  # grows several times on the way
+    caches = {p: TreeCache(target.config, preallocate=p) for p in (False, True)}
+    assert all(isinstance(layer, PreallocatedLayer) for layer in caches[True].layers)
+    assert not any(isinstance(layer, PreallocatedLayer) for layer in caches[False].layers)
+    with torch.no_grad():
+        outs = {p: steps(target, cache, torch.Generator().manual_seed(0)) for p, cache in caches.items()}
+    for a, b in zip(outs[False], outs[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for plain, pre in zip(caches[False].layers, caches[True].layers, strict=True):
+        assert pre.keys.shape == plain.keys.shape == (1, 2, 5 + 3 + 3 + 1 + 3 - 2 + 1, 16)
+        torch.testing.assert_close(pre.keys, plain.keys, rtol=0, atol=0)
+        torch.testing.assert_close(pre.values, plain.values, rtol=0, atol=0)
+        assert pre.keys.data_ptr() == pre._buffers[0].data_ptr()  # a view of its buffer, not a copy
+    caches[True].reset()
+    assert caches[True].get_seq_length() == 0
+    with torch.no_grad():
+        again = steps(target, caches[True], torch.Generator().manual_seed(0))
+    torch.testing.assert_close(again[-1], outs[True][-1], rtol=0, atol=0)
+
+
+def test_a_layer_whose_keys_were_replaced_is_copied_not_overwritten(target):
+    cache = TreeCache(target.config)
+    with torch.no_grad():
+        target(input_ids=torch.arange(6)[None], cache=cache, use_cache=True)
+        layer = cache.layers[0]
+        layer.keys, layer.values = layer.keys.clone(), layer.values.clone()  # e.g. a batch op replaced them
+        held = layer.keys.clone()
+        target(input_ids=torch.arange(2)[None], cache=cache, use_cache=True)
+    torch.testing.assert_close(layer.keys[:, :, :6], held, rtol=0, atol=0)
+    assert layer.keys.shape[2] == 8 and layer.keys.data_ptr() == layer._buffers[0].data_ptr()
+
+
+def test_generate_with_the_preallocated_cache_equals_transformers(target):
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    for drafter, tree in ((None, None), (DraftModel(perturbed(target, 0.3)), Tree.full(2, 3))):
+        out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=40)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, 40))
