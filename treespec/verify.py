@@ -143,6 +143,11 @@ def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
     if len(tree) == 0:  # plain decoding (drafter=None): the argmax is all there is
         return Walk(path=torch.empty(0, dtype=torch.long), next_token=int(logits[0].argmax()))
     best_token = logits.argmax(-1)  # [N]
+    if tree.is_chain:  # node j's parent is j − 1: the accepted path is the prefix before the first miss
+        passes = proposal.tokens.to(best_token.device) == best_token[:-1]  # [n]
+        best = passes.long().cumprod(0).sum()  # 0-d: accepted depth, which is the node index
+        node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
+        return Walk(path=torch.arange(1, node + 1), next_token=next_token)
     passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
     best = _deepest_passing(tree, passes)
     node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
