@@ -190,7 +190,7 @@ class ExpandingDrafter(Drafter):
         if self.keeps_expanded_path:
             on_path = {self._grown_of[i] for i in path.tolist()}
             keep = [j for j, node in enumerate(self._expanded) if node in on_path]
-        keep_tree_path(self.cache, self.n_cached, torch.tensor(keep, dtype=torch.long, device=self.model.device))
+        keep_tree_path(self.cache, self.n_cached, keep)
         self.n_cached += len(keep)
         self._expanded = []
 

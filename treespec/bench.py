@@ -133,13 +133,15 @@ def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) ->
 
 
 @torch.no_grad()
-def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30) -> float:
-    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones."""
+def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *,
+                 preallocate: bool = True) -> float:
+    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, with the cache
+    generate() verifies with (``preallocate=False``: transformers' concatenating layers)."""
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
-    cache = TreeCache(model.config)  # the cache generate() verifies with
+    cache = TreeCache(model.config, preallocate=preallocate)
     model(input_ids=prefix, cache=cache, use_cache=True)
 
     def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones

@@ -209,20 +209,25 @@ def check_layer(layer) -> None:
                               + why)
 
 
-def keep_tree_path(cache, past_len: int, keep: torch.Tensor) -> None:
+def keep_tree_path(cache, past_len: int, keep) -> None:
     """Keep the cache entries at positions ``past_len + keep`` (tree-node offsets, increasing, root = 0) and drop
     everything after them, in place; sliding layers then drop the entries older than their window.
-    keep: LongTensor [k]."""
-    k = keep.numel()
-    contiguous = bool((keep == torch.arange(k, device=keep.device)).all()) if k else True
+    keep: a list of ints or a LongTensor [k]."""
+    keep = keep.tolist() if isinstance(keep, torch.Tensor) else list(keep)
+    k = len(keep)
+    contiguous = keep == list(range(k))  # a chain prefix (the common case) is already in place
+    sources: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
         check_layer(layer)
         if not layer.is_initialized:
             continue
         start = getattr(layer, "start", 0)
         root = past_len - start  # entry index of tree node 0
-        if not contiguous:  # a chain prefix (the common case) is already in place
-            src = (root + keep).to(layer.keys.device)
+        if not contiguous:
+            device = layer.keys.device
+            if device not in sources:
+                sources[device] = torch.tensor(keep, dtype=torch.long, device=device)
+            src = root + sources[device]
             # [b, h, seq, d]: gather the accepted rows, then write them right after the prefix
             layer.keys[:, :, root : root + k] = layer.keys.index_select(2, src)
             layer.values[:, :, root : root + k] = layer.values.index_select(2, src)

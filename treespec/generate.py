@@ -158,10 +158,13 @@ def generate(
             "position_ids": tree_position_ids(proposal.tree, past, device=device)}
         out, features = forward(input_ids=tokens[None], **tree_inputs)
         accepted = walk(out.logits[0], proposal, sampling, acceptance=acceptance, generator=generator)
-        keep = torch.cat([torch.zeros(1, dtype=torch.long), accepted.path.cpu()])  # [k + 1], root first
-        keep_tree_path(cache, past, keep.to(device))
+        # the commit works on host lists: a handful of tiny tensor ops per step costs more than the lists
+        path = accepted.path.tolist()  # accepted nodes in depth order, root excluded
+        keep = [0, *path]  # tree-node offsets the caches keep, root first
+        keep_tree_path(cache, past, keep)
 
-        new = candidates[accepted.path.to(device) - 1].tolist() + [accepted.next_token]
+        drafted = proposal.tokens.tolist()
+        new = [drafted[i - 1] for i in path] + [accepted.next_token]
         new = new[:remaining]
         for i, token in enumerate(new):
             if token in eos:
@@ -171,12 +174,15 @@ def generate(
         length += len(new)
         result.accept_lengths.append(len(new))
         root = new[-1]
+        if needs_features:  # [1, k + 1, L·h]: a chain prefix is a view, anything else a gather
+            kept = features[:, : len(keep)] if keep == list(range(len(keep))) else \
+                features[:, torch.tensor(keep, device=device)]
         if drafter is not None and len(step_tree) > 0:
             t0 = clock()
-            drafter.accept(accepted.path, features[:, keep.to(device)] if needs_features else None)
+            drafter.accept(accepted.path, kept if needs_features else None)
             result.draft_time += clock() - t0
         if needs_features:
-            feature = features[:, keep[-1]]  # the state that produced the new root
+            feature = kept[:, -1]  # the state that produced the new root
 
     result.sequences = sequence[:, :length]
     result.wall_time = clock() - t_start

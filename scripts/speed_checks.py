@@ -1,0 +1,77 @@
+"""Where decoding time goes on the shipped reference models, switch by switch (issue 15's profile, repeatable):
+
+    python scripts/speed_checks.py                 # the machine's threads, 6 prompts × 96 new tokens
+    python scripts/speed_checks.py --threads 1 --out runs/speed_checks.json
+
+1. The target's forward over N new tokens after 256 cached ones, with transformers' concatenating KV cache and
+   with treespec's preallocated one (treespec/cache.py), in ms.
+2. One drafting step of each drafter, plain and lean (heads/lean.py): a depth over 4 frontier nodes after 256
+   cached entries (Medusa: a whole proposal), in ms and as c = that time ÷ one target forward over one token.
+3. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
+   (treespec.bench.measure): the median of per-prompt ratios.
+
+Medians of repeated timings in one process; on a shared machine compare the ratios, not the milliseconds.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from treespec import reference
+from treespec.bench import Config, forward_time, measure
+from treespec.heads import registry
+from treespec.train.compare import hf_peer
+
+DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = reference.load("target")
+    out = {"threads": torch.get_num_threads(), "forward_ms": {}, "drafting": {}}
+
+    print(f"| target forward, {out['threads']} thread(s) | concatenating cache | preallocated | ratio |")
+    print("|---|---|---|---|")
+    for n in (1, 4, 8, 16):
+        plain, pre = (1e3 * forward_time(target, n, preallocate=p) for p in (False, True))
+        out["forward_ms"][n] = {"concatenating": plain, "preallocated": pre}
+        print(f"| N = {n} | {plain:.2f} ms | {pre:.2f} ms | {pre / plain:.2f} |")
+    one_token = out["forward_ms"][1]["preallocated"]
+
+    print("\n| drafter | plain | lean | lean ÷ plain | c plain | c lean |\n|---|---|---|---|---|---|")
+    for name in DRAFTERS:
+        module = registry.load(name, target, f"reference:{name}")
+        ms = {}
+        for lean in (False, True):
+            fixed, per_depth = registry.get(name).cost(registry.make(name, module, lean=lean))
+            ms[lean] = 1e3 * (per_depth or fixed)
+        out["drafting"][name] = {"plain_ms": ms[False], "lean_ms": ms[True], "unit": "proposal" if
+                                 name == "medusa" else "depth of 4 nodes"}
+        print(f"| {name} ({out['drafting'][name]['unit']}) | {ms[False]:.2f} ms | {ms[True]:.2f} ms | "
+              f"{ms[True] / ms[False]:.2f} | {ms[False] / one_token:.2f} | {ms[True] / one_token:.2f} |")
+
+    prompts = [tokenizer(t, return_tensors="pt").input_ids for t in reference.prompts()[: args.prompts]]
+    rows = measure(target, [Config("transformers greedy", run=hf_peer(target, "greedy"))], prompts,
+                   max_new_tokens=args.max_new_tokens)
+    vanilla, hf = rows
+    out["vanilla_over_transformers_greedy"] = 1 / hf.speedup
+    out["vanilla_tokens_per_s"], out["transformers_tokens_per_s"] = vanilla.tokens_per_s, hf.tokens_per_s
+    print(f"\ntreespec vanilla {vanilla.tokens_per_s:.1f} tokens/s, transformers greedy {hf.tokens_per_s:.1f} "
+          f"tokens/s: vanilla ÷ transformers = {1 / hf.speedup:.2f}× (1 / the median of {len(prompts)} per-prompt "
+          "ratios transformers ÷ vanilla)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
