@@ -137,6 +137,7 @@ def generate(
         result.draft_time += clock() - t0
 
     # -- decode: one verification pass per step ----------------------------------------------------
+    no_candidates = torch.empty(0, dtype=torch.long)
     while root not in eos and length < prompt_len + max_new_tokens:
         remaining = prompt_len + max_new_tokens - length
         step_tree = tree.truncate(remaining - 1)  # deeper nodes could never be committed
@@ -144,12 +145,11 @@ def generate(
             t0 = clock()
             proposal = drafter.propose(sequence[:, :length], feature, step_tree, sampling, generator)
             result.draft_time += clock() - t0
-            candidates = proposal.tokens.to(device)
-        else:
-            proposal = Proposal(step_tree, torch.empty(0, dtype=torch.long))
-            candidates = proposal.tokens.to(device)
+            tokens = torch.cat([sequence[0, length - 1 : length], proposal.tokens.to(device)])  # [N]: root first
+        else:  # plain decoding: the root alone
+            proposal = Proposal(step_tree, no_candidates)
+            tokens = sequence[0, length - 1 : length]  # [1]
         past = length - 1
-        tokens = torch.cat([sequence[0, past:length], candidates])  # [N]: root + candidates
         # a chain is verified with the model's own causal mask and positions (no mask to build per step); a
         # tree takes one mask per kind of layer (full attention, sliding window)
         tree_inputs = {} if proposal.tree.is_chain else {
