@@ -312,6 +312,10 @@ def test_partial_results_json_renders_what_it_holds_and_says_so(rendered, tmp_pa
     for rec in part["records"][1:]:  # intervals over the 3 prompts measured, nothing else
         e = a["configs"][rec["config"]]["speedup_est"]
         assert e.n == 3 and e.value == pytest.approx(statistics.median(rec["runs"]["speedup"]))
+    # set beside the complete run, the partial one is flagged
+    side_by_side = report.compare_runs([out, tmp_path])
+    assert "| A |" in side_by_side and "| complete |" in side_by_side
+    assert "**partial: 3 of 10 prompt runs**" in side_by_side
     # a results.json whose prompt_of_run still lists every planned run: the same analysis
     other = report.analyse(truncated(result, 3, prompt_of_run_too=False))
     assert {k: c["speedup_est"] for k, c in other["configs"].items()} == \

@@ -369,9 +369,13 @@ def compare_runs(paths: list[str | Path]) -> str:
         runs.append((str(folder), result, analyse(result)))
     tags = [chr(ord("A") + i) for i in range(len(runs))]
     lines = ["# Comparison runs side by side", ""]
-    lines += md_table(["run", "folder", "command", "started", "best configuration"],
+    def measured(result) -> str:
+        cut = partial(result)
+        return "complete" if cut is None else f"**partial: {cut[0]} of {cut[1]} prompt runs**"
+
+    lines += md_table(["run", "folder", "command", "started", "measured", "best configuration"],
                       [[t, f"`{f}`", f"`{r.get('stamp', {}).get('command', DASH)}`", r.get("stamp", {}).get("started",
-                        DASH), r.get("best", DASH)] for t, (f, r, _) in zip(tags, runs, strict=True)])
+                        DASH), measured(r), r.get("best", DASH)] for t, (f, r, _) in zip(tags, runs, strict=True)])
     flat = [flatten(r.get("stamp") or {}) for _, r, _ in runs]
     flat = [{**f, **flatten(r.get("settings") or {}, "settings")} for f, (_, r, _) in zip(flat, runs, strict=True)]
     keys = sorted(set().union(*flat))
