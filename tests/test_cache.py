@@ -4,6 +4,7 @@ accepted path, crops, growth past the buffer's capacity and a reset; and generat
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from treespec import Tree, generate
 from treespec.cache import PreallocatedLayer, TreeCache, keep_tree_path, tree_masks
@@ -74,3 +75,19 @@ def test_generate_with_the_preallocated_cache_equals_transformers(target):
     for drafter, tree in ((None, None), (DraftModel(perturbed(target, 0.3)), Tree.full(2, 3))):
         out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=40)
         assert torch.equal(out.sequences, hf_greedy(target, prompt, 40))
+
+
+def test_values_with_their_own_head_size_get_their_own_buffer():
+    layer = PreallocatedLayer()
+    gen = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(1, 2, 6, 4, generator=gen), torch.randn(1, 2, 6, 3, generator=gen)
+    layer.update(keys, values)
+    assert layer._kv is None and layer.values.shape == (1, 2, 6, 3)
+    cache = DynamicCache()
+    cache.layers = [layer]
+    keep_tree_path(cache, 2, [0, 2, 3])  # rows 2, 4, 5 move to 2, 3, 4: one by one, not through _kv
+    torch.testing.assert_close(layer.keys, torch.cat([keys[:, :, :3], keys[:, :, 4:6]], dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(layer.values, torch.cat([values[:, :, :3], values[:, :, 4:6]], dim=2), rtol=0, atol=0)
+    same = PreallocatedLayer()
+    same.update(keys, keys + 1)
+    assert same._kv is not None and same._kv.shape == (2, 1, 2, PreallocatedLayer.MIN_CAPACITY, 4)

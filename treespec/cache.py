@@ -73,28 +73,35 @@ class PreallocatedLayer(DynamicLayer):
 
     def __init__(self):
         super().__init__()
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # [b, h, capacity, d] each
+        # keys [b, h, capacity, d] and values [b, h, capacity, d_v]: views of one [2, b, h, capacity, d] buffer
+        # (``_kv``) when their shapes agree, so that a tree pass's compaction moves both in one gather
+        self._kv: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _holds_prefix(self) -> bool:
-        """Whether ``keys`` is still a prefix view of the buffer (``update`` may write after it)."""
+        """Whether ``keys``/``values`` are still prefix views of the buffers (``update`` may write after them)."""
         if self._buffers is None or self.keys.dim() != 4:
             return False
-        buf = self._buffers[0]
-        return (self.keys.data_ptr() == buf.data_ptr() and self.keys.shape[:2] == buf.shape[:2]
-                and self.keys.stride() == buf.stride() and self.values.data_ptr() == self._buffers[1].data_ptr())
+        return all(t.data_ptr() == buf.data_ptr() and t.shape[:2] == buf.shape[:2] and t.stride() == buf.stride()
+                   for t, buf in zip((self.keys, self.values), self._buffers, strict=True))
 
-    def _reserve(self, needed: int, like: torch.Tensor) -> None:
+    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         held = self.keys.shape[-2] if self.keys.dim() == 4 else 0
         if self._holds_prefix() and self._buffers[0].shape[-2] >= needed:
             return
         capacity = max(self.MIN_CAPACITY, 2 * needed)
-        buffers = []
-        for old, new in ((self.keys, like), (self.values, like)):
-            buf = new.new_empty(*new.shape[:2], capacity, new.shape[-1])
-            if held:
-                buf[:, :, :held] = old
-            buffers.append(buf)
-        self._buffers = (buffers[0], buffers[1])
+        k_shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
+        v_shape = (*value_states.shape[:2], capacity, value_states.shape[-1])
+        if k_shape == v_shape and key_states.dtype == value_states.dtype:
+            self._kv = key_states.new_empty(2, *k_shape)
+            buffers = (self._kv[0], self._kv[1])
+        else:  # e.g. a value head size of its own
+            self._kv = None
+            buffers = (key_states.new_empty(k_shape), value_states.new_empty(v_shape))
+        if held:
+            buffers[0][:, :, :held] = self.keys
+            buffers[1][:, :, :held] = self.values
+        self._buffers = buffers
         self.keys, self.values = buffers[0][:, :, :held], buffers[1][:, :, :held]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -102,16 +109,24 @@ class PreallocatedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         held = self.keys.shape[-2] if self.keys.dim() == 4 else 0
         end = held + key_states.shape[-2]
-        self._reserve(end, key_states)
+        self._reserve(end, key_states, value_states)
         keys, values = self._buffers
         keys[:, :, held:end] = key_states
         values[:, :, held:end] = value_states
         self.keys, self.values = keys[:, :, :end], values[:, :, :end]
         return self.keys, self.values
 
+    def move_rows(self, root: int, src: torch.Tensor) -> bool:
+        """Write the entries at rows ``src`` [k] to rows root .. root + k − 1, keys and values in one gather;
+        False (nothing done) when they are not views of one buffer, for the caller to move them one by one."""
+        if self._kv is None or not self._holds_prefix():
+            return False
+        self._kv[:, :, :, root : root + src.numel()] = self._kv.index_select(3, src)
+        return True
+
     def reset(self) -> None:
         super().reset()
-        self._buffers = None
+        self._kv = self._buffers = None
 
 
 class SlidingWindowLayer(DynamicLayer):
@@ -229,8 +244,9 @@ def keep_tree_path(cache, past_len: int, keep) -> None:
                 sources[device] = torch.tensor(keep, dtype=torch.long, device=device)
             src = root + sources[device]
             # [b, h, seq, d]: gather the accepted rows, then write them right after the prefix
-            layer.keys[:, :, root : root + k] = layer.keys.index_select(2, src)
-            layer.values[:, :, root : root + k] = layer.values.index_select(2, src)
+            if not (isinstance(layer, PreallocatedLayer) and layer.move_rows(root, src)):
+                layer.keys[:, :, root : root + k] = layer.keys.index_select(2, src)
+                layer.values[:, :, root : root + k] = layer.values.index_select(2, src)
         end = root + k
         drop = max(0, end - (layer.sliding_window - 1)) if isinstance(layer, SlidingWindowLayer) else 0
         if not drop and layer.keys.shape[2] == end:  # nothing to drop (plain decoding keeps what it fed)

@@ -139,19 +139,25 @@ def _device_of(generator: torch.Generator | None) -> torch.device:
 
 
 def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
+    """The deepest node whose whole path carries the target's argmax (the first in node order among equally
+    deep ones), and the argmax after it. One host sync for the target's choices; the walk over at most a few
+    dozen nodes is cheaper as a loop over host lists than as a dozen tiny tensor ops."""
     tree = proposal.tree
-    if len(tree) == 0:  # plain decoding (drafter=None): the argmax is all there is
-        return Walk(path=torch.empty(0, dtype=torch.long), next_token=int(logits[0].argmax()))
-    best_token = logits.argmax(-1)  # [N]
-    if tree.is_chain:  # node j's parent is j − 1: the accepted path is the prefix before the first miss
-        passes = proposal.tokens.to(best_token.device) == best_token[:-1]  # [n]
-        best = passes.long().cumprod(0).sum()  # 0-d: accepted depth, which is the node index
-        node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
-        return Walk(path=torch.arange(1, node + 1), next_token=next_token)
-    passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
-    best = _deepest_passing(tree, passes)
-    node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
-    return Walk(path=tree.path_to(node), next_token=next_token)
+    best = logits.argmax(-1).tolist()  # [N]: the target's token after each node
+    drafted = proposal.tokens.tolist()  # node j's token is drafted[j - 1]
+    parents, depths = tree.parent_list, tree.depth_list
+    reachable = [True] * tree.num_nodes
+    deepest = 0
+    for j in range(1, tree.num_nodes):  # parents precede their children
+        parent = parents[j]
+        reachable[j] = reachable[parent] and drafted[j - 1] == best[parent]
+        if reachable[j] and depths[j] > depths[deepest]:
+            deepest = j
+    path, node = [], deepest
+    while node:
+        path.append(node)
+        node = parents[node]
+    return Walk(path=torch.tensor(path[::-1], dtype=torch.long), next_token=best[deepest])
 
 
 def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk:
