@@ -3,16 +3,18 @@
 A one-layer drafter's arithmetic is small; what a draft depth costs on a CPU is mostly what the stock
 base model does around it on every call (mask construction, rotary cos/sin, position bookkeeping, output
 containers) and a vocabulary projection whose weight layout suits large batches. Measured on the shipped
-reference models, one thread, one EAGLE depth over 4 frontier nodes after 256 cached entries: 2.29 ms
-through the base model, 1.70 ms with both parts below (scripts/cost_curve.py prints the current numbers).
+reference models, one EAGLE depth over 4 frontier nodes after 256 cached entries, 2 threads: 1.55 ms through the
+base model, 1.16 ms with both parts below (``python scripts/speed_checks.py`` prints the current numbers).
 
 * ``LeanDecoder`` runs a stock decoder stack's own layers and final norm (no forked model code) the way a
   draft step needs them: rotary cos/sin are rows of a table the model's own rotary embedding computed once,
   and the attention mask is the one the caller built (``treespec.cache.attention_masks`` for tree nodes,
   ``causal_mask`` for several committed tokens, none for a single query, which sees the whole cache). Only
   for architectures whose base-model forward does nothing else to the hidden states (``LEAN_MODEL_TYPES``,
-  each checked equal to the plain forward in tests/test_lean.py) and whose layers all attend fully; any
-  other model runs through its plain forward (``lean_decoder`` returns None).
+  each checked equal to the plain forward in tests/test_lean.py), whose layers all attend fully and whose
+  rotary frequencies do not depend on the sequence length (not "dynamic" or "longrope" scaling, which a table
+  over every position would change); any other model runs through its plain forward (``lean_decoder``
+  returns None).
 * ``LeanProjection``: a vocabulary projection whose weight is stored transposed ([h, V], contiguous) on
   CPUs, where MKL's gemm against nn.Linear's [V, h] layout is 1.6-2.3x slower for the 4-8 rows of a draft
   depth (8,192 x 384 head, one thread). It is a snapshot of the weight taken at construction (drafters are
@@ -34,6 +36,8 @@ from treespec.masks import ancestor_mask
 # model_type of the base models whose forward is embeddings → layers → final norm and nothing else (Gemma
 # scales its embeddings, GPT-2 adds learned positions: they take the plain path)
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# rotary scalings whose frequencies follow the longest position seen (transformers' dynamic_rope_update)
+SEQUENCE_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 def causal_mask(n: int, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -53,7 +57,8 @@ class LeanDecoder:
 
     def _rotary(self, position_ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         needed = int(position_ids.max()) + 1
-        if self._cos is None or self._cos.shape[1] < needed or self._cos.dtype != x.dtype:
+        if self._cos is None or self._cos.shape[1] < needed or self._cos.dtype != x.dtype or \
+                self._cos.device != x.device:
             size = max(needed, 2 * (0 if self._cos is None else self._cos.shape[1]), 256)
             positions = torch.arange(size, device=x.device)[None]
             # the model's own rotary embedding over every position at once: the same values it computes per call
@@ -87,6 +92,9 @@ def lean_decoder(decoder: nn.Module, config) -> LeanDecoder | None:
     all_full = all(t == "full_attention" for t in layer_types) if layer_types else \
         getattr(config, "sliding_window", None) is None
     if not all_full:
+        return None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in SEQUENCE_DEPENDENT_ROPE:
         return None
     layers = getattr(decoder, "layers", None)
     if not layers or not all(hasattr(decoder, a) for a in ("norm", "rotary_emb")):

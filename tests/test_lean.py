@@ -65,6 +65,13 @@ def test_models_the_lean_path_does_not_know_take_the_plain_one(name):
     assert DraftModel(model)._decoder is None
 
 
+def test_sequence_dependent_rotary_scaling_takes_the_plain_path():
+    model = copy.deepcopy(build("Llama", seed=5))
+    assert lean_decoder(model.base_model, model.config) is not None
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    assert lean_decoder(model.base_model, model.config) is None
+
+
 def test_lean_projection_equals_linear():
     linear = torch.nn.Linear(16, 40, bias=True)
     x = torch.randn(3, 5, 16)
