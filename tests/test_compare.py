@@ -22,10 +22,11 @@ from treespec.train.compare import (
     run_from_config,
     run_job,
 )
+from treespec.train.data import own_continuations
 from treespec.train.log import RunLogger
 from treespec.tree import Tree
 
-from .tiny_models import compose_cfg, perturbed, tiny_llama
+from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama
 from .wandb_files import wandb_run_contains
 
 ACC = [[0.6, 0.15, 0.05], [0.45, 0.1, 0.05], [0.3, 0.1], [0.2, 0.05]]
@@ -170,3 +171,17 @@ def test_a_killed_comparison_leaves_a_partial_results_json_that_renders(tmp_path
     job = run_job(compose_cfg("compare", [f"report={tmp_path}", "logger=none"]), tmp_path / "unused")
     assert "**partial run: 1 of 2 prompt runs measured**" in job["markdown"].splitlines()[2]
     assert (tmp_path / "speedup_vs_nodes.png").stat().st_size > 0
+
+
+def test_accuracy_windows_are_the_targets_own_continuations():
+    target = tiny_llama(seed=0)
+    held_out = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(0))
+    windows = own_continuations(target, held_out, context=12, new_tokens=6, lead=4, batch_size=2)
+    assert windows.shape == (3, 4 + 6)
+    assert torch.equal(windows[:, :4], held_out[:, 8:12])  # the prompt's last `lead` tokens, then the target's
+    assert torch.equal(windows, hf_greedy(target, held_out[:, :12], 6)[:, 8:])
+    sampled = [own_continuations(target, held_out, context=12, new_tokens=6, lead=4, temperature=1.0, seed=s)
+               for s in (0, 0, 1)]
+    assert torch.equal(sampled[0], sampled[1]) and not torch.equal(sampled[0], sampled[2])
+    with pytest.raises(ValueError, match="shorter than context"):
+        own_continuations(target, held_out, context=30)

@@ -28,13 +28,12 @@ from treespec.autotree import auto_chooser, measure_cost_curve, predict
 from treespec.bench import Config, measure
 from treespec.generate import GenerationResult
 from treespec.heads import registry
-from treespec.heads.accuracy import read_accuracy
 from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
-from .data import STDLIB_CORPUS, held_out_windows, prepare_tokens
+from .data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from .log import RunLogger
 from .report import compare_runs, rerender, save_result, write_outputs
 from .stamp import collect as collect_stamp
@@ -272,14 +271,6 @@ def check_config(cfg) -> None:
         raise ValueError(f"prompts={cfg.prompts}: only {available} held-out prompts are shipped")
 
 
-def local_folder(source) -> Path | None:
-    """The folder a drafter source names, or None for a source that is not one (a Hub id, no source)."""
-    try:
-        return reference.resolve(source) if source else None
-    except FileNotFoundError:
-        return None
-
-
 def drafter_checksum(entry, module) -> dict:
     """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1."""
     if module is None:
@@ -293,9 +284,10 @@ def drafter_checksum(entry, module) -> dict:
 
 def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
-    drafting costs (for predictions). Accuracies shipped beside a drafter are greedy ones; others, and all
-    at temperature > 0, are measured on held-out windows. ``vocab_of(entry.draft_vocab)`` gives the
-    drafter's FR-Spec vocabulary (None: its full head)."""
+    drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
+    target's own continuations of held-out text (``own_continuations``), what verification will see; the
+    accuracies shipped beside a drafter were measured on human-written text and underestimate τ.
+    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head)."""
     specs = []
     for label in cfg.drafters:
         entry = cfg.available[label]
@@ -306,11 +298,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         accuracy = None
         # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured)
         if kind.rank_accuracy is not None and candidates == "topk" and draft_vocab is None:
-            shipped = read_accuracy(folder) if (folder := local_folder(entry.source)) else None
-            if shipped is not None and sampling.greedy:
-                accuracy = shipped
-            else:
-                accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
+            accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
         drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
         fixed, per_depth = kind.cost(drafter)  # as it drafts: lean or not, reduced vocabulary or not
         specs.append(DrafterSpec(label, drafter, accuracy,
@@ -339,8 +327,10 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(device) for t in reference.prompts()[: cfg.prompts]]
 
     @functools.cache
-    def windows() -> torch.Tensor:  # [accuracy_windows, 256], loaded once, only if a drafter needs them
-        return held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.paths.data).to(device)
+    def windows() -> torch.Tensor:  # [accuracy_windows, 144], made once, only if a drafter needs them
+        held_out = held_out_windows(tokenizer, 256, cfg.accuracy_windows, cfg.paths.data)
+        return own_continuations(target, held_out, temperature=cfg.temperature, top_p=cfg.top_p,
+                                 seed=int(cfg.get("seed") or 0)).to(device)
 
     @functools.cache
     def corpus_counts() -> torch.Tensor:  # [V] token counts of the corpus's training split (FR-Spec's ranking)

@@ -326,6 +326,31 @@ def eval_windows(tokens: torch.Tensor, seq_len: int, max_windows: int | None = N
     return tokens[idx].long()
 
 
+@torch.no_grad()
+def own_continuations(target, windows: torch.Tensor, *, context: int = 128, new_tokens: int = 128, lead: int = 16,
+                      temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8) -> torch.Tensor:
+    """The text a verification pass actually sees: the target's own continuation (greedy, or sampled at
+    ``temperature`` / ``top_p``) of the first ``context`` tokens of each held-out window [n, S], returned with the
+    last ``lead`` tokens of its prompt before it, [n, lead + new_tokens].
+
+    Why: drafters agree with the target far more on what the target writes itself than on human-written text.
+    The shipped EAGLE's top-1 agreement is 0.70 per depth on held-out windows but 0.87 on the target's greedy
+    continuations of them, and only the latter predicts the τ measured in decoding (chain γ=4: 2.81 vs 3.91
+    predicted, 3.96 measured; README, "Which tree should I use here?")."""
+    if windows.shape[1] < context:
+        raise ValueError(f"own_continuations: windows of {windows.shape[1]} tokens are shorter than context={context}")
+    sampled = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else \
+        {"do_sample": False}
+    pieces = []
+    for i, batch in enumerate(windows[:, :context].split(batch_size)):
+        torch.manual_seed(seed + i)  # transformers samples from the global generator
+        out = target.generate(batch.to(target.device), attention_mask=torch.ones_like(batch, device=target.device),
+                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None,
+                              **sampled)
+        pieces.append(out[:, context - lead :])
+    return torch.cat(pieces)
+
+
 def held_out_windows(tokenizer, seq_len: int, max_windows: int, cache_dir: str | os.PathLike = ".cache/data"):
     """[max_windows, seq_len] windows of the stdlib corpus's validation split, encoded with ``tokenizer``:
     the held-out text drafters' acceptance rates are measured on."""
