@@ -36,7 +36,6 @@ class DraftModel(ExpandingDrafter):
         if draft_vocab is not None and getattr(model.config, "final_logit_softcapping", None):
             raise ValueError("a reduced draft vocabulary skips the model's logit soft-capping: not for this draft")
         # with a draft vocabulary: the base model's hidden states through the kept rows of its lm_head
-        self.lean = lean
         self._decoder = lean_decoder(model.base_model, model.config) if lean else None
         head = model.get_output_embeddings()
         self._head = ReducedHead(head, draft_vocab, lean=lean) if draft_vocab is not None else \

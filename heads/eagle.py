@@ -274,7 +274,6 @@ class Eagle(ExpandingDrafter):
         if draft_vocab is not None and hasattr(model, "draft_vocab"):
             raise ValueError("this EAGLE-3 drafter has its own draft vocabulary (d2t/t2d); FR-Spec is for "
                              "full-vocabulary heads")
-        self.lean = lean
         self._logits = ReducedHead(model.lm_head, draft_vocab, lean=lean) if draft_vocab is not None else \
             model.head(lean)
         decoder = getattr(model, "decoder", None)

@@ -140,7 +140,6 @@ class Medusa(Drafter):
         it (heads/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
-        self.lean = lean
         self._projections = heads.reduced(draft_vocab) if draft_vocab is not None else None
         shared = heads.shared_lm_head
         self._shared = None

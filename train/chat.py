@@ -50,7 +50,7 @@ from treespec.io import atomic_write, load_safetensors
 from treespec.reference import load_model
 
 from . import distributed
-from .data import permuted_indices
+from .data import CollatedBatches
 
 # ShareGPT and OpenAI role names → the roles chat templates know
 ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
@@ -481,20 +481,11 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
     return data
 
 
-class SampleBatches:
+class SampleBatches(CollatedBatches):
     """Deterministic batches of whole conversations: step → ``permuted_indices`` → right-padded rows."""
 
     def __init__(self, samples: Samples, batch_size: int, seed: int = 0, pad_id: int = 0):
-        if len(samples) < batch_size:
-            raise ValueError(f"{len(samples)} training conversations, fewer than batch_size={batch_size}")
-        self.samples, self.batch_size, self.seed, self.pad_id = samples, batch_size, seed, pad_id
-        self.steps_per_epoch = len(samples) // batch_size
-
-    def indices(self, step: int) -> torch.Tensor:
-        return permuted_indices(len(self.samples), self.batch_size, self.seed, step)
-
-    def batch(self, step: int) -> dict:
-        return self.samples.collate(self.indices(step), self.pad_id)
+        super().__init__(samples, batch_size, seed, pad_id, what="training conversations")
 
 
 # -- regenerated responses -------------------------------------------------------------------------------

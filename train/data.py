@@ -239,6 +239,24 @@ def permuted_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Ten
     return torch.randperm(n, generator=g)[i * batch_size : (i + 1) * batch_size]
 
 
+class CollatedBatches:
+    """Deterministic batches of whole samples from anything with ``len`` and ``collate(indices, pad_id)`` (chat
+    conversations, stored feature samples): step → ``permuted_indices`` → right-padded rows. ``what`` names the
+    samples in the error a too-small set raises."""
+
+    def __init__(self, samples, batch_size: int, seed: int = 0, pad_id: int = 0, *, what: str = "training samples"):
+        if len(samples) < batch_size:
+            raise ValueError(f"{len(samples)} {what}, fewer than batch_size={batch_size}")
+        self.samples, self.batch_size, self.seed, self.pad_id = samples, batch_size, seed, pad_id
+        self.steps_per_epoch = len(samples) // batch_size
+
+    def indices(self, step: int) -> torch.Tensor:
+        return permuted_indices(len(self.samples), self.batch_size, self.seed, step)
+
+    def batch(self, step: int) -> dict:
+        return self.samples.collate(self.indices(step), self.pad_id)
+
+
 class TokenBatches:
     """Deterministic [batch, seq_len + 1] windows over a token stream.
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from treespec.io import atomic_write, atomic_write_json, file_digest, read_json
 
-from .data import batch_to, permuted_indices
+from .data import CollatedBatches, batch_to
 
 FORMAT = "treespec-features-1"
 INDEX = "index.json"
@@ -291,20 +291,11 @@ class FeatureStore:
                              f"{missing}: prepare them again for this drafter")
 
 
-class FeatureBatches:
+class FeatureBatches(CollatedBatches):
     """Deterministic batches of stored samples: the same ``permuted_indices`` as online training."""
 
     def __init__(self, split: FeatureSplit, batch_size: int, seed: int = 0, pad_id: int = 0):
-        if len(split) < batch_size:
-            raise ValueError(f"{len(split)} stored training samples, fewer than batch_size={batch_size}")
-        self.split, self.batch_size, self.seed, self.pad_id = split, batch_size, seed, pad_id
-        self.steps_per_epoch = len(split) // batch_size
-
-    def indices(self, step: int) -> torch.Tensor:
-        return permuted_indices(len(self.split), self.batch_size, self.seed, step)
-
-    def batch(self, step: int) -> dict:
-        return self.split.collate(self.indices(step), self.pad_id)
+        super().__init__(split, batch_size, seed, pad_id, what="stored training samples")
 
 
 # -- the target, answered from stored states -------------------------------------------------------------

@@ -145,11 +145,10 @@ def generate(
             t0 = clock()
             proposal = drafter.propose(sequence[:, :length], feature, step_tree, sampling, generator)
             result.draft_time += clock() - t0
-            tokens = torch.cat([sequence[0, length - 1 : length], proposal.tokens.to(device)])  # [N]: root first
         else:  # plain decoding: the root alone
             proposal = Proposal(step_tree, no_candidates)
-            tokens = sequence[0, length - 1 : length]  # [1]
         past = length - 1
+        tokens = torch.cat([sequence[0, past:length], proposal.tokens.to(device)])  # [N]: root + candidates
         # a chain is verified with the model's own causal mask and positions (no mask to build per step); a
         # tree takes one mask per kind of layer (full attention, sliding window)
         tree_inputs = {} if proposal.tree.is_chain else {

@@ -68,6 +68,11 @@ def nucleus(p: torch.Tensor, top_p: float, first_k: int = 64) -> torch.Tensor:
     return torch.zeros_like(p).scatter_(-1, order, kept)
 
 
+def generator_device(generator: torch.Generator | None) -> torch.device:
+    """Where ``generator`` draws (None: the global CPU generator); a draw must be made on its device."""
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of p (non-negative, normalised or not): [..., V] → LongTensor [...].
 
@@ -75,8 +80,8 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     float64 cumulative sum; about ten times cheaper than torch.multinomial for one draw on a CPU."""
     flat = p.reshape(-1, p.shape[-1])
     cdf = flat.double().cumsum(-1)  # [R, V]
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=gen_device).to(p.device)
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
+                   device=generator_device(generator)).to(p.device)
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: first entry whose cdf exceeds u
     overflow = index == p.shape[-1]
     total = cdf[:, -1]  # [R]

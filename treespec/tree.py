@@ -37,9 +37,6 @@ class Tree:
         parents = [-1] + [index[p[:-1]] if len(p) > 1 else 0 for p in self.paths]
         self.parents = torch.tensor(parents, dtype=torch.long)  # [N], N = n + 1
         self.depths = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)  # [N]
-        # the same as host lists, for the walks that run on the host after their one sync
-        self.parent_list: list[int] = parents
-        self.depth_list: list[int] = [0] + [len(p) for p in self.paths]
         self.ranks = torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)  # [N]
 
     # -- constructors -------------------------------------------------------------------------

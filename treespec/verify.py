@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from treespec.drafter import Proposal
-from treespec.sampling import Sampling, probs, sample
+from treespec.sampling import Sampling, generator_device, probs, sample
 from treespec.tree import Tree
 
 ACCEPTANCE_MODES = ("rejection", "typical")
@@ -134,30 +134,13 @@ def _deepest_passing(tree: Tree, passes: torch.Tensor) -> torch.Tensor:
     return depth.argmax()  # argmax returns the first maximal index: first in node order on ties
 
 
-def _device_of(generator: torch.Generator | None) -> torch.device:
-    return generator.device if generator is not None else torch.device("cpu")
-
-
 def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
-    """The deepest node whose whole path carries the target's argmax (the first in node order among equally
-    deep ones), and the argmax after it. One host sync for the target's choices; the walk over at most a few
-    dozen nodes is cheaper as a loop over host lists than as a dozen tiny tensor ops."""
     tree = proposal.tree
-    best = logits.argmax(-1).tolist()  # [N]: the target's token after each node
-    drafted = proposal.tokens.tolist()  # node j's token is drafted[j - 1]
-    parents, depths = tree.parent_list, tree.depth_list
-    reachable = [True] * tree.num_nodes
-    deepest = 0
-    for j in range(1, tree.num_nodes):  # parents precede their children
-        parent = parents[j]
-        reachable[j] = reachable[parent] and drafted[j - 1] == best[parent]
-        if reachable[j] and depths[j] > depths[deepest]:
-            deepest = j
-    path, node = [], deepest
-    while node:
-        path.append(node)
-        node = parents[node]
-    return Walk(path=torch.tensor(path[::-1], dtype=torch.long), next_token=best[deepest])
+    best_token = logits.argmax(-1)  # [N]
+    passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
+    best = _deepest_passing(tree, passes)
+    node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
+    return Walk(path=tree.path_to(node), next_token=next_token)
 
 
 def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk:
@@ -193,7 +176,7 @@ def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
         # Tree numbers nodes breadth-first by path, so siblings are consecutive, in rank order
         drafted = tokens[kids[0] - 1 : kids[-1]]  # [k]
         # one draw per sibling, drawn up front, on the generator's own device (a CUDA generator draws there)
-        uniform = torch.rand(len(kids), generator=generator, device=_device_of(generator)).tolist()
+        uniform = torch.rand(len(kids), generator=generator, device=generator_device(generator)).tolist()
         if q_draft is None:
             chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
         else:
