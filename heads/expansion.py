@@ -29,7 +29,7 @@ from treespec.bench import median_time
 from treespec.cache import attention_masks, keep_tree_path
 from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
 from treespec.dynamic_tree import DynamicTree
-from treespec.sampling import Sampling, probs, sample
+from treespec.sampling import Sampling, probs, sample, top_k
 from treespec.tree import Tree
 
 
@@ -149,7 +149,7 @@ class ExpandingDrafter(Drafter):
                     picks.append(sample(q[row].expand(len(kids), -1), generator))
                 else:  # the rank-r child is the r-th most likely draft token
                     ranks = tree.ranks[kids]
-                    picks.append(logits[row].topk(int(ranks.max()) + 1).indices[ranks.to(logits.device)])
+                    picks.append(top_k(logits[row], int(ranks.max()) + 1)[ranks.to(logits.device)])
                 kids_of_depth += kids
             for kid, token in zip(kids_of_depth, torch.cat(picks).tolist(), strict=True):  # one host sync per depth
                 nodes.tokens[kid] = token
@@ -195,10 +195,19 @@ class ExpandingDrafter(Drafter):
         self._expanded = []
 
 
-@torch.no_grad()
-def depth_cost(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256) -> float:
+def depth_cost(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256, before=None) -> float:
     """Seconds of one expansion depth of ``drafter`` as it drafts (lean or not): ``n_tokens`` frontier nodes
-    through its model and head after ``past_len`` cached entries. For predicted speedups (treespec.autotree)."""
+    through its model and head after ``past_len`` cached entries, ``before()`` (untimed) ahead of each, as
+    ``bench.median_time``. For predicted speedups (treespec.autotree)."""
+    cost = median_time(depth_step(drafter, n_tokens, past_len), before=before)
+    drafter.reset()
+    return cost
+
+
+@torch.no_grad()
+def depth_step(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256):
+    """A call that runs one expansion depth of ``drafter`` (as ``depth_cost`` times it); ``drafter.reset()``
+    when done with it."""
     device = drafter.model.device
     drafter.reset()
     drafter._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
@@ -207,10 +216,9 @@ def depth_cost(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256
     mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=drafter.model.dtype, device=device)  # sees all
     positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]
 
+    @torch.no_grad()
     def depth():
         drafter._forward_nodes(tokens[0], list(range(1, n_tokens + 1)), [0] * n_tokens, mask, positions)
         drafter.cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
 
-    cost = median_time(depth)
-    drafter.reset()
-    return cost
+    return depth

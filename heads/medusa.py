@@ -20,7 +20,7 @@ from torch import nn
 
 from treespec.bench import median_time
 from treespec.drafter import Drafter, Proposal, target_hidden
-from treespec.sampling import GREEDY, Sampling
+from treespec.sampling import GREEDY, Sampling, top_k
 from treespec.tree import Tree
 
 from .accuracy import RankHits
@@ -164,7 +164,7 @@ class Medusa(Drafter):
         if tree.depth > self.heads.num_heads:
             raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
         logits = self.logits(feature[0], tree.depth)  # [D, V]: depth d + 1
-        top = logits.topk(max(tree.top_k_per_depth())).indices  # [D, K]
+        top = top_k(logits, max(tree.top_k_per_depth()))  # [D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]
 
@@ -187,11 +187,15 @@ def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: i
     return counter.table()
 
 
-@torch.no_grad()
-def proposal_cost(drafter: Medusa) -> float:
+def proposal_cost(drafter: Medusa, before=None) -> float:
     """Seconds of one Medusa proposal as ``drafter`` makes it (lean or not): every head on one feature (it
-    fills the whole tree in one call)."""
+    fills the whole tree in one call); ``before`` as in ``bench.median_time``."""
+    return median_time(proposal_step(drafter), before=before)
+
+
+def proposal_step(drafter: Medusa):
+    """A call that runs one Medusa proposal's heads (as ``proposal_cost`` times it)."""
     heads = drafter.heads
     weight = heads.blocks[0][0].linear.weight
     feature = torch.randn(heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)
-    return median_time(lambda: drafter.logits(feature, heads.num_heads))
+    return torch.no_grad()(lambda: drafter.logits(feature, heads.num_heads))

@@ -20,7 +20,7 @@ from . import draft_model, eagle, eagle3, medusa
 from .draft_model import DraftModel
 from .eagle import Eagle, EagleModel
 from .eagle3 import Eagle3, Eagle3Model
-from .expansion import depth_cost
+from .expansion import depth_cost, depth_step
 from .load import drafter_for, load_module
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
@@ -36,14 +36,18 @@ class DrafterKind:
     make: Callable[[object, str, DraftVocab | None, bool], Drafter]
     #: (target, module, windows, *, sampling) → acc[d][r] (heads/accuracy.py); None: no fixed ranks to score
     rank_accuracy: Callable | None = None
-    #: the Drafter ``make`` gave → (seconds per proposal, seconds per drafted depth), for predicted speedups
-    cost: Callable[[Drafter], tuple[float, float]] = lambda drafter: (0.0, 0.0)
+    #: (the Drafter ``make`` gave, before=None) → (seconds per proposal, seconds per drafted depth), for predicted
+    #: speedups; ``before()`` runs untimed ahead of each timed call (a target pass, as in decoding)
+    cost: Callable[..., tuple[float, float]] = lambda drafter, before=None: (0.0, 0.0)
     #: candidate modes it supports ("sample": children drawn i.i.d. from the draft distribution)
     candidate_modes: tuple[str, ...] = ("topk",)
     #: the deepest tree it can fill, from the module (Medusa: its number of heads); None: unbounded
     max_depth: Callable[[object], int | None] = lambda module: None
     #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec, heads/vocab.py)
     reduces_vocab: bool = False
+    #: the Drafter → a call that runs one drafting call (what ``cost`` times), to time target passes after; None:
+    #: it has no weights to push the target's out of the caches
+    drafting_step: Callable[[Drafter], Callable[[], object]] | None = None
 
 
 def _load_draft_model(source, target):
@@ -67,36 +71,42 @@ def _auto_rank_accuracy(target, module, windows, **kwargs):
     return fn(target, module, windows, **kwargs)
 
 
-def _drafting_cost(drafter) -> tuple[float, float]:
+def _drafting_cost(drafter, before=None) -> tuple[float, float]:
     """(per proposal, per depth) seconds of a drafter: Medusa fills its tree in one call, the others per depth."""
     if isinstance(drafter, Medusa):
-        return medusa.proposal_cost(drafter), 0.0
-    return 0.0, depth_cost(drafter)
+        return medusa.proposal_cost(drafter, before), 0.0
+    return 0.0, depth_cost(drafter, before=before)
+
+
+def _drafting_step(drafter):
+    """One drafting call as ``_drafting_cost`` times it (``drafter.reset()`` when done with it)."""
+    return medusa.proposal_step(drafter) if isinstance(drafter, Medusa) else depth_step(drafter)
 
 
 KINDS: dict[str, DrafterKind] = {
     "draft": DrafterKind(
         "draft", _load_draft_model,
         lambda m, candidates, vocab, lean: DraftModel(m, candidates=candidates, draft_vocab=vocab, lean=lean),
-        draft_model.rank_accuracy, _drafting_cost, CANDIDATE_MODES, reduces_vocab=True),
+        draft_model.rank_accuracy, _drafting_cost, CANDIDATE_MODES, reduces_vocab=True,
+        drafting_step=_drafting_step),
     "prompt_lookup": DrafterKind("prompt_lookup", None, lambda m, candidates, vocab, lean: PromptLookup()),
     "medusa": DrafterKind(
         "medusa", lambda source, target: MedusaHeads.from_pretrained(resolve(source), target),
         lambda m, candidates, vocab, lean: Medusa(m, draft_vocab=vocab, lean=lean), medusa.rank_accuracy,
-        _drafting_cost, max_depth=lambda m: m.num_heads, reduces_vocab=True),
+        _drafting_cost, max_depth=lambda m: m.num_heads, reduces_vocab=True, drafting_step=_drafting_step),
     "eagle": DrafterKind(
         "eagle", lambda source, target: EagleModel.from_pretrained(resolve(source), target),
         lambda m, candidates, vocab, lean: Eagle(m, candidates=candidates, draft_vocab=vocab, lean=lean),
         eagle.rank_accuracy,
-        _drafting_cost, CANDIDATE_MODES, reduces_vocab=True),
+        _drafting_cost, CANDIDATE_MODES, reduces_vocab=True, drafting_step=_drafting_step),
     "eagle3": DrafterKind(
         "eagle3", lambda source, target: Eagle3Model.from_pretrained(resolve(source), target),
         lambda m, candidates, vocab, lean: Eagle3(m, candidates=candidates, lean=lean), eagle3.rank_accuracy,
-        _drafting_cost, CANDIDATE_MODES),
+        _drafting_cost, CANDIDATE_MODES, drafting_step=_drafting_step),
     "auto": DrafterKind(
         "auto", lambda source, target: load_module(source, target),
         lambda m, candidates, vocab, lean: drafter_for(m, candidates, lean=lean),
-        _auto_rank_accuracy, _drafting_cost, CANDIDATE_MODES,
+        _auto_rank_accuracy, _drafting_cost, CANDIDATE_MODES, drafting_step=_drafting_step,
         max_depth=lambda m: m.num_heads if isinstance(m, MedusaHeads) else None),
 }
 

@@ -5,10 +5,11 @@ import torch
 
 from treespec.tree import Tree
 
-from .flex import block_mask, tree_block_mask, tree_mask_mod
+from .flex import FullAttentionTreeBlockMask, block_mask, tree_block_mask, tree_mask_mod
 from .tree_mask import (
     DENSE_MASK_ATTENTION,
     TREE_MASK_ATTENTION,
+    FullAttentionTreeMask,
     additive,
     ancestor_mask,
     tree_allowed,
@@ -20,9 +21,12 @@ from .tree_mask import (
 __all__ = [
     "DENSE_MASK_ATTENTION",
     "TREE_MASK_ATTENTION",
+    "FullAttentionTreeBlockMask",
+    "FullAttentionTreeMask",
     "additive",
     "ancestor_mask",
     "block_mask",
+    "full_attention_tree_mask",
     "mask_for",
     "tree_allowed",
     "tree_attention_mask",
@@ -32,6 +36,14 @@ __all__ = [
     "tree_position_ids",
     "visible",
 ]
+
+
+def full_attention_tree_mask(attn_implementation: str, *, dtype=torch.float32, device=None):
+    """The per-run tree-mask builder of ``attn_implementation`` for full-attention layers (parts kept across
+    steps): ``FullAttentionTreeBlockMask`` for flex_attention, ``FullAttentionTreeMask`` for eager and sdpa."""
+    if attn_implementation == "flex_attention":
+        return FullAttentionTreeBlockMask(device=device)
+    return FullAttentionTreeMask(dtype=dtype, device=device)
 
 
 def mask_for(attn_implementation: str, allowed: torch.Tensor, past_len: int, *, positions=None, start: int = 0,

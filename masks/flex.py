@@ -57,3 +57,53 @@ def block_mask(allowed: torch.Tensor, device=None) -> BlockMask:
     device = allowed.device if device is None else torch.device(device)
     q, k = allowed.shape
     return create_block_mask(mask_mod_of(allowed.to(device)), B=None, H=None, Q_LEN=q, KV_LEN=k, device=device)
+
+
+class FullAttentionTreeBlockMask:
+    """``tree_block_mask`` for the steps of one decoding run, on full-attention layers (start 0, no window),
+    without ``create_block_mask`` per step (it evaluates the mask_mod over every (query, key) pair: ~1 s on a
+    CPU, and the dominant per-step cost of a flex tree pass on a GPU).
+
+    Two things are kept across steps. The relation lives in one bool table ``allowed`` [N, capacity]: columns
+    before past_len True, the tree's block at past_len .. past_len + N − 1, False after; a step rewrites only
+    the last step's block and this one's, and the mask_mod is the same bare lookup into a tensor of a fixed
+    shape (``mask_mod_of``), so a compiled flex kernel sees the same mask_mod until the table doubles. The
+    block structure is arithmetic: key blocks wholly before past_len are full (every query sees them), the
+    rest up to past_len + N are partial, and ``BlockMask.from_kv_blocks`` takes those counts directly.
+    """
+
+    def __init__(self, *, device=None, block_size: int = 128, dtype=None):  # dtype: unused, as the dense builder's
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.block_size = block_size
+        self._tree: Tree | None = None
+        self._past = 0  # where the table's tree block starts
+        self._allowed = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, capacity]
+        self._mask_mod = None
+
+    def __call__(self, tree: Tree, past_len: int) -> BlockMask:
+        n, length = tree.num_nodes, past_len + tree.num_nodes
+        if tree is not self._tree or self._allowed.shape[1] < length:
+            self._tree = tree
+            capacity = max(self._allowed.shape[1], 2 * length, self.block_size)
+            self._allowed = torch.zeros(n, capacity, dtype=torch.bool, device=self.device)
+            self._allowed[:, :past_len] = True
+            self._mask_mod = mask_mod_of(self._allowed)
+        else:  # the last step's tree columns are past now (or beyond the new tree's end)
+            self._allowed[:, self._past : self._past + n] = False
+            self._allowed[:, self._past : past_len] = True
+        self._allowed[:, past_len:length] = tree.ancestors.to(self.device)
+        self._past = past_len
+        return BlockMask.from_kv_blocks(*self._kv_blocks(n, past_len, length), BLOCK_SIZE=self.block_size,
+                                        mask_mod=self._mask_mod, seq_lengths=(n, length), compute_q_blocks=False)
+
+    def _kv_blocks(self, n: int, past_len: int, length: int):
+        """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices), each [b=1, h=1, q_blocks(, k_blocks)]."""
+        q_blocks = -(-n // self.block_size)
+        k_blocks = -(-length // self.block_size)
+        full = past_len // self.block_size  # key blocks wholly in the past
+        order = torch.arange(k_blocks, dtype=torch.int32, device=self.device)
+        partial = torch.cat([order[full:], order[:full]])  # the partial blocks first, then anything
+        counts = [(k_blocks - full, partial), (full, order)]
+        return [t for count, indices in counts for t in (
+            torch.full((1, 1, q_blocks), count, dtype=torch.int32, device=self.device),
+            indices.expand(1, 1, q_blocks, k_blocks).contiguous())]

@@ -8,13 +8,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from treespec.autotree import choose_tree, cost_at, predict
-from treespec.bench import Config, measure
-from treespec.heads import DraftModel, PromptLookup
+from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict
+from treespec.bench import Config, measure, median_time
+from treespec.heads import DraftModel, PromptLookup, registry
 from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
 from treespec.heads.expansion import depth_cost as eagle_cost
+from treespec.heads.expansion import depth_step
 from treespec.train.compare import (
     DrafterSpec,
     expand_specs,
@@ -64,10 +65,12 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     eagle = EagleModel(target).eval()
+    eagle_drafter = Eagle(eagle)
     drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3)),
                 DrafterSpec("prompt_lookup", PromptLookup()),
-                DrafterSpec("eagle", Eagle(eagle), depth_rank_accuracy(target, eagle, windows, depth=3, top_k=3),
-                            draft_cost_per_depth=eagle_cost(Eagle(eagle), past_len=8))]
+                DrafterSpec("eagle", eagle_drafter, depth_rank_accuracy(target, eagle, windows, depth=3, top_k=3),
+                            draft_cost_per_depth=eagle_cost(Eagle(eagle), past_len=8),
+                            drafting_step=lambda: depth_step(eagle_drafter, past_len=8))]
     prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     logger = RunLogger(tmp_path, use_wandb=True, name="tiny-compare")
     result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "accuracy", "nodes": 3}],
@@ -94,6 +97,15 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     assert saved["skipped"] == [{"config": "prompt_lookup | accuracy 3", "drafter": "prompt_lookup",
                                  "tree": "accuracy 3", "reason": "prompt_lookup has no measured accuracies"}]
     assert set(saved["accuracy"]) == {"draft", "eagle"}
+    # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost
+    after = {int(n): t for n, t in saved["cost_curves_after_drafting"]["eagle"].items()}
+    assert set(saved["cost_curves_after_drafting"]) == {"eagle"} and set(after) == {1, 2, 4}
+    record = next(r for r in saved["records"] if r["config"] == "eagle | chain γ=2")
+    expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], after, drafters[2].draft_cost_per_depth,
+                       baseline=saved["cost_curve"]["1"])
+    assert record["predicted_speedup"] == pytest.approx(expected.speedup)
+    assert list(csv.DictReader(open(tmp_path / "cost_curve.csv")))[0].keys() == {"tree_tokens", "seconds",
+                                                                                 "after_eagle"}
     stamp = saved["stamp"]
     assert stamp["drafters"]["prompt_lookup"]["weights"] is None
     assert len(stamp["drafters"]["draft"]["weights_sha1"]) == 40
@@ -185,3 +197,22 @@ def test_accuracy_windows_are_the_targets_own_continuations():
     assert torch.equal(sampled[0], sampled[1]) and not torch.equal(sampled[0], sampled[2])
     with pytest.raises(ValueError, match="shorter than context"):
         own_continuations(target, held_out, context=30)
+
+
+def test_timing_runs_before_ahead_of_every_timed_call():
+    # interleaved timing (a target pass timed right after a drafting call): before() runs, untimed, ahead of
+    # every call, warm-up calls included, and the registry's drafting costs pass it through
+    events = []
+    median_time(lambda: events.append("timed"), repeats=3, warmup=1, before=lambda: events.append("before"))
+    assert events == ["before", "timed"] * 4
+    target = tiny_llama(seed=0)
+    calls = []
+    drafter = registry.make("eagle", EagleModel(target).eval())
+    fixed, per_depth = registry.get("eagle").cost(drafter, before=lambda: calls.append(1))
+    assert fixed == 0.0 and per_depth > 0 and len(calls) == 32  # median_time's 30 repeats + 2 warm-up
+    # every drafter with weights can be timed between target passes (prompt lookup has none to push out)
+    assert all((kind.drafting_step is None) == (kind.load is None) for kind in registry.KINDS.values())
+    step = registry.get("eagle").drafting_step(drafter)
+    curve = measure_cost_curve(target, (1, 2), past_len=8, repeats=2, before=step)
+    drafter.reset()
+    assert set(curve) == {1, 2} and all(t > 0 for t in curve.values())

@@ -16,6 +16,8 @@ import torch
 from transformers import DynamicCache
 
 from treespec.masks import (
+    FullAttentionTreeBlockMask,
+    FullAttentionTreeMask,
     ancestor_mask,
     tree_allowed,
     tree_attention_mask,
@@ -121,6 +123,18 @@ def test_mask_values(dtype):
     assert tree_position_ids(tree, past).dtype == torch.long
 
 
+def test_reused_mask_parts_equal_a_fresh_mask():
+    # one decoding run's FullAttentionTreeMask: trees alternate (kept block rebuilt), the past grows past the
+    # zero buffer's capacity; every mask must equal the one built from scratch
+    reuse = FullAttentionTreeMask(dtype=torch.bfloat16)
+    trees = {**TREES, "chain": Tree.chain(3), "root-only": Tree.chain(0)}
+    for tree_name, past in [("medusa-like", 3), ("medusa-like", 4), ("full-2x2", 4), ("chain", 5),
+                            ("medusa-like", 300), ("root-only", 301), ("medusa-like", 0), ("full-2x2", 900)]:
+        tree = trees[tree_name]
+        mask = reuse(tree, past)
+        assert mask.equal(tree_attention_mask(tree, past, dtype=torch.bfloat16)), (tree_name, past)
+
+
 def test_ancestor_mask_partial_rows():
     # a drafter feeding only some nodes: rows = those nodes, columns = past + the nodes fed so far
     allowed = torch.tensor([[True, False, False], [True, True, False]])  # [q=2, t=3]
@@ -163,6 +177,39 @@ def test_flex_attention_matches_sdpa(block_mask_case):
         flex = flex_attention(q, k, v, block_mask=block_mask)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=tree_attention_mask(tree, past))
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
+
+
+def test_reused_block_masks_equal_fresh_ones():
+    # one decoding run's FullAttentionTreeBlockMask against create_block_mask (tree_block_mask), across key-block
+    # boundaries (block size 16 here, so a few cheap steps cross several), a tree change and the table's growth;
+    # and un-compiled flex_attention with it against sdpa with the float mask
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    reuse = FullAttentionTreeBlockMask(block_size=16)
+    gen = torch.Generator().manual_seed(0)
+    trees = {**TREES, "chain": Tree.chain(3)}
+    for tree_name, past in [("medusa-like", 0), ("medusa-like", 5), ("medusa-like", 9), ("medusa-like", 16),
+                            ("medusa-like", 30), ("full-2x2", 31), ("full-2x2", 33), ("chain", 40), ("chain", 150)]:
+        tree = trees[tree_name]
+        big_n, length = tree.num_nodes, past + tree.num_nodes
+        fast = reuse(tree, past)
+        fresh = create_block_mask(tree_mask_mod(tree, past), None, None, big_n, length, device="cpu", BLOCK_SIZE=16)
+        assert fast.shape == fresh.shape == (1, 1, big_n, length), (tree_name, past)
+        q_idx, kv_idx = torch.arange(big_n)[:, None], torch.arange(length)[None, :]
+        expected = tree_attention_mask(tree, past)[0, 0] == 0
+        assert fast.mask_mod(0, 0, q_idx, kv_idx).equal(expected), (tree_name, past)
+        # the same key blocks visited (un-compiled flex ignores them, the GPU kernels do not), and the blocks it
+        # calls full (their mask_mod is skipped) are wholly allowed
+        assert fast.to_dense().equal(fresh.to_dense()), (tree_name, past)
+        for block in fast.full_kv_indices[0, 0, 0, : int(fast.full_kv_num_blocks[0, 0, 0])].tolist():
+            assert expected[:, 16 * block : 16 * block + 16].all(), (tree_name, past, block)
+        q = torch.randn(1, 2, big_n, 8, generator=gen)  # [b, h, q, d]
+        k, v = torch.randn(2, 1, 2, length, 8, generator=gen)  # [b, h, k, d] each
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile")
+            out = flex_attention(q, k, v, block_mask=fast)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=tree_attention_mask(tree, past))
+        torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

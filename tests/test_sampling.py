@@ -4,7 +4,7 @@ nucleus as defined by a full sort."""
 import pytest
 import torch
 
-from treespec.sampling import Sampling, nucleus, probs, sample
+from treespec.sampling import Sampling, argmax, nucleus, probs, sample, top_k
 
 from .stats import chi2_pvalue
 
@@ -49,3 +49,15 @@ def test_nucleus_equals_the_sorted_definition(top_p, scale):
     p = torch.softmax(logits, -1)
     assert torch.allclose(nucleus(p, top_p), sorted_nucleus(p, top_p), atol=1e-7)
     assert torch.allclose(probs(logits, Sampling(1.0, top_p)), sorted_nucleus(p, top_p), atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_and_top_k_equal_torch(dtype):
+    # sampling.argmax takes numpy's vectorised argmax on a CPU: same indices as torch's, ties to the first
+    logits = torch.randn(5, 7, 300, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[0, 0, [3, 200]] = 50.0  # a tie: the first maximum wins
+    assert argmax(logits).equal(logits.argmax(-1)) and argmax(logits)[0, 0] == 3
+    assert argmax(logits[1, 2]).equal(logits[1, 2].argmax())  # one row: a 0-d result
+    assert argmax(logits[:, :, ::2]).equal(logits[:, :, ::2].argmax(-1))  # not contiguous
+    assert top_k(logits, 1).equal(logits.argmax(-1, keepdim=True))
+    assert top_k(logits, 4).equal(logits.topk(4, dim=-1).indices)

@@ -17,6 +17,7 @@ import itertools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,8 @@ import torch
 from omegaconf import OmegaConf
 
 from treespec import reference
-from treespec.autotree import auto_chooser, measure_cost_curve, predict
-from treespec.bench import Config, measure
+from treespec.autotree import auto_chooser, cost_at, measure_cost_curve, predict
+from treespec.bench import Config, forward_step, measure
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
@@ -48,6 +49,7 @@ class DrafterSpec:
     draft_cost_per_depth: float = 0.0   # seconds, for predictions
     draft_cost_fixed: float = 0.0
     max_depth: int | None = None        # deepest tree it can fill (Medusa: number of heads)
+    drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
     checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
 
 
@@ -149,18 +151,28 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     log(f"cost curve: target forward over N tree tokens, N in {list(cost_sizes)}")
     curve = measure_cost_curve(target, cost_sizes)
     log("  " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in curve.items()))
+    # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
+    # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
+    curves = {}
+    for d in drafters:
+        if d.drafting_step is not None:
+            curves[d.name] = measure_cost_curve(target, cost_sizes, before=d.drafting_step())
+            d.drafter.reset()
+            log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
+                                                           curves[d.name].items()))
 
     configs, meta, skipped = [], {}, []
     for d in drafters:
         for spec in expand_specs(tree_specs):
-            tree, reason = resolve_tree(spec, d, curve, max_nodes)
+            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes)
             name = f"{d.name} | {spec_label(spec)}"
             if tree is None:
                 log(f"  skip {name}: {reason}")
                 skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
                 continue
             configs.append(Config(name, d.drafter, tree))
-            pred = predict(tree, d.accuracy, curve, d.draft_cost_per_depth, d.draft_cost_fixed) \
+            pred = predict(tree, d.accuracy, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
+                           baseline=cost_at(curve, 1)) \
                 if d.accuracy is not None and isinstance(tree, Tree) else None
             meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                           "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
@@ -187,7 +199,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                          "temperature": temperature, "top_p": top_p, "seed": seed,
                          "bootstrap": dict(bootstrap or {})},
             "prompt_of_run": prompt_of_run[:done],
-            "cost_curve": curve, "records": records, "skipped": skipped,
+            "cost_curve": curve, "cost_curves_after_drafting": curves, "records": records, "skipped": skipped,
             "best": max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla",
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "peers": None,
             "wall_s": time.perf_counter() - started,
@@ -282,13 +294,14 @@ def drafter_checksum(entry, module) -> dict:
     return model_checksum(module, entry.get("source"), folder)
 
 
-def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None) -> list[DrafterSpec]:
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
     target's own continuations of held-out text (``own_continuations``), what verification will see; the
     accuracies shipped beside a drafter were measured on human-written text and underestimate τ.
     ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head)."""
     specs = []
+    target_step = forward_step(target, 1)  # drafting is timed right after a target pass, as in decoding
     for label in cfg.drafters:
         entry = cfg.available[label]
         kind = registry.get(entry.name)
@@ -300,10 +313,19 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         if kind.rank_accuracy is not None and candidates == "topk" and draft_vocab is None:
             accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
         drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
-        fixed, per_depth = kind.cost(drafter)  # as it drafts: lean or not, reduced vocabulary or not
+        # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
+        # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
+        # each other: the first call's extra cost is charged once per step
+        fixed, cold_depth = kind.cost(drafter, before=target_step)
+        per_depth = kind.cost(drafter)[1] if cold_depth else 0.0
+        fixed += max(0.0, cold_depth - per_depth)
+        if fixed or per_depth:
+            log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
+        step = functools.partial(kind.drafting_step, drafter) if kind.drafting_step is not None else None
         specs.append(DrafterSpec(label, drafter, accuracy,
                                  draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
-                                 max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module)))
+                                 max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),
+                                 drafting_step=step))
     return specs
 
 

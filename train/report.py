@@ -314,8 +314,12 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
     a = analyse(result)
     _write_csv(out_dir / "results.csv", csv_rows(a))
     _write_csv(out_dir / "summary.csv", summary_records(a))
-    with open(out_dir / "cost_curve.csv", "w") as f:
-        f.write("tree_tokens,seconds\n" + "".join(f"{n},{t:.6f}\n" for n, t in result["cost_curve"].items()))
+    # seconds: the target alone; after_<drafter>: each forward timed right after that drafter's drafting call
+    after = result.get("cost_curves_after_drafting") or {}
+    _write_csv(out_dir / "cost_curve.csv", [{"tree_tokens": n, "seconds": round(t, 6),
+                                             **{f"after_{name}": round(c[n], 6)
+                                                for name, c in after.items()}}
+                                            for n, t in result["cost_curve"].items()])
     (out_dir / "results.md").write_text(markdown(result, a))
     if figures:
         plot(result, a, out_dir)
@@ -345,6 +349,8 @@ def load_result(path: str | Path) -> tuple[dict, Path]:
         raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
     result = read_json(file, "results.json")
     result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
+    result["cost_curves_after_drafting"] = {name: {int(n): t for n, t in c.items()} for name, c in
+                                            (result.get("cost_curves_after_drafting") or {}).items()}
     return result, file.parent
 
 

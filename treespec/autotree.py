@@ -25,9 +25,12 @@ from treespec.tree import Tree
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10) -> dict[int, float]:
-    """Median seconds of one target forward over N new tokens after ``past_len`` cached ones."""
-    return {n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats) for n in sizes}
+def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10,
+                       before=None) -> dict[int, float]:
+    """Median seconds of one target forward over N new tokens after ``past_len`` cached ones. ``before``: a
+    drafting call to run (untimed) ahead of each forward, so the curve is what verification costs while that
+    drafter alternates with the target (its weights push the target's out of the caches)."""
+    return {n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats, before=before) for n in sizes}
 
 
 def cost_at(curve: dict[int, float], n: int) -> float:
@@ -51,13 +54,15 @@ class Prediction:
 
 
 def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth: float = 0.0,
-            draft_cost_fixed: float = 0.0) -> Prediction:
+            draft_cost_fixed: float = 0.0, baseline: float | None = None) -> Prediction:
     """Predicted τ and speedup of ``tree``. Drafting costs ``draft_cost_fixed`` + depth × per-depth seconds
-    (a draft model runs one forward per depth; Medusa heads one call in all)."""
+    (a draft model runs one forward per depth; Medusa heads one call in all). ``baseline``: seconds per token
+    of vanilla decoding (default the curve's one-token cost; pass the target-alone cost when ``curve`` was
+    timed between drafting calls)."""
     tau = expected_tree_tokens_from_rank_accuracy(tree, accuracy) if len(tree) else 1.0
     draft = (draft_cost_fixed + tree.depth * draft_cost_per_depth) if len(tree) else 0.0
     step = cost_at(curve, tree.num_nodes) + draft
-    return Prediction(tree, tau, step, tau * cost_at(curve, 1) / step)
+    return Prediction(tree, tau, step, tau * (cost_at(curve, 1) if baseline is None else baseline) / step)
 
 
 def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,

@@ -117,12 +117,17 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
+                before: Callable[[], object] | None = None) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. ``before()``, untimed, runs
+    ahead of every call: timing a target pass right after a drafting call (or the reverse) finds the weights
+    the other one pushed out of the caches, as decoding does (~10 % slower on a CPU than back to back)."""
     # CUDA kernels run asynchronously: wait for them on both sides of the timed call (a no-op without CUDA)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     for i in range(warmup + repeats):
+        if before is not None:
+            before()
         sync()
         t0 = time.perf_counter()
         fn()
@@ -132,11 +137,17 @@ def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2) ->
     return statistics.median(times)
 
 
-@torch.no_grad()
-def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *,
-                 preallocate: bool = True) -> float:
+def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *, preallocate: bool = True,
+                 before: Callable[[], object] | None = None) -> float:
     """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, with the cache
-    generate() verifies with (``preallocate=False``: transformers' concatenating layers)."""
+    generate() verifies with (``preallocate=False``: transformers' concatenating layers); ``before`` as in
+    ``median_time``."""
+    return median_time(forward_step(model, n_tokens, past_len, preallocate=preallocate), repeats, before=before)
+
+
+@torch.no_grad()
+def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True) -> Callable[[], None]:
+    """A call that runs one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, for timing."""
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
@@ -144,8 +155,9 @@ def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 3
     cache = TreeCache(model.config, preallocate=preallocate)
     model(input_ids=prefix, cache=cache, use_cache=True)
 
+    @torch.no_grad()
     def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
         model(input_ids=new, cache=cache, use_cache=True)
         cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
 
-    return median_time(step, repeats)
+    return step

@@ -231,7 +231,7 @@ def keep_tree_path(cache, past_len: int, keep) -> None:
     keep = keep.tolist() if isinstance(keep, torch.Tensor) else list(keep)
     k = len(keep)
     contiguous = keep == list(range(k))  # a chain prefix (the common case) is already in place
-    sources: dict[torch.device, torch.Tensor] = {}
+    sources: dict[tuple[torch.device, int], torch.Tensor] = {}  # rows to gather, once per device and root
     for layer in cache.layers:
         check_layer(layer)
         if not layer.is_initialized:
@@ -239,10 +239,10 @@ def keep_tree_path(cache, past_len: int, keep) -> None:
         start = getattr(layer, "start", 0)
         root = past_len - start  # entry index of tree node 0
         if not contiguous:
-            device = layer.keys.device
-            if device not in sources:
-                sources[device] = torch.tensor(keep, dtype=torch.long, device=device)
-            src = root + sources[device]
+            where = (layer.keys.device, root)
+            if where not in sources:
+                sources[where] = torch.tensor([root + i for i in keep], dtype=torch.long, device=where[0])
+            src = sources[where]
             # [b, h, seq, d]: gather the accepted rows, then write them right after the prefix
             if not (isinstance(layer, PreallocatedLayer) and layer.move_rows(root, src)):
                 layer.keys[:, :, root : root + k] = layer.keys.index_select(2, src)
@@ -284,7 +284,11 @@ def attention_masks(cache, allowed: torch.Tensor, past_len: int, positions: torc
 
 
 def tree_masks(cache, tree: Tree, past_len: int, *, attn_implementation: str = "sdpa", dtype=torch.float32,
-               device=None):
-    """``attention_masks`` for a whole tree after ``past_len`` cached tokens (nodes at past_len + depth)."""
+               device=None, reuse=None):
+    """``attention_masks`` for a whole tree after ``past_len`` cached tokens (nodes at past_len + depth).
+    ``reuse`` (a decoding run's own ``masks.full_attention_tree_mask``) builds the mask from parts kept across
+    steps when every layer attends fully (the common case)."""
+    if reuse is not None and all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in cache.layers):
+        return reuse(tree, past_len)
     return attention_masks(cache, tree.ancestors, past_len, past_len + tree.depths,
                            attn_implementation=attn_implementation, dtype=dtype, device=device)

@@ -23,8 +23,8 @@ from treespec.cache import TreeCache, check_filled, keep_tree_path, tree_masks
 from treespec.drafter import Proposal, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import check_inputs
-from treespec.masks import tree_position_ids
-from treespec.sampling import probs, sample
+from treespec.masks import full_attention_tree_mask, tree_position_ids
+from treespec.sampling import argmax, probs, sample
 from treespec.tree import Tree
 from treespec.verify import walk
 
@@ -121,11 +121,12 @@ def generate(
 
     # -- prefill: the prompt's last logits give the first new token (the first root) --------------
     cache = TreeCache(target.config)  # sliding-window layers too can be rolled back (treespec/cache.py)
+    mask_parts = full_attention_tree_mask(attn_implementation, dtype=target.dtype, device=device)  # kept per tree
     # only the last position's logits are needed (a full-prompt [P, V] projection costs as much as a few steps)
     out, features = forward(input_ids=input_ids.to(device), **prefill_kwargs(target))  # features: [1, P, L·h]
     check_filled(cache, prompt_len, target)
     p_target = probs(out.logits[0, -1], sampling)  # [V]
-    root = int(p_target.argmax() if sampling.greedy else sample(p_target, generator))
+    root = int(argmax(p_target) if sampling.greedy else sample(p_target, generator))
     length = prompt_len
     sequence[0, length] = root
     length += 1
@@ -153,7 +154,7 @@ def generate(
         # tree takes one mask per kind of layer (full attention, sliding window)
         tree_inputs = {} if proposal.tree.is_chain else {
             "attention_mask": tree_masks(cache, proposal.tree, past, attn_implementation=attn_implementation,
-                                         dtype=target.dtype, device=device),
+                                         dtype=target.dtype, device=device, reuse=mask_parts),
             "position_ids": tree_position_ids(proposal.tree, past, device=device)}
         out, features = forward(input_ids=tokens[None], **tree_inputs)
         accepted = walk(out.logits[0], proposal, sampling, acceptance=acceptance, generator=generator)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -41,7 +42,7 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """
     logits = logits.float()
     if sampling.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
     # Subtract the max before dividing: logits / T overflows to inf (then NaN) for tiny T, while the shifted
     # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared).
     p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / sampling.temperature, dim=-1)
@@ -66,6 +67,24 @@ def nucleus(p: torch.Tensor, top_p: float, first_k: int = 64) -> torch.Tensor:
     kept = top_p_values.masked_fill(mass_before >= top_p, 0.0)
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.zeros_like(p).scatter_(-1, order, kept)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)``: [..., V] → LongTensor [...], the first maximal index of each row.
+
+    A float32/float64 CPU tensor goes through numpy: torch's CPU argmax is a scalar loop (~14 µs per
+    8192-wide row on this project's 2-core machine), numpy's is vectorised (~0.7 µs). Greedy decoding takes
+    one per step and a tree pass one per node, so this is engine time. Both return the first maximum on
+    ties and the first NaN when there is one."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
+        return torch.from_numpy(np.asarray(logits.numpy().argmax(-1)))  # a 1-D row gives a numpy scalar
+    return logits.argmax(-1)
+
+
+def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries of each row, descending: [..., V] → LongTensor [..., k]. k = 1 (a
+    chain's one candidate) is ``argmax``, several times cheaper than torch.topk on a CPU."""
+    return argmax(logits)[..., None] if k == 1 else logits.topk(k, dim=-1).indices
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device:

@@ -117,9 +117,19 @@ class Tree:
     def levels(self) -> list[list[int]]:
         """levels[d]: node indices at depth d (levels[0] == [0]), as Python ints for per-step loops."""
         out: list[list[int]] = [[] for _ in range(self.depth + 1)]
-        for i, d in enumerate(self.depths.tolist()):
+        for i, d in enumerate(self.depth_list):
             out[d].append(i)
         return out
+
+    @cached_property
+    def parent_list(self) -> list[int]:
+        """``parents`` as Python ints, for the walk's host loop."""
+        return self.parents.tolist()
+
+    @cached_property
+    def depth_list(self) -> list[int]:
+        """``depths`` as Python ints."""
+        return self.depths.tolist()
 
     @cached_property
     def is_leaf(self) -> torch.Tensor:
@@ -139,7 +149,11 @@ class Tree:
 
     def path_to(self, node: int) -> torch.Tensor:
         """LongTensor [depth(node)]: node indices from depth 1 down to ``node`` (root excluded)."""
-        return torch.nonzero(self.ancestors[node]).flatten()[1:]
+        path = []
+        while node > 0:  # up the parents on the host: the walk calls this every step
+            path.append(node)
+            node = self.parent_list[node]
+        return torch.tensor(path[::-1], dtype=torch.long)
 
     def truncate(self, max_depth: int) -> Tree:
         """The subtree of nodes at depth <= max_depth (used when few tokens remain to generate)."""

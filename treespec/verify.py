@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from treespec.drafter import Proposal
-from treespec.sampling import Sampling, generator_device, probs, sample
+from treespec.sampling import Sampling, argmax, generator_device, probs, sample
 from treespec.tree import Tree
 
 ACCEPTANCE_MODES = ("rejection", "typical")
@@ -115,32 +115,35 @@ def rank_acceptance(candidates: torch.Tensor, target_logits: torch.Tensor, sampl
     among the siblings". Mutually exclusive across ranks, so they add up along a tree's siblings; this
     is what accuracy-grown trees and speedup predictions need at the decoding temperature."""
     if sampling.greedy:
-        return (candidates == target_logits.argmax(-1, keepdim=True)).float()
+        return (candidates == argmax(target_logits)[..., None].to(candidates.device)).float()
     return probs(target_logits, sampling).gather(-1, candidates)
 
 
 # -- deepest passing path (greedy and typical) ---------------------------------------------------------
-def _deepest_passing(tree: Tree, passes: torch.Tensor) -> torch.Tensor:
-    """passes: BoolTensor [n], whether node j's token is acceptable at its parent → 0-d index of the
-    deepest node whose whole path passes (the first in node order among equally deep ones; 0 if none).
+def _deepest_passing(tree: Tree, passes: list[bool]) -> int:
+    """passes[j - 1]: whether node j's token is acceptable at its parent → the deepest node whose whole path
+    passes (the first in node order among equally deep ones; 0 if none).
 
-    Vectorised with the ancestor matrix instead of a walk: a node is reachable iff no ancestor
-    (itself included, root excluded) fails.
-    """
-    ok = torch.cat([passes.new_ones(1), passes])  # [N]; the root always "passes"
-    ancestors = tree.ancestors.to(ok.device)  # [N, N]
-    reachable = ~(ancestors & ~ok).any(-1)  # [N]
-    depth = tree.depths.to(ok.device) * reachable  # [N]; unreachable nodes score 0, like the root
-    return depth.argmax()  # argmax returns the first maximal index: first in node order on ties
+    A host loop over the nodes: parents precede their children in node order (breadth-first), so one pass
+    decides reachability. With N ≤ ~100 this costs a few µs, less than the ~10 tensor ops of a vectorised
+    form (each ~5 µs on a CPU, more on an accelerator, where each is a launch)."""
+    parents, depths = tree.parent_list, tree.depth_list
+    reachable = [True] + [False] * len(passes)
+    best = 0
+    for j, ok in enumerate(passes, start=1):
+        if ok and reachable[parents[j]]:
+            reachable[j] = True
+            if depths[j] > depths[best]:
+                best = j
+    return best
 
 
 def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
     tree = proposal.tree
-    best_token = logits.argmax(-1)  # [N]
-    passes = proposal.tokens.to(best_token.device) == best_token[tree.parents[1:].to(best_token.device)]  # [n]
-    best = _deepest_passing(tree, passes)
-    node, next_token = torch.stack([best, best_token[best]]).tolist()  # the one host sync
-    return Walk(path=tree.path_to(node), next_token=next_token)
+    best_token = argmax(logits).tolist()  # [N]: the one host sync
+    drafted = proposal.tokens.tolist()  # [n]
+    best = _deepest_passing(tree, [x == best_token[p] for x, p in zip(drafted, tree.parent_list[1:], strict=True)])
+    return Walk(path=tree.path_to(best), next_token=best_token[best])
 
 
 def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk:
@@ -151,7 +154,7 @@ def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk
     parents = tree.parents[1:].to(p_target.device)  # [n]
     tokens = proposal.tokens.to(p_target.device)  # [n]
     passes = p_target[parents, tokens] > threshold[parents]  # [n]
-    node = int(_deepest_passing(tree, passes))
+    node = _deepest_passing(tree, passes.tolist())
     next_token = int(sample(p_target[node].cpu(), generator))
     return Walk(path=tree.path_to(node), next_token=next_token)
 
