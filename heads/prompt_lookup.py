@@ -62,5 +62,6 @@ class PromptLookup(Drafter):
                 token_of[i] = candidates_of[p][rank]
                 context_of[i] = (context_of[p] + [token_of[i]])[-self.max_ngram :]
         kept = sorted(token_of)
-        subtree = Tree([tree.paths[i - 1] for i in kept])
+        # the whole tree filled: hand back the same Tree, so its mask parts are reused (generate's per-run masks)
+        subtree = tree if len(kept) == len(tree) else Tree([tree.paths[i - 1] for i in kept])
         return Proposal(tree=subtree, tokens=torch.tensor([token_of[i] for i in kept], dtype=torch.long))

@@ -150,9 +150,10 @@ def generate(
             proposal = Proposal(step_tree, no_candidates)
         past = length - 1
         tokens = torch.cat([sequence[0, past:length], proposal.tokens.to(device)])  # [N]: root + candidates
-        # a chain is verified with the model's own causal mask and positions (no mask to build per step); a
-        # tree takes one mask per kind of layer (full attention, sliding window)
-        tree_inputs = {} if proposal.tree.is_chain else {
+        # a chain is verified with the model's own causal mask and positions (no mask to build per step), except
+        # under flex_attention, where the model would run create_block_mask every step and the run's kept
+        # block-mask parts are cheaper; a tree takes one mask per kind of layer (full attention, sliding window)
+        tree_inputs = {} if proposal.tree.is_chain and attn_implementation != "flex_attention" else {
             "attention_mask": tree_masks(cache, proposal.tree, past, attn_implementation=attn_implementation,
                                          dtype=target.dtype, device=device, reuse=mask_parts),
             "position_ids": tree_position_ids(proposal.tree, past, device=device)}
