@@ -43,6 +43,12 @@ def test_auto_picks_the_predicted_best_tree():
     assert len(best_steep.tree) < 4 and best_steep.speedup == max(p.speedup for p in preds_steep)
     p = predict(best_steep.tree, ACC, steep)
     assert p.speedup == pytest.approx(p.tau * cost_at(steep, 1) / cost_at(steep, best_steep.tree.num_nodes))
+    # a drafter that rarely agrees with the target: no tree beats vanilla, so "auto" drafts nothing
+    best_poor, preds_poor = choose_tree([[0.05], [0.01]], {1: 1.0, 8: 1.2}, max_nodes=8, draft_cost_per_depth=0.3)
+    assert len(best_poor.tree) == 0 and best_poor.speedup == 1.0 and len(preds_poor) == 3  # 0, 1 and 2 nodes
+    assert all(p.speedup < 1.0 for p in preds_poor[1:])
+    # the empty tree is vanilla decoding whatever the drafter's curve says (nothing is drafted)
+    assert predict(Tree.chain(0), ACC, {1: 2.0}, 0.5, 0.5, baseline=1.0).speedup == 1.0
 
 
 def test_cost_interpolation():

@@ -79,14 +79,15 @@ def spec_label(spec: dict) -> str:
     return f"{kind} {len(spec.get('paths', []))}"
 
 
-def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int):
-    """The tree this drafter verifies for ``spec``, or (None, reason) when it cannot fill it."""
+def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int, baseline: float | None = None):
+    """The tree this drafter verifies for ``spec``, or (None, reason) when it cannot fill it. ``curve``: the
+    drafter's cost curve; ``baseline``: vanilla's seconds per token (default the curve's one-token cost)."""
     if spec.get("kind") in NEEDS_ACCURACY and d.accuracy is None:
         return None, f"{d.name} has no measured accuracies"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
     tree = build_tree(spec, accuracy=d.accuracy,
-                      choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth))
+                      choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
     if not isinstance(tree, Tree) and d.drafter.candidates == "sample":
@@ -164,7 +165,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     configs, meta, skipped = [], {}, []
     for d in drafters:
         for spec in expand_specs(tree_specs):
-            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes)
+            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=cost_at(curve, 1))
             name = f"{d.name} | {spec_label(spec)}"
             if tree is None:
                 log(f"  skip {name}: {reason}")

@@ -63,28 +63,33 @@ def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth:
     (a draft model runs one forward per depth; Medusa heads one call in all). ``baseline``: seconds per token
     of vanilla decoding (default the curve's one-token cost; pass the target-alone cost when ``curve`` was
     timed between drafting calls)."""
-    tau = expected_tree_tokens_from_rank_accuracy(tree, accuracy) if len(tree) else 1.0
-    draft = (draft_cost_fixed + tree.depth * draft_cost_per_depth) if len(tree) else 0.0
-    step = cost_at(curve, tree.num_nodes) + draft
-    return Prediction(tree, tau, step, tau * (cost_at(curve, 1) if baseline is None else baseline) / step)
+    baseline = cost_at(curve, 1) if baseline is None else baseline
+    if not len(tree):  # no candidates: nothing is drafted, so this is vanilla decoding
+        return Prediction(tree, 1.0, baseline, 1.0)
+    tau = expected_tree_tokens_from_rank_accuracy(tree, accuracy)
+    step = cost_at(curve, tree.num_nodes) + draft_cost_fixed + tree.depth * draft_cost_per_depth
+    return Prediction(tree, tau, step, tau * baseline / step)
 
 
 def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,
-                draft_cost_fixed: float = 0.0) -> tuple[Prediction, list[Prediction]]:
-    """The accuracy-grown tree (budgets 1..max_nodes) with the highest predicted speedup, and all
-    candidates' predictions."""
+                draft_cost_fixed: float = 0.0, baseline: float | None = None) -> tuple[Prediction, list[Prediction]]:
+    """The accuracy-grown tree (budgets 0..max_nodes) with the highest predicted speedup, and all
+    candidates' predictions. Budget 0 is no speculation at all: when no tree is predicted to beat vanilla
+    decoding (a drafter that rarely agrees with the target at this temperature), "auto" does not draft."""
     max_paths = sum(math.prod(len(row) for row in accuracy[:d]) for d in range(1, len(accuracy) + 1))
-    budgets = range(1, min(max_nodes, max_paths) + 1)
-    preds = [predict(grow_tree(accuracy, b), accuracy, curve, draft_cost_per_depth, draft_cost_fixed) for b in budgets]
+    budgets = range(0, min(max_nodes, max_paths) + 1)
+    preds = [predict(grow_tree(accuracy, b), accuracy, curve, draft_cost_per_depth, draft_cost_fixed, baseline)
+             for b in budgets]
     return max(preds, key=lambda p: p.speedup), preds
 
 
 
-def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0):
+def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
+                 baseline: float | None = None):
     """The ``choose(accuracy, max_nodes) -> Tree`` that tree_spec.build_tree needs for kind "auto"."""
     def choose(accuracy, max_nodes: int) -> Tree:
         best, _ = choose_tree(accuracy, curve, max_nodes=max_nodes, draft_cost_per_depth=draft_cost_per_depth,
-                              draft_cost_fixed=draft_cost_fixed)
+                              draft_cost_fixed=draft_cost_fixed, baseline=baseline)
         return best.tree
 
     return choose
