@@ -49,6 +49,16 @@ def test_vanilla_is_one_token_per_pass(target, prompt):
     assert out.accept_lengths == [1] * 11 and out.target_passes == 11
 
 
+def test_empty_tree_is_vanilla_and_never_calls_the_drafter(target, prompt):
+    # tree=auto may choose no candidates: the drafter is then not prefilled or asked anything
+    class Untouchable(DraftModel):
+        def prefill(self, *args):
+            raise AssertionError("an empty tree must not prefill the drafter")
+
+    out = generate(target, prompt, drafter=Untouchable(target), tree=Tree.chain(0), max_new_tokens=12)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 12)) and out.draft_time == 0.0
+
+
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 7, 11])
 def test_max_new_tokens_lands_mid_path(target, prompt, max_new_tokens):
     out = generate(target, prompt, drafter=DraftModel(target), tree=Tree.full(2, 3), max_new_tokens=max_new_tokens)

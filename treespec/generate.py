@@ -93,6 +93,8 @@ def generate(
                           acceptance=acceptance)
     input_ids, max_new_tokens, tree, sampling, eos = (inputs.input_ids, inputs.max_new_tokens, inputs.tree,
                                                       inputs.sampling, inputs.eos)
+    if isinstance(tree, Tree) and len(tree) == 0:  # nothing to draft (e.g. tree=auto chose not to speculate):
+        drafter = None  # vanilla decoding, without the drafter's prefill or the target's features
     needs_features = drafter is not None and drafter.needs_features
     feature_layers = tuple(drafter.feature_layers) if needs_features else ()
     device = target.device
