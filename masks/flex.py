@@ -72,10 +72,11 @@ class FullAttentionTreeBlockMask:
     rest up to past_len + N are partial, and ``BlockMask.from_kv_blocks`` takes those counts directly.
     """
 
-    def __init__(self, *, device=None, block_size: int = 128, dtype=None):  # dtype: unused, as the dense builder's
+    def __init__(self, *, device=None, block_size: int = 128):
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.block_size = block_size
         self._tree: Tree | None = None
+        self._ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, N] of the kept tree
         self._past = 0  # where the table's tree block starts
         self._allowed = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, capacity]
         self._mask_mod = None
@@ -83,7 +84,7 @@ class FullAttentionTreeBlockMask:
     def __call__(self, tree: Tree, past_len: int) -> BlockMask:
         n, length = tree.num_nodes, past_len + tree.num_nodes
         if tree is not self._tree or self._allowed.shape[1] < length:
-            self._tree = tree
+            self._tree, self._ancestors = tree, tree.ancestors.to(self.device)
             capacity = max(self._allowed.shape[1], 2 * length, self.block_size)
             self._allowed = torch.zeros(n, capacity, dtype=torch.bool, device=self.device)
             self._allowed[:, :past_len] = True
@@ -91,7 +92,7 @@ class FullAttentionTreeBlockMask:
         else:  # the last step's tree columns are past now (or beyond the new tree's end)
             self._allowed[:, self._past : self._past + n] = False
             self._allowed[:, self._past : past_len] = True
-        self._allowed[:, past_len:length] = tree.ancestors.to(self.device)
+        self._allowed[:, past_len:length] = self._ancestors
         self._past = past_len
         return BlockMask.from_kv_blocks(*self._kv_blocks(n, past_len, length), BLOCK_SIZE=self.block_size,
                                         mask_mod=self._mask_mod, seq_lengths=(n, length), compute_q_blocks=False)

@@ -154,7 +154,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     log("  " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in curve.items()))
     # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
     # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
-    curves = {}
+    curves, baseline = {}, cost_at(curve, 1)  # vanilla's seconds per token: the target alone
     for d in drafters:
         if d.drafting_step is not None:
             curves[d.name] = measure_cost_curve(target, cost_sizes, before=d.drafting_step())
@@ -165,7 +165,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     configs, meta, skipped = [], {}, []
     for d in drafters:
         for spec in expand_specs(tree_specs):
-            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=cost_at(curve, 1))
+            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline)
             name = f"{d.name} | {spec_label(spec)}"
             if tree is None:
                 log(f"  skip {name}: {reason}")
@@ -173,7 +173,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                 continue
             configs.append(Config(name, d.drafter, tree))
             pred = predict(tree, d.accuracy, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
-                           baseline=cost_at(curve, 1)) \
+                           baseline=baseline) \
                 if d.accuracy is not None and isinstance(tree, Tree) else None
             meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                           "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
