@@ -13,7 +13,7 @@ generate's door, naming the layer type.
 
 The checks are plain functions that return a summary (τ, p-values) or raise; ``NotApplicable`` marks a
 combination transformers itself does not offer. scripts/architecture_matrix.py runs the same checks and
-writes treespec/models/results/architecture_matrix.md.
+writes results/architecture_matrix.md.
 """
 
 from __future__ import annotations
