@@ -38,8 +38,10 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _is_validation(name: str, val_fraction: float) -> bool:
-    digest = hashlib.sha1(name.encode()).digest()
+def is_validation(key: str, val_fraction: float) -> bool:
+    """Whether the sample named ``key`` (a document's path, a conversation's JSON) is held out: a hash, so the
+    split depends neither on reading order nor on the machine."""
+    digest = hashlib.sha1(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
@@ -100,8 +102,8 @@ def load_corpus(
         raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
     if not docs:
         raise ValueError(f"corpus source {source!r} holds no documents matching {pattern!r}")
-    train = [d for d in docs if not _is_validation(d[0], val_fraction)]
-    val = [d for d in docs if _is_validation(d[0], val_fraction)]
+    train = [d for d in docs if not is_validation(d[0], val_fraction)]
+    val = [d for d in docs if is_validation(d[0], val_fraction)]
     if not val:  # tiny corpora: keep at least one validation document
         val, train = train[-1:], train[:-1] or train
     return Corpus(train=train, val=val)
