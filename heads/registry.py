@@ -1,5 +1,5 @@
 """The drafter registry: every drafter kind by name, and how to load it, make it a Drafter, measure its
-per-depth rank accuracy and its drafting cost. Training (treespec.train.heads), the comparison
+per-depth rank accuracy and its drafting cost. Training (treespec.train.train_heads), the comparison
 (treespec.train.compare) and the scripts look drafters up here and nowhere else; conf/drafter/<name>.yaml
 describes each one's settings once.
 

@@ -3,23 +3,23 @@
     python scripts/architecture_matrix.py                 # ~1 min on one core
     python scripts/architecture_matrix.py --out PATH      # default results/architecture_matrix.md
 
-Runs the checks of tests/test_architectures.py (the same functions on the same family table: tiny random
-models, prompts longer than the sliding window) and writes a markdown file generated from their results:
-✓ with τ, ✗ with the error, n/a where transformers itself offers no such combination.
+Runs the checks of train/architectures.py (the functions tests/test_architectures.py runs, on the same family
+table: tiny random models, prompts longer than the sliding window) and writes a markdown file generated from
+their results: ✓ with τ, ✗ with the error, n/a where transformers itself offers no such combination.
 """
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
 
+from treespec.cache import TreeCache
+from treespec.train import architectures as matrix
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the checks and the family table live in the test package
-from tests import test_architectures as matrix  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "architecture_matrix.md"
 README = ROOT / "README.md"
@@ -60,7 +60,7 @@ def cell(notes: Notes, check, *args) -> str:
 
 def layers(family) -> str:
     model = matrix.build(family.name)
-    windows = [getattr(layer, "sliding_window", None) for layer in matrix.TreeCache(model.config).layers]
+    windows = [getattr(layer, "sliding_window", None) for layer in TreeCache(model.config).layers]
     return " / ".join("full" if w is None else f"sliding {w}" for w in windows)
 
 

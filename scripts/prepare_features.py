@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from treespec.train.heads import prepare_features
+from treespec.train.train_heads import prepare_features
 
 
 def main(overrides: list[str]) -> None:

@@ -1,5 +1,5 @@
-"""Replace the assistant turns of a conversation file with the target's own responses (train/chat.py), so a
-drafter learns what the target says. Takes train_heads' overrides:
+"""Replace the assistant turns of a conversation file with the target's own responses (train/regenerate.py), so
+a drafter learns what the target says. Takes train_heads' overrides:
 
     python scripts/regenerate.py data=chat data.chat.source=sharegpt.jsonl data.regenerate.out=regen.jsonl
     python scripts/regenerate.py ... data.regenerate.temperature=0.7 data.regenerate.batch_size=32
@@ -14,13 +14,13 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from treespec.train.chat import run_regenerate
+from treespec.train import regenerate
 
 
 def main(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose(config_name="train_heads", overrides=overrides)
-    run_regenerate(cfg)
+    regenerate.run(cfg)
 
 
 if __name__ == "__main__":

@@ -146,8 +146,8 @@ def write_card(card: dict) -> None:
     lines += [
         "",
         "The seed formula assumes i.i.d. acceptance and that a verification pass over γ+1 tokens costs the same",
-        "as a one-token step; on this CPU neither holds exactly (docs/results.md has the cost curve), which is the gap",
-        "between the columns.",
+        "as a one-token step; on this CPU neither holds exactly (`scripts/cost_curve.py` measures how a pass's",
+        "cost grows with its tokens), which is the gap between the columns.",
     ]
     (reference.MODELS_DIR / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
 

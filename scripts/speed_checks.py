@@ -1,4 +1,4 @@
-"""Where decoding time goes on the shipped reference models, switch by switch (issue 15's profile, repeatable):
+"""Where decoding time goes on the shipped reference models, switch by switch (a repeatable profile):
 
     python scripts/speed_checks.py                 # the machine's threads, 6 prompts × 96 new tokens
     python scripts/speed_checks.py --threads 1 --out runs/speed_checks.json

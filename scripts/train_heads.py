@@ -11,7 +11,7 @@ import sys
 
 import hydra
 
-from treespec.train.heads import run
+from treespec.train.train_heads import run
 
 
 @hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")

@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from treespec.train.chat import (
-    CHATML,
-    ChatRenderer,
-    SampleBatches,
-    encode_conversations,
-    load_rows,
-    normalize,
-    prepare_chat,
-    regenerate,
-)
+from treespec.train.chat import CHATML, ChatRenderer, SampleBatches, encode_conversations, prepare_chat
+from treespec.train.conversations import load_rows, normalize
 from treespec.train.data import train_tokenizer
+from treespec.train.regenerate import regenerate
 
 from .tiny_models import compose_cfg
 

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from treespec.io import load_safetensors
-from treespec.train import loop
+from treespec.train import checkpoint
+from treespec.train.checkpoint import CheckpointMismatch
 from treespec.train.log import RunLogger, read_metrics, truncate_metrics
-from treespec.train.loop import CheckpointMismatch, OptimConfig, train
+from treespec.train.loop import OptimConfig, train
 
 VOCAB, HIDDEN, STEPS = 32, 16, 12
 
@@ -132,18 +133,19 @@ def plant_pickle(path: Path, marker: Path) -> None:
     torch.save({"step": 999, "model": Plant(marker)}, path)
 
 
-def test_planted_pickle_checkpoint_is_never_executed(tmp_path, forbid_unpickling):
+def test_planted_pickle_checkpoint_is_never_executed(tmp_path, forbid_unpickling, capsys):
     # the plant works: loading it with pickle enabled runs its code
     plant_pickle(tmp_path / "probe.pt", tmp_path / "probe-marker")
     torch.load(tmp_path / "probe.pt", weights_only=False)
     assert (tmp_path / "probe-marker").exists()
 
+    # alone in a run folder it is no checkpoint: the run starts from step 0 without opening it
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     run_dir.mkdir()
     plant_pickle(run_dir / "checkpoint.pt", marker)
     forbid_unpickling()
-    with pytest.raises(ValueError, match=r"checkpoint\.pt is a pickle checkpoint.*never loaded"):
-        run(run_dir, resume=True)
+    run(run_dir, resume=True, stop_after=1)
+    assert "no checkpoint" in capsys.readouterr().out
     assert not marker.exists()
 
     # beside a real checkpoint it is ignored: the run resumes from ckpt-4, still without running it
@@ -160,7 +162,7 @@ def test_pickle_disguised_as_the_tensor_file_is_refused(tmp_path, forbid_unpickl
     tensor_file = tmp_path / "ckpt-4" / "state.safetensors"
     plant_pickle(tensor_file, marker)
     meta = json.loads((tmp_path / "ckpt-4" / "meta.json").read_text())
-    meta["tensors_sha1"] = loop.file_digest(tensor_file)  # even with a matching digest
+    meta["tensors_sha1"] = checkpoint.file_digest(tensor_file)  # even with a matching digest
     (tmp_path / "ckpt-4" / "meta.json").write_text(json.dumps(meta))
     forbid_unpickling()
     with pytest.warns(UserWarning, match="ckpt-4/state.safetensors"), \
@@ -187,7 +189,7 @@ def corrupt(folder: Path, how: str) -> str:
         state["model.out.bias"][0] = float("nan")
         save_file(state, tensors)
         info = json.loads(meta.read_text())
-        info["tensors_sha1"] = loop.file_digest(tensors)
+        info["tensors_sha1"] = checkpoint.file_digest(tensors)
         meta.write_text(json.dumps(info))
         return "model.out.bias"
     return (meta if "meta" in how else tensors).relative_to(folder.parent).as_posix()
@@ -227,8 +229,8 @@ def test_fingerprint_is_checked_before_any_tensor_is_read(tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise AssertionError("tensors read before the fingerprint was checked")
 
-    monkeypatch.setattr(loop, "load_safetensors", boom)
-    monkeypatch.setattr(loop, "file_digest", boom)
+    monkeypatch.setattr(checkpoint, "load_safetensors", boom)
+    monkeypatch.setattr(checkpoint, "file_digest", boom)
     with pytest.raises(CheckpointMismatch, match=r"different configuration: hidden differ.*saved 16, now 24"):
         run(tmp_path, resume=True, hidden=24)
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from treespec.train import compare, heads, lm
+from treespec.train import compare, lm, train_heads
 
 from .tiny_models import CONF, compose_cfg
 
-CHECKS = {"train_lm": lm.check_config, "train_heads": heads.check_config, "compare": compare.check_config}
+CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 # experiment / debug configs by the job they are written for (file name prefix)
 JOB_OF = {"compare": "compare", "reference": "train_heads", "tiny_lm": "train_lm", "tiny_heads": "train_heads"}
 
@@ -25,7 +25,7 @@ def job_of(config: str) -> str:
 CASES = [(job, []) for job in CHECKS]
 CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
-CASES += [("train_heads", [f"drafter={d}"]) for d in heads.RECIPES]
+CASES += [("train_heads", [f"drafter={d}"]) for d in train_heads.RECIPES]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
 CASES += [("compare", [f"drafters=[{d}]"]) for d in group("drafter") if d != "upstream"]
 CASES += [("compare", ["drafters=[upstream]", "available.upstream.source=/some/checkpoint"])]

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from treespec.train import distributed, heads
+from treespec.train import distributed, train_heads
 from treespec.train.loop import OptimConfig, train
 
 from .test_chat import BAD_ROWS, conversations, heads_cfg, tiny_chat_target, write_jsonl
@@ -57,7 +57,7 @@ def run_ranks(fn, *args, world: int = 2, timeout_s: float = 60.0, wait_s: float 
     → {rank: ("ok", result) or ("error", traceback)}; a process that reports nothing within ``wait_s`` is
     killed and missing."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "treespec.train.heads", __name__])  # taken when the server first starts
+    ctx.set_forkserver_preload(["torch", "treespec.train.train_heads", __name__])  # taken when the server first starts
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, timeout_s)) for r in range(world)]
@@ -87,7 +87,7 @@ def assert_ok(results: dict, world: int = 2) -> list:
 
 
 def _heads_run(rank, cfg):
-    return heads.run(cfg)
+    return train_heads.run(cfg)
 
 
 def drafter_weights(run_dir: Path) -> dict:
@@ -105,7 +105,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     target = tiny_chat_target(root / "target")
     source = write_jsonl(root / "chat.jsonl", conversations(40) + BAD_ROWS)
-    heads.run(heads_cfg(root / "warm", target, source, "trainer.max_steps=1"))  # fills the chat data cache
+    train_heads.run(heads_cfg(root / "warm", target, source, "trainer.max_steps=1"))  # fills the chat data cache
     return root, target, source
 
 
@@ -121,7 +121,7 @@ def ddp_run(setup):
 def test_ddp_equals_one_process_with_grad_accum(setup, ddp_run):
     root, target, source = setup
     run_dir, _ = ddp_run
-    single = heads.run(heads_cfg(root / "accum", target, source, "trainer.grad_accum=2"))
+    single = train_heads.run(heads_cfg(root / "accum", target, source, "trainer.grad_accum=2"))
     assert single["steps"] == 3
     assert_close(drafter_weights(run_dir), drafter_weights(root / "accum"), atol=1e-5)
     plain = drafter_weights(root / "warm")  # a different run: the comparison can fail

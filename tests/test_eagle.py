@@ -276,7 +276,7 @@ def test_depth_accuracy_equals_sequential_drafting(target):
 
 
 def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
-    from treespec.train import heads as heads_training
+    from treespec.train import train_heads as heads_training
     from treespec.train.eagle import eagle_loss
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)

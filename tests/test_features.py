@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from treespec.reference import load_model
-from treespec.train import heads
+from treespec.train import train_heads
 from treespec.train.features import FeatureStore
 
 from .test_chat import conversations, heads_cfg, tiny_chat_target, write_jsonl
@@ -22,7 +22,7 @@ STEPS = 3
 
 
 def _prepare(rank, cfg):
-    return heads.prepare_features(cfg)
+    return train_heads.prepare_features(cfg)
 
 
 def features_cfg(root, target, source, folder, *overrides, drafter="eagle3"):
@@ -66,7 +66,7 @@ def test_prepare_resumes_where_it_stopped(prepared, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in shards}
     (folder / "train-00001.json").unlink()  # as if killed while writing shard 1
     (folder / "train-00001.safetensors").unlink()
-    again = heads.prepare_features(features_cfg(root, target, source, folder))
+    again = train_heads.prepare_features(features_cfg(root, target, source, folder))
     after = {p.name: p.stat().st_mtime_ns for p in sorted(folder.glob("train-*.safetensors"))}
     assert [n for n in after if after[n] != before.get(n)] == ["train-00001.safetensors"]
     assert again["splits"] == index["splits"]
@@ -74,14 +74,14 @@ def test_prepare_resumes_where_it_stopped(prepared, capsys):
 
 
 def no_decoder_layers(monkeypatch):
-    """heads.run's target refuses to run any decoder layer."""
+    """train_heads.run's target refuses to run any decoder layer."""
     def load(spec):
         target, tok = load_model(spec)
         for layer in target.model.layers:
             layer.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(AssertionError("a decoder layer ran")))
         return target, tok
 
-    monkeypatch.setattr(heads, "load_model", load)
+    monkeypatch.setattr(train_heads, "load_model", load)
 
 
 def checkpoint_weights(run_dir: Path) -> dict:
@@ -94,11 +94,11 @@ def test_training_from_features_equals_online_training(prepared, monkeypatch, dr
     root, target, source, folder, _ = prepared
     # stop before the end: export and the decoding evaluation run the target by design; evaluations do not
     common = [f"trainer.max_steps={STEPS + 1}", f"trainer.stop_after={STEPS}", "trainer.eval_every=2"]
-    heads.run(heads_cfg(root / f"online-{drafter}", target, source, *common, drafter=drafter))
+    train_heads.run(heads_cfg(root / f"online-{drafter}", target, source, *common, drafter=drafter))
     with monkeypatch.context() as m:
         no_decoder_layers(m)
-        summary = heads.run(heads_cfg(root / f"offline-{drafter}", target, source, f"data.features={folder}", *common,
-                                      drafter=drafter))
+        summary = train_heads.run(heads_cfg(root / f"offline-{drafter}", target, source, f"data.features={folder}",
+                                            *common, drafter=drafter))
     assert summary["features"] == str(folder)
     online, offline = checkpoint_weights(root / f"online-{drafter}"), checkpoint_weights(root / f"offline-{drafter}")
     assert online.keys() == offline.keys()
@@ -122,11 +122,11 @@ def test_corpus_windows_from_features_equal_online(tmp_path, monkeypatch):
             "trainer.eval_windows=2", "trainer.progress=false", "optim.warmup_steps=1", "optim.lr=1e-3", *overrides])
 
     features = f"data.features={tmp_path / 'feats'}"
-    index = heads.prepare_features(cfg(tmp_path / "unused", features))
+    index = train_heads.prepare_features(cfg(tmp_path / "unused", features))
     assert index["splits"]["train"]["masked"] is False and index["bytes_per_token"] == 32 * 4 + 4
-    heads.run(cfg(tmp_path / "online"))
+    train_heads.run(cfg(tmp_path / "online"))
     no_decoder_layers(monkeypatch)
-    heads.run(cfg(tmp_path / "offline", features))
+    train_heads.run(cfg(tmp_path / "offline", features))
     online, offline = checkpoint_weights(tmp_path / "online"), checkpoint_weights(tmp_path / "offline")
     for name in online:
         torch.testing.assert_close(offline[name], online[name], atol=1e-5, rtol=0, msg=name)
@@ -135,10 +135,11 @@ def test_corpus_windows_from_features_equal_online(tmp_path, monkeypatch):
 def test_features_for_another_run_are_refused(prepared):
     root, target, source, folder, _ = prepared
     with pytest.raises(ValueError, match="prepared for another run.*data"):
-        heads.run(heads_cfg(root / "other", target, source, f"data.features={folder}", "data.chat.val_fraction=0.5"))
+        train_heads.run(heads_cfg(root / "other", target, source, f"data.features={folder}",
+                                  "data.chat.val_fraction=0.5"))
     with pytest.raises(ValueError, match=r"also needs \[0\]"):
-        heads.run(heads_cfg(root / "other", target, source, f"data.features={folder}",
-                            "drafter.feature_layers=[0,-1]"))
+        train_heads.run(heads_cfg(root / "other", target, source, f"data.features={folder}",
+                                  "drafter.feature_layers=[0,-1]"))
     with pytest.raises(ValueError, match="not a finished features folder"):
-        heads.run(heads_cfg(root / "other", target, source, f"data.features={root / 'missing'}"))
+        train_heads.run(heads_cfg(root / "other", target, source, f"data.features={root / 'missing'}"))
     assert not os.path.exists(root / "other" / "ckpt-1")

@@ -17,8 +17,8 @@ from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.lean import LeanProjection, lean_decoder
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.masks import ancestor_mask
+from treespec.train.architectures import build, full_attention
 
-from .test_architectures import build, full_attention
 from .tiny_models import hf_greedy, perturbed, record_proposals, tiny_llama
 
 LEAN_FAMILIES = ["Llama", "Qwen3", "Mistral", "Qwen2"]  # the last two once every layer attends fully

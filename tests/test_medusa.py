@@ -73,7 +73,7 @@ def test_mismatched_heads_are_refused(target, tmp_path):
 
 
 def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
-    from treespec.train import heads as heads_training
+    from treespec.train import train_heads as heads_training
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
+
+from treespec.train.lossless import hf_greedy, perturbed  # noqa: F401 - the suite's references, re-exported
 
 
 def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0, attn: str = "sdpa",
@@ -20,22 +21,6 @@ def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0
                          initializer_range=init_std, attn_implementation=attn,
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return LlamaForCausalLM(config).eval()
-
-
-def perturbed(model, scale: float = 0.5, seed: int = 1):
-    """A copy of ``model`` with every weight jittered: agrees with it often, not always."""
-    g = torch.Generator().manual_seed(seed)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std().nan_to_num(0.0) * scale)
-    return other
-
-
-def hf_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> torch.Tensor:
-    """transformers' own greedy decoding, the reference for token-for-token equality."""
-    return model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                          do_sample=False, eos_token_id=eos_token_id, pad_token_id=0)
 
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

@@ -1,11 +1,8 @@
 """Chat data (``data=chat``): conversations → the target's chat template → token rows whose loss mask
 covers the assistant's tokens only.
 
-**Reading.** ``data.chat.source`` is a JSONL/JSON file (or a glob of them), parquet files, a folder of such
-files, or a folder written by ``datasets.Dataset.save_to_disk``; all are read with the Hugging Face
-``datasets`` library. Rows are ShareGPT ``{"conversations": [{"from", "value"}]}`` or OpenAI
-``{"messages": [{"role", "content"}]}`` (content a string or a list of text parts; an assistant message's
-``reasoning_content`` is passed to the template as it is).
+**Reading** (train/conversations.py): ``data.chat.source`` is JSON/JSONL or parquet files, or a ``datasets``
+folder, of ShareGPT or OpenAI conversations.
 
 **Bad rows** are counted and skipped, never a crash later: no conversation, a malformed turn, an unknown
 role, an empty turn, no assistant turn, a template error, an assistant turn the template does not render,
@@ -28,17 +25,15 @@ so exact resume and rank sharding hold.
 **Cache.** Tokenized conversations are cached in ``data.cache_dir``, keyed by a sha1 of the source files'
 bytes, the tokenizer, the template and these settings.
 
-**Regenerated responses** (``scripts/regenerate.py``, ``regenerate``): the assistant turns replaced by the
-target's own, turn by turn, in batches; resumable (rows already in the output file are skipped).
+**Regenerated responses** (train/regenerate.py) are conversations in the same format, with the assistant turns
+written by the target itself.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,134 +42,16 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from treespec.io import atomic_write, load_safetensors
-from treespec.reference import load_model
 
-from . import distributed
-from .data import CollatedBatches
+from .conversations import BadRow, load_rows, normalize, source_digest
+from .data import CollatedBatches, is_validation
 
-# ShareGPT and OpenAI role names → the roles chat templates know
-ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
-         "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant", "tool": "tool"}
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TEMPLATES = {"chatml": CHATML}
 SENTINEL = "\u00a7\u00a7treespec-probe\u00a7\u00a7"
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CHAT_FILE = "chat.safetensors"
-
-
-class BadRow(ValueError):
-    """A row that cannot be trained on: ``reason`` is its category in the summary, ``detail`` an example."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
-
-
-# -- reading ---------------------------------------------------------------------------------------------
-def source_files(source: str | os.PathLike) -> list[Path]:
-    """The files a chat source reads: a file, a glob, or every data file in a folder (for a
-    ``save_to_disk`` folder, all its files)."""
-    path = Path(source)
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    if path.is_file():
-        return [path]
-    files = sorted(Path(p) for p in glob.glob(str(source), recursive=True) if Path(p).is_file())
-    if not files:
-        raise ValueError(f"chat source {source!r} matches no file or folder")
-    return files
-
-
-def source_digest(source: str | os.PathLike) -> str:
-    """sha1 over the bytes (and relative names) of every file ``source`` reads."""
-    h = hashlib.sha1()
-    for path in source_files(source):
-        h.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-    return h.hexdigest()
-
-
-def load_rows(source: str | os.PathLike, *, split: str = "train", cache_dir: str | os.PathLike | None = None):
-    """The rows of a chat source as a ``datasets.Dataset`` (see the module docstring for what it may be)."""
-    import datasets  # heavy: imported only by the jobs that read chat data
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    path = Path(source)
-    hf_cache = str(Path(cache_dir) / "hf-datasets") if cache_dir else None
-    try:
-        if path.is_dir() and any((path / n).is_file() for n in ("dataset_dict.json", "state.json")):
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise ValueError(f"chat source {path} has splits {sorted(ds)}, not data.chat.split={split!r}")
-                ds = ds[split]
-            return ds
-        files = [p for p in source_files(source) if p.suffix in FILE_BUILDERS]
-        builders = {FILE_BUILDERS[p.suffix] for p in files}
-        if not files or len(builders) != 1:
-            raise ValueError(f"chat source {source!r} must be JSON/JSONL or parquet files (one kind), or a "
-                             f"datasets folder; found {[p.name for p in source_files(source)][:5]}")
-        return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train",
-                                     cache_dir=hf_cache)
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 - datasets/arrow raise many kinds; name the source
-        raise ValueError(f"cannot read chat source {source!r} with the datasets library: {type(err).__name__}: "
-                         f"{err}") from err
-
-
-def _text(content) -> str | None:
-    """A message's content as text: a string, or the text parts of an OpenAI content list."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict) and part.get("type") not in (None, "text"):
-                raise BadRow("non-text content", str(part.get("type")))
-        return "".join(parts)
-    raise BadRow("malformed turn", f"content of type {type(content).__name__}")
-
-
-def normalize(row, system_prompt: str | None = None) -> list[dict]:
-    """A ShareGPT or OpenAI row → [{"role", "content"(, "reasoning_content")}], or BadRow."""
-    if not isinstance(row, dict):
-        raise BadRow("malformed row", type(row).__name__)
-    turns = row.get("messages")
-    if turns is None:
-        turns = row.get("conversations")
-    if not isinstance(turns, list) or not turns:
-        raise BadRow("no conversation", "neither 'conversations' nor 'messages' holds turns")
-    messages = []
-    for turn in turns:
-        if not isinstance(turn, dict):
-            raise BadRow("malformed turn", type(turn).__name__)
-        raw_role = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        role = ROLES.get(str(raw_role).strip().lower()) if raw_role is not None else None
-        if role is None:
-            raise BadRow("unknown role", repr(raw_role))
-        content = _text(turn.get("content") if turn.get("content") is not None else turn.get("value"))
-        reasoning = turn.get("reasoning_content") if role == "assistant" else None
-        if not (content and content.strip()) and not (isinstance(reasoning, str) and reasoning.strip()):
-            raise BadRow("empty turn", role)
-        message = {"role": role, "content": content or ""}
-        if isinstance(reasoning, str) and reasoning.strip():
-            message["reasoning_content"] = reasoning
-        messages.append(message)
-    if not any(m["role"] == "assistant" for m in messages):
-        raise BadRow("no assistant turn")
-    if system_prompt and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
 
 
 # -- rendering -------------------------------------------------------------------------------------------
@@ -397,11 +274,6 @@ class ChatData:
         return text
 
 
-def _is_validation(messages, val_fraction: float) -> bool:
-    digest = hashlib.sha1(json.dumps(messages, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
-
-
 def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overlong: str = "skip",
                          val_fraction: float = 0.02, system_prompt: str | None = None,
                          max_conversations: int | None = None, progress: bool = False) -> ChatData:
@@ -428,7 +300,7 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
             if len(entry["examples"]) < 3:
                 entry["examples"].append([i, bad.detail])
             continue
-        (val if _is_validation(messages, val_fraction) else train).append((ids, mask))
+        (val if is_validation(json.dumps(messages, sort_keys=True), val_fraction) else train).append((ids, mask))
     if not val and val_fraction > 0 and len(train) > 1:  # tiny sets: keep one conversation for validation
         val.append(train.pop())
     if not train:
@@ -486,126 +358,3 @@ class SampleBatches(CollatedBatches):
 
     def __init__(self, samples: Samples, batch_size: int, seed: int = 0, pad_id: int = 0):
         super().__init__(samples, batch_size, seed, pad_id, what="training conversations")
-
-
-# -- regenerated responses -------------------------------------------------------------------------------
-def _done_rows(out: Path) -> set[int]:
-    """Rows already in a regeneration output; a last line cut by a kill is removed from the file."""
-    if not out.is_file():
-        return set()
-    data = out.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        out.write_bytes(data)
-    done = set()
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            done.add(int(json.loads(line)["row"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return done
-
-
-@torch.no_grad()
-def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8,
-               max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-               cache_dir: str | os.PathLike | None = None, rank: int = 0, world_size: int = 1,
-               progress: bool = True) -> dict:
-    """Replace every assistant turn of ``data.chat.source`` with the target's own response, generated turn
-    by turn (each sees the regenerated turns before it), ``batch_size`` conversations at a time (left-padded).
-    Writes OpenAI-style rows ``{"row", "messages"}`` to ``out`` (JSONL), flushed after every batch; a rerun
-    skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
-    Returns counts (written, skipped as bad, already done)."""
-    settings = chat_settings(chat_cfg)
-    renderer = ChatRenderer(tokenizer, settings["template"])
-    out = Path(out) if world_size == 1 else Path(f"{out}.rank{rank}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_rows(out)
-    rows = load_rows(settings["source"], split=settings["split"] or "train", cache_dir=cache_dir)
-    todo, bad = [], Counter()
-    limit = settings["max_conversations"]
-    for i, row in enumerate(rows):
-        if limit and i >= limit:
-            break
-        if i % world_size != rank or i in done:
-            continue
-        try:
-            todo.append((i, normalize(row, settings["system_prompt"])))
-        except BadRow as err:
-            bad[err.reason] += 1
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stop = [renderer.end_marker] if renderer.end_marker else None
-    padding_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", dynamic_ncols=True)
-    try:
-        with open(out, "a", encoding="utf-8") as f:
-            for b in range(0, len(todo), batch_size):
-                chunk = todo[b : b + batch_size]
-                convs = [[m for m in msgs] for _, msgs in chunk]
-                n_turns = max(sum(m["role"] == "assistant" for m in msgs) for msgs in convs)
-                for turn in range(n_turns):
-                    where = []  # (conversation, index of its turn-th assistant message)
-                    for c, msgs in enumerate(convs):
-                        idx = [j for j, m in enumerate(msgs) if m["role"] == "assistant"]
-                        if turn < len(idx):
-                            where.append((c, idx[turn]))
-                    prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
-                    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-                    enc = {k: v.to(target.device) for k, v in enc.items()}
-                    torch.manual_seed(seed + b * 1009 + turn)
-                    gen = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                          temperature=temperature if temperature > 0 else None,
-                                          top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0
-                                          else None, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-                                          stop_strings=stop, tokenizer=tokenizer if stop else None)
-                    new = gen[:, enc["input_ids"].shape[1]:].cpu()
-                    for (c, j), ids in zip(where, new, strict=True):
-                        text = tokenizer.decode(ids, skip_special_tokens=True)
-                        if renderer.end_marker and renderer.end_marker in text:
-                            text = text.split(renderer.end_marker)[0]
-                        convs[c][j] = {"role": "assistant", "content": text.strip()}
-                for (i, _), msgs in zip(chunk, convs, strict=True):
-                    f.write(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-                bar.update(len(chunk))
-    finally:
-        tokenizer.padding_side = padding_side
-        bar.close()
-    return {"written": len(todo), "bad_rows": dict(bad), "already_done": len(done), "out": str(out)}
-
-
-def run_regenerate(cfg) -> dict:
-    """The ``scripts/regenerate.py`` job (train_heads' config: ``target``, ``data=chat``, ``data.regenerate``).
-    Under torchrun each rank writes its share; rank 0 then merges them, in row order, into
-    ``data.regenerate.out``."""
-    r = cfg.data.get("regenerate") or {}
-    if cfg.data.get("chat") is None or not cfg.data.chat.get("source"):
-        raise ValueError("regenerate needs data=chat and data.chat.source=<conversations>")
-    if not r.get("out"):
-        raise ValueError("regenerate needs data.regenerate.out=<the JSONL file to write>")
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
-        target, tokenizer = load_model(cfg.target)
-        target.to(ctx.device)
-        with distributed.rank0_first(ctx):  # rank 0 converts the source with datasets first (its cache)
-            load_rows(cfg.data.chat.source, split=cfg.data.chat.split or "train", cache_dir=cfg.data.cache_dir)
-        counts = regenerate(target, tokenizer, cfg.data.chat, r.out, batch_size=r.get("batch_size", 8),
-                            max_new_tokens=r.get("max_new_tokens", 512), temperature=r.get("temperature", 0.0),
-                            top_p=r.get("top_p", 1.0), seed=cfg.seed, cache_dir=cfg.data.cache_dir, rank=ctx.rank,
-                            world_size=ctx.world_size, progress=ctx.is_main)
-        distributed.barrier(ctx)
-        if ctx.distributed and ctx.is_main:
-            rows = []
-            for rank in range(ctx.world_size):
-                part = Path(f"{r.out}.rank{rank}")
-                rows += [json.loads(line) for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
-            rows.sort(key=lambda row: row["row"])
-            atomic_write(Path(r.out), lambda tmp: tmp.write_text(
-                "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"))
-            counts["out"] = str(r.out)
-        if ctx.is_main:
-            print(f"regenerated responses: {counts}")
-        return counts

@@ -1,4 +1,4 @@
-"""What the drafter-training job (train/heads.py) needs to know about one kind of drafter: a ``Recipe``.
+"""What the drafter-training job (train/train_heads.py) needs to know about one kind of drafter: a ``Recipe``.
 
 Each trainable kind in the drafter registry (treespec.heads.registry) has a recipe function
 ``recipe(cfg, target, train_tokens) -> Recipe`` in its own module here (train/medusa.py, train/eagle.py,
