@@ -84,7 +84,9 @@ def stdlib_windows(tokenizer, batch: int, seq_len: int) -> tuple[torch.Tensor, t
 
 def span_mask(batch: int, seq_len: int, seed: int) -> torch.Tensor:
     """A chat-like token loss mask [batch, seq_len] (1 = trained on): two or three random "assistant" spans per
-    row, never reaching the last two tokens (which treespec's shifted mask cannot score; see the docs)."""
+    row, never covering the last two tokens. Unshifted (``--raw-mask``), a mask on token S - 2 would make SpecForge
+    score the target's prediction past the window, which treespec never scores with a loss mask (see the docs):
+    left out, the raw run differs by the two-token offset alone."""
     g = torch.Generator().manual_seed(seed + 1)
     mask = torch.zeros(batch, seq_len, dtype=torch.long)
     for row in mask:

@@ -18,10 +18,11 @@ offline EAGLE-3 training path on it, as its trainer does:
    loss in treespec's normalisation (a mean over kept positions instead of over all B·T), whose gradient must
    equal treespec's.
 
-The step loss goes through ``LogSoftmaxLoss`` in SpecForge: a Triton kernel, CUDA only. On a CPU the worker
-hands it SpecForge's own reference implementation of the same loss (``specforge.core.loss._compute_loss``). Each
-call also records the step's kept count (positions whose target argmax has a draft id and whose loss mask is set)
-and Σ p·log p over them, so the check can turn SpecForge's cross-entropy into treespec's KL.
+The step loss goes through ``LogSoftmaxLoss`` in SpecForge: a Triton kernel, CUDA only. The worker runs on the
+CPU and hands it SpecForge's own reference implementation of the same loss (``specforge.core.loss._compute_loss``,
+the same sum over the vocabulary and mean over B·T). Each call also records the step's kept count (positions
+whose target argmax has a draft id and whose loss mask is set) and Σ p·log p over them, so that the check can
+turn SpecForge's cross-entropy into treespec's KL.
 
 It writes ``result.json`` (per TTT length: step losses, kept counts, accuracies, correct counts) and
 ``grads.safetensors`` (``{length}/{native|kept_mean}/{parameter}``).
@@ -153,8 +154,7 @@ def main(folder: Path) -> int:
 
     request = json.loads((folder / "request.json").read_text())
     torch.manual_seed(0)
-    loss_fn = loss_module.LogSoftmaxLoss.apply if torch.cuda.is_available() else loss_module._compute_loss
-    recorder = RecordingLoss(loss_fn)
+    recorder = RecordingLoss(loss_module._compute_loss)
     eagle3_module.LogSoftmaxLoss = recorder  # the name OnlineEagle3Model's loss calls
 
     draft = draft_model(folder, request["target_dir"])
@@ -167,7 +167,7 @@ def main(folder: Path) -> int:
 
     from importlib.metadata import version
     results = {"versions": {name: version(name) for name in ("specforge", "torch", "transformers", "triton")},
-               "loss_kernel": "triton LogSoftmaxLoss" if torch.cuda.is_available() else "reference _compute_loss",
+               "loss_kernel": "reference _compute_loss",
                **rotary_quirk(folder, draft), "lengths": []}
     tensors = {}
     for length in request["ttt_lengths"]:
