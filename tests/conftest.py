@@ -20,3 +20,8 @@ def forbid_unpickling(monkeypatch):
         monkeypatch.setattr(pickle, "loads", boom)
 
     return arm
+
+
+def pytest_configure(config):
+    # tests/test_specforge.py: needs SpecForge's own venv (skipped without it)
+    config.addinivalue_line("markers", "specforge: compares with SpecForge's code run in its own venv")
