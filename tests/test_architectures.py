@@ -30,18 +30,17 @@ import transformers
 
 import treespec.cache
 from treespec import Tree, generate
+from treespec.attention import tree_allowed, tree_masks, tree_position_ids
 from treespec.cache import (
     TreeCache,
     attention_layers,
     check_layer,
     check_rollback,
     keep_tree_path,
-    tree_masks,
 )
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.medusa import Medusa, MedusaHeads
-from treespec.masks import tree_allowed, tree_position_ids
 from treespec.sampling import Sampling, probs
 
 from .stats import chi2_pvalue
