@@ -29,7 +29,8 @@ def wait_for(device=None) -> None:
 
 
 class StepTimer:
-    """An observer of one generate() call: seconds inside the target's forwards and the drafter's calls.
+    """An observer of one generate() call (a fresh one per call: its totals add up): seconds inside the
+    target's forwards and the drafter's calls.
 
     generate() wraps each of those calls in ``timing(TARGET)`` or ``timing(DRAFT)`` and reads its wall clock
     from ``clock()``, only when given an observer. With ``synchronize`` each boundary first waits for the
