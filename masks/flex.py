@@ -1,38 +1,28 @@
 """Tree attention as a FlexAttention ``BlockMask``, for ``attn_implementation="flex_attention"``.
 
-Same relation as ``masks.tree_mask`` (each tree token sees the past, itself and its ancestors, inside its
-window on a sliding-window layer; SpecInfer, Miao et al. 2024), expressed as a ``mask_mod`` so
-FlexAttention (PyTorch 2.5+) can skip fully-masked blocks on GPU, where flash_attention_2 cannot take a
-tree mask at all. The float mask of ``masks.tree_mask`` stays the portable default (eager / sdpa, CPU);
-use this one with flex on GPU.
+The same relation as ``masks.relation.visible``, expressed as a ``mask_mod`` so FlexAttention (PyTorch
+2.5+) can skip fully-masked blocks on GPU, where flash_attention_2 cannot take a tree mask at all. The
+float mask of ``masks.dense`` stays the portable default (eager / sdpa, CPU); use this one with flex on GPU.
 
-Axis letters: q tree (query) tokens = N = n + 1, k key positions = past_len − start + N.
+Axis letters: q query (tree) tokens = N, k key positions = past_len − start + N.
 """
 
 from __future__ import annotations
 
 import torch
+from einops import repeat
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from treespec.tree import Tree
 
-from .tree_mask import tree_allowed
+def mask_mod_of(allowed: torch.Tensor):
+    """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of a bool relation ``allowed`` [q, k]
+    (``visible``): a bare lookup in the dense table, with no index arithmetic.
 
-
-def tree_mask_mod(tree: Tree, past_len: int, device=None, *, start: int = 0, window: int | None = None):
-    """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of the tree relation.
-
-    A bare lookup in the dense allowed table [q, k] (``tree_allowed``), with no index arithmetic.
     Why: with torch 2.13, mask_mods that combine a gather with arithmetic on the indices ("kv < past_len
     or ancestors[q, kv - past_len]", pre-order interval tests, even clamping the indices) hit an inductor
     C++ codegen error (CppCompileError) when transformers compiled flex_attention on CPU; the bare
     lookup compiles and matches sdpa.
     """
-    return mask_mod_of(tree_allowed(tree, past_len, device, start=start, window=window))
-
-
-def mask_mod_of(allowed: torch.Tensor):
-    """The ``mask_mod`` of a bool relation ``allowed`` [q, k] (``masks.tree_mask.visible``): a bare lookup."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         # No clamping needed: flex's GPU kernels bound padded indices themselves (get_bounded_indices).
@@ -41,28 +31,19 @@ def mask_mod_of(allowed: torch.Tensor):
     return mask_mod
 
 
-def tree_block_mask(tree: Tree, past_len: int, device=None, *, start: int = 0,
-                    window: int | None = None) -> BlockMask:
-    """A ``BlockMask`` over q = N tree tokens and k = past_len − start + N key positions (batch and heads
-    broadcast); ``start`` and ``window`` as in ``masks.tree_mask.visible``.
-
-    On CPU ``create_block_mask`` takes ~1 s; build one per (tree, past_len) and reuse it when possible.
-    """
-    device = torch.device("cpu") if device is None else torch.device(device)
-    return block_mask(tree_allowed(tree, past_len, device, start=start, window=window), device)
-
-
 def block_mask(allowed: torch.Tensor, device=None) -> BlockMask:
-    """A ``BlockMask`` of a bool relation ``allowed`` [q, k] (batch and heads broadcast)."""
+    """A ``BlockMask`` of a bool relation ``allowed`` [q, k] (batch and heads broadcast).
+
+    ``create_block_mask`` evaluates the mask_mod over every (query, key) pair (about a second on a CPU):
+    a decoding run builds its masks with ``FlexTreeMasks`` instead."""
     device = allowed.device if device is None else torch.device(device)
     q, k = allowed.shape
     return create_block_mask(mask_mod_of(allowed.to(device)), B=None, H=None, Q_LEN=q, KV_LEN=k, device=device)
 
 
-class FullAttentionTreeBlockMask:
-    """``tree_block_mask`` for the steps of one decoding run, on full-attention layers (start 0, no window),
-    without ``create_block_mask`` per step (it evaluates the mask_mod over every (query, key) pair: ~1 s on a
-    CPU, and the dominant per-step cost of a flex tree pass on a GPU).
+class FlexTreeMasks:
+    """The block masks of one decoding run's steps, on full-attention layers (start 0, no window), without
+    ``create_block_mask`` per step (the dominant per-step cost of a flex tree pass on a GPU).
 
     Two things are kept across steps. The relation lives in one bool table ``allowed`` [N, capacity]: columns
     before past_len True, the tree's block at past_len .. past_len + N − 1, False after; a step rewrites only
@@ -75,16 +56,18 @@ class FullAttentionTreeBlockMask:
     def __init__(self, *, device=None, block_size: int = 128):
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.block_size = block_size
-        self._tree: Tree | None = None
-        self._ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, N] of the kept tree
+        self._source: torch.Tensor | None = None  # the ancestor matrix the kept table was built from
+        self._ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, N], on the device
         self._past = 0  # where the table's tree block starts
         self._allowed = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [N, capacity]
         self._mask_mod = None
 
-    def __call__(self, tree: Tree, past_len: int) -> BlockMask:
-        n, length = tree.num_nodes, past_len + tree.num_nodes
-        if tree is not self._tree or self._allowed.shape[1] < length:
-            self._tree, self._ancestors = tree, tree.ancestors.to(self.device)
+    def __call__(self, ancestors: torch.Tensor, past_len: int) -> BlockMask:
+        """ancestors: BoolTensor [N, N] → the BlockMask over q = N tree tokens and k = past_len + N keys."""
+        n = ancestors.shape[0]
+        length = past_len + n
+        if ancestors is not self._source or self._allowed.shape[1] < length:
+            self._source, self._ancestors = ancestors, ancestors.to(self.device)
             capacity = max(self._allowed.shape[1], 2 * length, self.block_size)
             self._allowed = torch.zeros(n, capacity, dtype=torch.bool, device=self.device)
             self._allowed[:, :past_len] = True
@@ -105,6 +88,7 @@ class FullAttentionTreeBlockMask:
         order = torch.arange(k_blocks, dtype=torch.int32, device=self.device)
         partial = torch.cat([order[full:], order[:full]])  # the partial blocks first, then anything
         counts = [(k_blocks - full, partial), (full, order)]
+        # every query block of the one broadcast (batch, head) visits the same key blocks
         return [t for count, indices in counts for t in (
             torch.full((1, 1, q_blocks), count, dtype=torch.int32, device=self.device),
-            indices.expand(1, 1, q_blocks, k_blocks).contiguous())]
+            repeat(indices, "k -> 1 1 q k", q=q_blocks).contiguous())]

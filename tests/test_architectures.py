@@ -11,9 +11,9 @@ import transformers
 
 import treespec.cache
 from treespec import Tree, generate
-from treespec.cache import TreeCache, keep_tree_path, tree_masks
+from treespec.attention import tree_allowed, tree_masks, tree_position_ids
+from treespec.cache import TreeCache, keep_tree_path
 from treespec.heads import DraftModel
-from treespec.masks import tree_allowed, tree_position_ids
 from treespec.train.architectures import (
     BY_NAME,
     FAMILIES,

@@ -7,9 +7,9 @@ import torch
 from transformers import DynamicCache
 
 from treespec import Tree, generate
-from treespec.cache import PreallocatedLayer, TreeCache, keep_tree_path, tree_masks
+from treespec.attention import tree_masks, tree_position_ids
+from treespec.cache import PreallocatedLayer, TreeCache, keep_tree_path
 from treespec.heads import DraftModel
-from treespec.masks import tree_position_ids
 
 from .tiny_models import hf_greedy, perturbed, tiny_llama
 

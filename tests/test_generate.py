@@ -136,3 +136,26 @@ def test_static_drafters_refuse_dynamic_trees(target, prompt):
 
     with pytest.raises(ValueError, match="PromptLookup cannot grow DynamicTree"):
         generate(target, prompt, drafter=PromptLookup(), tree=DynamicTree(8, 3, 2), max_new_tokens=4)
+
+
+def test_timing_is_an_observer_that_alone_synchronises(target, drafts, prompt, monkeypatch):
+    # production decoding never waits for the device; a StepTimer (what the comparison passes) waits at every
+    # boundary and splits the wall time into target, drafter and engine time
+    from treespec.timing import StepTimer
+
+    waits = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    kwargs = dict(drafter=DraftModel(drafts["perturbed"]), tree=Tree.full(2, 2), max_new_tokens=16)
+    plain = generate(target, prompt, **kwargs)
+    assert waits == [] and plain.target_time == plain.draft_time == 0.0 and plain.wall_time > 0
+    timed = generate(target, prompt, observer=StepTimer(synchronize=True), **kwargs)
+    assert torch.equal(timed.sequences, plain.sequences)
+    # two per target forward (prefill + one per pass) and per drafter call (prefill, then propose and accept on
+    # every pass with a tree left to draft: all but the last few), and two for the wall clock
+    passes, waits_for_drafter = timed.target_passes, len(waits) - 2 * (1 + timed.target_passes) - 2
+    assert 2 * (1 + 2 * (passes - 2)) <= waits_for_drafter <= 2 * (1 + 2 * passes)
+    assert timed.target_time > 0 and timed.draft_time > 0 and timed.overhead_time > 0
+    waits.clear()
+    generate(target, prompt, observer=StepTimer(synchronize=False), **kwargs)
+    assert waits == []

@@ -1,7 +1,9 @@
-"""The layers (README "Layout"): the core never imports drafters or jobs, masks/ only the core's Tree,
-heads/ never train/, and no module import cycles. Every import counts, also inside functions and under
-TYPE_CHECKING. ruff's banned-api rules (per-folder ruff.toml) enforce the same in the linter; this test
-runs ruff too, so the README's test command fails on a new violation."""
+"""The layers (README "Layout"), bottom to top: masks → core → heads → train. Each imports only its own layer
+and those below it: masks/ is a leaf that imports nothing of treespec, the core never imports drafters or
+jobs, heads/ never train/; so no two layers import each other, and no module import cycles exist inside a
+layer. Every import counts, also inside functions and under TYPE_CHECKING. ruff's banned-api rules
+(per-folder ruff.toml) enforce the same in the linter; this test runs ruff too, so the README's test command
+fails on a new violation."""
 
 import ast
 import subprocess
@@ -43,6 +45,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 GRAPH = {name: imports_of(name, path, set(modules())) for name, path in modules().items()}
 
 
+LAYERS = ("treespec.masks", "treespec", "treespec.heads", "treespec.train")  # bottom to top
+
+
 def layer(module: str) -> str:
     for package in ("treespec.heads", "treespec.masks", "treespec.train"):
         if module == package or module.startswith(package + "."):
@@ -53,13 +58,16 @@ def layer(module: str) -> str:
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_module_imports_only_layers_below(module):
     own = layer(module)
-    banned = {"treespec": ("treespec.heads", "treespec.train"), "treespec.masks": ("treespec.heads", "treespec.train"),
-              "treespec.heads": ("treespec.train",), "treespec.train": ()}[own]
-    bad = sorted(m for m in GRAPH[module] if layer(m) in banned)
-    assert not bad, f"{module} ({own}) imports {bad}"
-    if own == "treespec.masks":  # masks see only the core's Tree
-        core = sorted(m for m in GRAPH[module] if layer(m) == "treespec" and m != "treespec.tree")
-        assert not core, f"{module} imports {core}; masks/ may import only treespec.tree"
+    bad = sorted(m for m in GRAPH[module] if LAYERS.index(layer(m)) > LAYERS.index(own))
+    assert not bad, f"{module} ({own}) imports {bad}: it may import only {LAYERS[: LAYERS.index(own) + 1]}"
+
+
+def test_no_two_layers_import_each_other():
+    """Package __init__ files included: a core module importing treespec.masks and a masks module importing
+    treespec.tree is a cycle between the layers even though no single module cycle exists."""
+    edges = {(layer(m), layer(d)) for m, deps in GRAPH.items() for d in deps if layer(m) != layer(d)}
+    both = sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
+    assert not both, f"layers importing each other: {both}"
 
 
 def test_no_import_cycles():
@@ -89,6 +97,10 @@ def test_the_checker_sees_every_kind_of_import(tmp_path):
                     "def f():\n    import treespec.heads.eagle\nfrom .cache import keep_tree_path\n")
     found = imports_of("treespec.fake", fake, set(modules()))
     assert {"treespec.train.loop", "treespec.heads.eagle", "treespec.cache"} <= found
+    # a masks module reaching the core through a parent-relative import
+    fake.write_text("from .. import tree\nfrom .dense import additive\n")
+    found = imports_of("treespec.masks.fake", fake, set(modules()))
+    assert "treespec.tree" in found and layer("treespec.tree") == "treespec"
 
 
 def test_ruff_is_clean():

@@ -1,4 +1,5 @@
-"""treespec.masks: one forward over a tree equals sequential decoding of every root-to-node path.
+"""treespec.masks (with the core's Tree glue, treespec.attention): one forward over a tree equals sequential
+decoding of every root-to-node path.
 
 Tiny random-weight Llama, Qwen2 and GPT-2 (learned absolute positions), eager and sdpa attention. Weights
 are initialised with a large std so that a wrong mask visibly changes the logits (checked too: the test
@@ -15,16 +16,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from treespec.masks import (
-    FullAttentionTreeBlockMask,
-    FullAttentionTreeMask,
-    ancestor_mask,
-    tree_allowed,
-    tree_attention_mask,
-    tree_block_mask,
-    tree_mask_mod,
-    tree_position_ids,
-)
+from treespec.attention import tree_allowed, tree_position_ids
+from treespec.masks import ancestor_mask, mask_for, tree_mask_builder
+from treespec.masks.flex import FlexTreeMasks, mask_mod_of
 from treespec.tree import Tree
 
 VOCAB, PREFIX, ATOL = 50, 7, 1e-4
@@ -32,6 +26,20 @@ TREES = {
     "medusa-like": Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
     "full-2x2": Tree.full(2, 2),
 }
+
+
+def tree_attention_mask(tree: Tree, past_len: int, *, dtype=torch.float32):
+    """The additive mask of a whole tree after ``past_len`` cached tokens, built from scratch."""
+    return mask_for("sdpa", tree.ancestors, past_len, dtype=dtype)
+
+
+def tree_block_mask(tree: Tree, past_len: int):
+    """The BlockMask of a whole tree after ``past_len`` cached tokens, built with create_block_mask (~1 s on CPU)."""
+    return mask_for("flex_attention", tree.ancestors, past_len)
+
+
+def tree_mask_mod(tree: Tree, past_len: int):
+    return mask_mod_of(tree_allowed(tree, past_len))
 
 
 def tiny_model(arch: str, attn: str):
@@ -124,14 +132,14 @@ def test_mask_values(dtype):
 
 
 def test_reused_mask_parts_equal_a_fresh_mask():
-    # one decoding run's FullAttentionTreeMask: trees alternate (kept block rebuilt), the past grows past the
+    # one decoding run's dense tree masks: trees alternate (kept block rebuilt), the past grows past the
     # zero buffer's capacity; every mask must equal the one built from scratch
-    reuse = FullAttentionTreeMask(dtype=torch.bfloat16)
+    reuse = tree_mask_builder("sdpa", dtype=torch.bfloat16)
     trees = {**TREES, "chain": Tree.chain(3), "root-only": Tree.chain(0)}
     for tree_name, past in [("medusa-like", 3), ("medusa-like", 4), ("full-2x2", 4), ("chain", 5),
                             ("medusa-like", 300), ("root-only", 301), ("medusa-like", 0), ("full-2x2", 900)]:
         tree = trees[tree_name]
-        mask = reuse(tree, past)
+        mask = reuse(tree.ancestors, past)
         assert mask.equal(tree_attention_mask(tree, past, dtype=torch.bfloat16)), (tree_name, past)
 
 
@@ -180,19 +188,20 @@ def test_flex_attention_matches_sdpa(block_mask_case):
 
 
 def test_reused_block_masks_equal_fresh_ones():
-    # one decoding run's FullAttentionTreeBlockMask against create_block_mask (tree_block_mask), across key-block
-    # boundaries (block size 16 here, so a few cheap steps cross several), a tree change and the table's growth;
-    # and un-compiled flex_attention with it against sdpa with the float mask
+    # one decoding run's FlexTreeMasks against create_block_mask (tree_block_mask), across key-block boundaries
+    # (block size 16 here, so a few cheap steps cross several), a tree change and the table's growth; and
+    # un-compiled flex_attention with it against sdpa with the float mask
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    reuse = FullAttentionTreeBlockMask(block_size=16)
+    assert isinstance(tree_mask_builder("flex_attention"), FlexTreeMasks)
+    reuse = FlexTreeMasks(block_size=16)
     gen = torch.Generator().manual_seed(0)
     trees = {**TREES, "chain": Tree.chain(3)}
     for tree_name, past in [("medusa-like", 0), ("medusa-like", 5), ("medusa-like", 9), ("medusa-like", 16),
                             ("medusa-like", 30), ("full-2x2", 31), ("full-2x2", 33), ("chain", 40), ("chain", 150)]:
         tree = trees[tree_name]
         big_n, length = tree.num_nodes, past + tree.num_nodes
-        fast = reuse(tree, past)
+        fast = reuse(tree.ancestors, past)
         fresh = create_block_mask(tree_mask_mod(tree, past), None, None, big_n, length, device="cpu", BLOCK_SIZE=16)
         assert fast.shape == fresh.shape == (1, 1, big_n, length), (tree_name, past)
         q_idx, kv_idx = torch.arange(big_n)[:, None], torch.arange(length)[None, :]

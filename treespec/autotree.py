@@ -1,8 +1,8 @@
 """Hardware-aware tree sizing: pick the tree that maximises predicted tokens/s on this device.
 
 Verifying N tree tokens costs one target forward over N tokens, and that cost is flat only while the
-device is memory-bound (research.md: on 2 CPU cores, 16 tokens cost ~1.4-1.7× one token, 64 tokens
-~3-4×). A bigger tree commits more tokens per pass but each pass costs more; the best size depends on
+device is memory-bound (on a CPU, a pass over tens of tokens costs a small multiple of a one-token pass).
+A bigger tree commits more tokens per pass but each pass costs more; the best size depends on
 the drafter's accuracy *and* the device. So:
 
     predicted speedup(tree) = τ(tree) / [(cost(N) + draft cost(tree)) / cost(1)]

@@ -11,14 +11,17 @@ hands over the rows of the prompts measured so far after each prompt, so a long 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from treespec.cache import TreeCache
 from treespec.generate import generate
+from treespec.timing import StepTimer, forward_step, forward_time, median_time
+
+# re-exported for callers that still import them from here (they live in treespec/timing.py, which drafters can
+# import without importing generate)
+__all__ = ["Config", "Row", "forward_step", "forward_time", "markdown_table", "measure", "median_time", "rows_of"]
 
 
 @dataclass
@@ -90,9 +93,10 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         gen = torch.Generator().manual_seed(seed + tag)
         if config.run is not None:
             return config.run(prompt, max_new_tokens, temperature, top_p, gen)
+        # the synchronising observer charges the target and the drafter for their own kernels
         return generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
-                        acceptance=config.acceptance)
+                        acceptance=config.acceptance, observer=StepTimer(synchronize=True, device=target.device))
 
     if warmup:  # first calls pay for lazy initialisation (kernels, allocator): keep them out of the numbers
         for config in configs:
@@ -116,48 +120,3 @@ def markdown_table(rows: list[Row]) -> str:
                      f"{100 * r.overhead_fraction:.1f}% |")
     return "\n".join(lines)
 
-
-def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
-                before: Callable[[], object] | None = None) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. ``before()``, untimed, runs
-    ahead of every call: timing a target pass right after a drafting call (or the reverse) finds the weights
-    the other one pushed out of the caches, as decoding does (~10 % slower on a CPU than back to back)."""
-    # CUDA kernels run asynchronously: wait for them on both sides of the timed call (a no-op without CUDA)
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    times = []
-    for i in range(warmup + repeats):
-        if before is not None:
-            before()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *, preallocate: bool = True,
-                 before: Callable[[], object] | None = None) -> float:
-    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, with the cache
-    generate() verifies with (``preallocate=False``: transformers' concatenating layers); ``before`` as in
-    ``median_time``."""
-    return median_time(forward_step(model, n_tokens, past_len, preallocate=preallocate), repeats, before=before)
-
-
-@torch.no_grad()
-def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True) -> Callable[[], None]:
-    """A call that runs one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, for timing."""
-    vocab = model.get_output_embeddings().weight.shape[0]
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
-    new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
-    cache = TreeCache(model.config, preallocate=preallocate)
-    model(input_ids=prefix, cache=cache, use_cache=True)
-
-    @torch.no_grad()
-    def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
-        model(input_ids=new, cache=cache, use_cache=True)
-        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
-
-    return step

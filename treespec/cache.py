@@ -3,8 +3,8 @@
 **Keeping the accepted path.** A verification pass appends all N tree tokens to the cache, but only the
 root and the accepted path belong to the sequence. ``keep_tree_path`` compacts them down to contiguous
 positions and drops the rest, leaving the cache exactly as if the accepted tokens had been decoded one by
-one, so the next step is an ordinary continuation (research.md: transformers 5.x DynamicCache, per layer
-``.keys/.values`` of shape [b, kv_heads, seq, head_dim]).
+one, so the next step is an ordinary continuation (transformers 5.x DynamicCache: per layer ``.keys/.values``
+of shape [b, kv_heads, seq, head_dim]).
 
 **Sliding-window layers** (Mistral, Phi-3, Qwen2 with ``use_sliding_window``, and interleaved with full
 layers in Gemma-2/3 and gpt-oss). transformers' ``DynamicSlidingWindowLayer`` keeps only the last
@@ -21,8 +21,8 @@ entries are committed — drops what no later query can see: all but the last wi
 a little simpler, but would grow them with the whole sequence.
 
 A sliding layer's first entry is then at position ``start`` (> 0 once it dropped entries), and the window
-is applied by sequential position, so it needs its own tree mask: ``tree_masks`` builds one per kind of
-layer (``masks.visible``), a single mask when all layers are alike (Mistral takes one mask for every
+is applied by sequential position, so it needs its own tree mask: ``attention_masks`` builds one per kind
+of layer (``masks.mask_for``), a single mask when all layers are alike (Mistral takes one mask for every
 layer), and a dict keyed by layer type when they differ (the form transformers 5.x models with
 ``config.layer_types`` take, e.g. Gemma-2). For a chain and the prefill, the model builds its own masks
 from ``get_mask_sizes`` (keys held, offset = start), as it does for transformers' own sliding layers.
@@ -43,7 +43,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from treespec.masks import mask_for
-from treespec.tree import Tree
 
 # Layer types (transformers' get_layer_types_and_kwargs) treespec cannot roll back, and why.
 UNSUPPORTED_LAYERS = {
@@ -63,8 +62,8 @@ UNSUPPORTED_LAYERS = {
 class PreallocatedLayer(DynamicLayer):
     """A full-attention layer that writes new entries into a preallocated buffer instead of concatenating.
 
-    transformers' ``DynamicLayer`` copies its whole cache on every update (``torch.cat``): on the reference
-    target that was a third of a one-token forward on a CPU (torch profiler, 300 cached tokens: 2.5 of 7.6 ms).
+    transformers' ``DynamicLayer`` copies its whole cache on every update (``torch.cat``), a cost that grows
+    with the sequence and is a large share of a one-token forward on a CPU.
     Here ``keys``/``values`` stay views of exactly the held entries (``buffer[:, :, :held]``), so whatever reads or
     slices them as a DynamicLayer's (masks, ``keep_tree_path``, ``crop``) works unchanged; the buffer doubles
     when full, and a layer whose keys were replaced by something else (batch ops) is copied into a new one."""
@@ -281,14 +280,3 @@ def attention_masks(cache, allowed: torch.Tensor, past_len: int, positions: torc
             raise RuntimeError(f"{layer_type!r} layers hold different windows or positions: {by_type[layer_type]} "
                                f"and {kind} (window, first cached position)")
     return {layer_type: masks[kind] for layer_type, kind in by_type.items()}
-
-
-def tree_masks(cache, tree: Tree, past_len: int, *, attn_implementation: str = "sdpa", dtype=torch.float32,
-               device=None, reuse=None):
-    """``attention_masks`` for a whole tree after ``past_len`` cached tokens (nodes at past_len + depth).
-    ``reuse`` (a decoding run's own ``masks.full_attention_tree_mask``) builds the mask from parts kept across
-    steps when every layer attends fully (the common case)."""
-    if reuse is not None and all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in cache.layers):
-        return reuse(tree, past_len)
-    return attention_masks(cache, tree.ancestors, past_len, past_len + tree.depths,
-                           attn_implementation=attn_implementation, dtype=dtype, device=device)

@@ -24,6 +24,7 @@ from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import TREE_MASK_ATTENTION
 from treespec.sampling import Sampling
+from treespec.timing import StepTimer
 from treespec.tree import Tree
 from treespec.tree_spec import build_tree
 from treespec.verify import ACCEPTANCE_MODES
@@ -33,6 +34,7 @@ from treespec.verify import ACCEPTANCE_MODES
 class Inputs:
     input_ids: torch.Tensor          # LongTensor [1, P] on the target's device
     max_new_tokens: int
+    drafter: Drafter | None          # None when the tree is empty: plain decoding, no drafter prefill or features
     tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
     sampling: Sampling
     eos: frozenset[int]
@@ -129,10 +131,12 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
 
 
 def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
-                 generator, acceptance) -> Inputs:
+                 generator, acceptance, observer=None) -> Inputs:
     """Every generate() argument, checked; see the module docstring."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
+    if observer is not None and not isinstance(observer, StepTimer):
+        raise ValueError(f"observer must be a treespec.timing.StepTimer or None, got {observer!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
     if acceptance not in ACCEPTANCE_MODES:
@@ -155,4 +159,6 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         if limit is not None and total > limit:
             raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                              f"{who}'s {limit} positions")
-    return Inputs(input_ids.to(target.device), max_new_tokens, tree, sampling, eos)
+    # nothing to draft (e.g. tree=auto chose not to speculate): decode as vanilla, without the drafter
+    speculates = not (isinstance(tree, Tree) and len(tree) == 0)
+    return Inputs(input_ids.to(target.device), max_new_tokens, drafter if speculates else None, tree, sampling, eos)

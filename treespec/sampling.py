@@ -72,10 +72,10 @@ def nucleus(p: torch.Tensor, top_p: float, first_k: int = 64) -> torch.Tensor:
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)``: [..., V] → LongTensor [...], the first maximal index of each row.
 
-    A float32/float64 CPU tensor goes through numpy: torch's CPU argmax is a scalar loop (~14 µs per
-    8192-wide row on this project's 2-core machine), numpy's is vectorised (~0.7 µs). Greedy decoding takes
-    one per step and a tree pass one per node, so this is engine time. Both return the first maximum on
-    ties and the first NaN when there is one."""
+    A float32/float64 CPU tensor goes through numpy: torch's CPU argmax is a scalar loop, numpy's is
+    vectorised, an order of magnitude faster on a vocabulary-wide row. Greedy decoding takes one per step
+    and a tree pass one per node, so this is engine time. Both return the first maximum on ties and the
+    first NaN when there is one."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
         return torch.from_numpy(np.asarray(logits.numpy().argmax(-1)))  # a 1-D row gives a numpy scalar
     return logits.argmax(-1)

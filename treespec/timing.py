@@ -1,0 +1,108 @@
+"""Timing, kept out of the decoding loop: an optional observer of one generate() call, and the median
+timings of single forwards that cost curves and drafting costs are made of.
+
+CUDA kernels run asynchronously, so a host clock read right after a call measures its launch, not its
+work. A measurement therefore waits for the device (``torch.cuda.synchronize``) at every boundary, which
+serialises it: that is right for a comparison, which charges each part for its own kernels, and wrong for
+production decoding. So generate() never synchronises by itself; ``StepTimer(synchronize=True)``, passed
+as its ``observer``, does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from treespec.cache import TreeCache
+
+TARGET, DRAFT = "target", "draft"  # the parts a StepTimer charges: target forwards, drafter calls
+
+
+def wait_for(device=None) -> None:
+    """Wait for the kernels queued on ``device`` (None: the current CUDA device); a no-op without CUDA."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """An observer of one generate() call (a fresh one per call: its totals add up): seconds inside the
+    target's forwards and the drafter's calls.
+
+    generate() wraps each of those calls in ``timing(TARGET)`` or ``timing(DRAFT)`` and reads its wall clock
+    from ``clock()``, only when given an observer. With ``synchronize`` each boundary first waits for the
+    kernels queued on ``device`` (the target's), so each part is charged for its own kernels."""
+
+    def __init__(self, synchronize: bool = True, device=None):
+        self.synchronize, self.device = synchronize, device
+        self.seconds = {TARGET: 0.0, DRAFT: 0.0}
+
+    def clock(self) -> float:
+        if self.synchronize:
+            wait_for(self.device)
+        return time.perf_counter()
+
+    @contextmanager
+    def timing(self, part: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[part] += self.clock() - start
+
+
+def timed(observer: StepTimer | None, part: str):
+    """``observer.timing(part)``, or nothing without an observer."""
+    return nullcontext() if observer is None else observer.timing(part)
+
+
+def clock(observer: StepTimer | None) -> float:
+    """The observer's clock, or a plain host clock (no synchronisation) without one."""
+    return time.perf_counter() if observer is None else observer.clock()
+
+
+def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
+                before: Callable[[], object] | None = None) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. ``before()``, untimed, runs
+    ahead of every call: timing a target pass right after a drafting call (or the reverse) finds the weights
+    the other one pushed out of the caches, as decoding does."""
+    times = []
+    for i in range(warmup + repeats):
+        if before is not None:
+            before()
+        wait_for()  # on both sides of the timed call
+        t0 = time.perf_counter()
+        fn()
+        wait_for()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *, preallocate: bool = True,
+                 before: Callable[[], object] | None = None) -> float:
+    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, with the cache
+    generate() verifies with (``preallocate=False``: transformers' concatenating layers); ``before`` as in
+    ``median_time``."""
+    return median_time(forward_step(model, n_tokens, past_len, preallocate=preallocate), repeats, before=before)
+
+
+@torch.no_grad()
+def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True) -> Callable[[], None]:
+    """A call that runs one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, for timing."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
+    cache = TreeCache(model.config, preallocate=preallocate)
+    model(input_ids=prefix, cache=cache, use_cache=True)
+
+    @torch.no_grad()
+    def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
+        model(input_ids=new, cache=cache, use_cache=True)
+        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+    return step
