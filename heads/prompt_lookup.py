@@ -5,14 +5,15 @@ the last ``n`` tokens of its context (committed sequence + the node's path) are 
 committed sequence, longest n first; the tokens that followed earlier occurrences, most recent first and
 without repeats, are the node's ranked children. Ranks with no candidate are pruned, so the proposal's
 tree is a subtree of the requested one (possibly empty: then the step is a plain decoding step).
-Candidates are a deterministic function of the context, hence verified losslessly (verify.py).
+Candidates are a deterministic function of the context, hence verified losslessly (verify.py). A batch's
+rows are looked up one by one on the host, each in its own context; a row's pruned tree is its own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from treespec.drafter import Drafter, Proposal
+from treespec.drafter import Committed, Drafter, Proposal, Proposals
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
@@ -40,8 +41,12 @@ class PromptLookup(Drafter):
                         return found
         return found
 
-    def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
-        seq = committed[0].cpu()  # [L]
+    def propose(self, committed: Committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposals:
+        tokens = committed.tokens.cpu()
+        return Proposals.stack([self.propose_row(tokens[b, :n], tree) for b, n in enumerate(committed.lengths)])
+
+    def propose_row(self, seq: torch.Tensor, tree: Tree) -> Proposal:
+        """One row's proposal from its committed tokens ``seq`` [L] (on the host), the root last."""
         # windows[n]: [L - n, n], every n-gram of seq that has a following token
         windows = {n: seq[:-1].unfold(0, n, 1) for n in range(self.min_ngram, self.max_ngram + 1) if len(seq) > n}
         kids_needed = [0] * tree.num_nodes  # how many ranked children each node asks for

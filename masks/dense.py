@@ -17,9 +17,10 @@ from .relation import visible
 
 
 def additive(seen: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
-    """Bool relation [q, k] → float additive mask [1, 1, q, k] (0.0 where seen, ``finfo(dtype).min`` elsewhere)."""
-    mask = torch.full(seen.shape, torch.finfo(dtype).min, dtype=dtype, device=seen.device)  # [q, k]
-    return mask.masked_fill(seen, 0.0)[None, None]  # [b=1, h=1, q, k]
+    """Bool relation [q, k] or [b, q, k] → float additive mask [1, 1, q, k] or [b, 1, q, k] (0.0 where seen,
+    ``finfo(dtype).min`` elsewhere)."""
+    mask = torch.full(seen.shape, torch.finfo(dtype).min, dtype=dtype, device=seen.device).masked_fill(seen, 0.0)
+    return mask[None, None] if seen.dim() == 2 else mask[:, None]  # [b, h=1, q, k]
 
 
 def ancestor_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, device=None, start: int = 0,

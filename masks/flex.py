@@ -16,13 +16,20 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 def mask_mod_of(allowed: torch.Tensor):
     """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of a bool relation ``allowed`` [q, k]
-    (``visible``): a bare lookup in the dense table, with no index arithmetic.
+    (``visible``), or [b, q, k] per row of a batch (``visible_rows``): a bare lookup in the dense table,
+    with no index arithmetic.
 
     Why: with torch 2.13, mask_mods that combine a gather with arithmetic on the indices ("kv < past_len
     or ancestors[q, kv - past_len]", pre-order interval tests, even clamping the indices) hit an inductor
     C++ codegen error (CppCompileError) when transformers compiled flex_attention on CPU; the bare
     lookup compiles and matches sdpa.
     """
+
+    if allowed.dim() == 3:
+        def batch_mask_mod(b, h, q_idx, kv_idx):
+            return allowed[b, q_idx, kv_idx]
+
+        return batch_mask_mod
 
     def mask_mod(b, h, q_idx, kv_idx):
         # No clamping needed: flex's GPU kernels bound padded indices themselves (get_bounded_indices).
@@ -32,13 +39,15 @@ def mask_mod_of(allowed: torch.Tensor):
 
 
 def block_mask(allowed: torch.Tensor, device=None) -> BlockMask:
-    """A ``BlockMask`` of a bool relation ``allowed`` [q, k] (batch and heads broadcast).
+    """A ``BlockMask`` of a bool relation ``allowed`` [q, k] (batch and heads broadcast) or [b, q, k] (one per
+    row of a batch, heads broadcast).
 
     ``create_block_mask`` evaluates the mask_mod over every (query, key) pair (about a second on a CPU):
     a decoding run builds its masks with ``FlexTreeMasks`` instead."""
     device = allowed.device if device is None else torch.device(device)
-    q, k = allowed.shape
-    return create_block_mask(mask_mod_of(allowed.to(device)), B=None, H=None, Q_LEN=q, KV_LEN=k, device=device)
+    *batch, q, k = allowed.shape
+    return create_block_mask(mask_mod_of(allowed.to(device)), B=batch[0] if batch else None, H=None, Q_LEN=q,
+                             KV_LEN=k, device=device)
 
 
 class FlexTreeMasks:

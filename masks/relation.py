@@ -47,3 +47,20 @@ def visible(allowed: torch.Tensor, past_len: int, *, start: int = 0, window: int
     keys = torch.cat([torch.arange(start, past_len, device=allowed.device), positions])  # [k]
     queries = positions[t - q :]  # [q]
     return seen & (keys[None, :] > queries[:, None] - window)
+
+
+def visible_rows(cached: torch.Tensor | None, allowed: torch.Tensor, past_len: int, *, device=None) -> torch.Tensor:
+    """BoolTensor [b, q, past_len + t]: ``visible`` for a batch whose rows share one cache slot axis but not
+    every slot (treespec/cache.py: left padding and the holes ragged acceptance leaves are invalid slots of
+    a row). ``cached`` [b, past_len]: which cached slots hold a token of the row (None: all of them);
+    ``allowed`` [b or 1, q, t]: each row's relation among the new tokens (a shared tree broadcasts). Full
+    attention only: a sliding window counts positions, which differ between rows here."""
+    allowed = allowed.to(device=device, dtype=torch.bool)
+    if allowed.dim() == 2:
+        allowed = allowed[None]
+    if cached is None:
+        b = allowed.shape[0]
+        cached = torch.ones(b, past_len, dtype=torch.bool, device=allowed.device)
+    cached = cached.to(allowed.device)
+    b, q = max(cached.shape[0], allowed.shape[0]), allowed.shape[1]
+    return torch.cat([cached[:, None, :past_len].expand(b, q, past_len), allowed.expand(b, q, -1)], dim=-1)

@@ -10,7 +10,9 @@ tensors; this module decides which masks a pass takes:
 - a target whose layers all attend fully takes one mask from parts kept across the run's steps
   (``masks.tree_mask_builder``: one ``cat`` per step for the dense mask, no ``create_block_mask`` per
   step for flex_attention, which is why a chain under flex takes it too);
-- a target with sliding-window layers takes one mask per kind of layer (``cache.attention_masks``).
+- a target with sliding-window layers takes one mask per kind of layer (``cache.attention_masks``);
+- a batch whose rows hold different slots (left padding, ragged acceptance: treespec/rows.py) or verify
+  trees of their own takes one mask per row, [b, 1, N, slots + N], and per-row positions.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from treespec.cache import PreallocatedLayer, attention_masks
+from treespec.drafter import Proposals
 from treespec.masks import tree_mask_builder, visible
+from treespec.rows import RowSlots
 from treespec.tree import Tree
 
 
@@ -56,10 +60,20 @@ class TreeAttention:
         self.full_attention = all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in cache.layers)
         self.kept = tree_mask_builder(self.attn_implementation, dtype=self.dtype, device=self.device)
 
-    def __call__(self, tree: Tree, past_len: int) -> dict:
-        """The forward's keyword arguments for ``tree``'s N tokens after ``past_len`` cached ones:
-        {"attention_mask": [1, 1, N, k] or a BlockMask (or one per layer type), "position_ids": [1, N]},
-        or none for a chain the model masks itself."""
+    def __call__(self, proposals: Proposals, slots: RowSlots) -> dict:
+        """The forward's keyword arguments for a pass over each row's root and candidates after the slots
+        ``slots`` describes: {"attention_mask": [b or 1, 1, N, k] or a BlockMask (or one per layer type),
+        "position_ids": [b or 1, N]}, or none for a chain the model masks itself."""
+        tree = proposals.tree
+        if tree is None or slots.ragged:
+            allowed, depths = stacked_relation(proposals)
+            return {"attention_mask": slots.mask(allowed, attn_implementation=self.attn_implementation,
+                                                 dtype=self.dtype),
+                    "position_ids": slots.positions(depths)}
+        return self.shared(tree, slots.length)
+
+    def shared(self, tree: Tree, past_len: int) -> dict:
+        """The keyword arguments for ``tree``'s N tokens after ``past_len`` cached ones, every row alike."""
         if tree.is_chain and self.chain_builds_own_mask:
             return {}
         if self.full_attention:
@@ -68,3 +82,18 @@ class TreeAttention:
             mask = tree_masks(self.cache, tree, past_len, attn_implementation=self.attn_implementation,
                               dtype=self.dtype, device=self.device)
         return {"attention_mask": mask, "position_ids": tree_position_ids(tree, past_len, self.device)}
+
+
+def stacked_relation(proposals: Proposals) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ancestor matrix and depths, padded to the largest tree: (BoolTensor [b or 1, N, N], LongTensor
+    [b or 1, N]); a padding node sees itself only, at depth 0 (none of a row's real nodes sees it)."""
+    tree = proposals.tree
+    if tree is not None:
+        return tree.ancestors[None], tree.depths[None]
+    n = proposals.num_nodes
+    allowed = torch.eye(n, dtype=torch.bool).repeat(len(proposals.trees), 1, 1)  # [b, N, N]
+    depths = torch.zeros(len(proposals.trees), n, dtype=torch.long)  # [b, N]
+    for b, row in enumerate(proposals.trees):
+        allowed[b, : row.num_nodes, : row.num_nodes] = row.ancestors
+        depths[b, : row.num_nodes] = row.depths
+    return allowed, depths

@@ -27,6 +27,27 @@ layer), and a dict keyed by layer type when they differ (the form transformers 5
 ``config.layer_types`` take, e.g. Gemma-2). For a chain and the prefill, the model builds its own masks
 from ``get_mask_sizes`` (keys held, offset = start), as it does for transformers' own sliding layers.
 
+**A batch of rows** (treespec/rows.py). Every row of a batch lives on ONE physical slot axis: every pass
+appends the same number of slots to every row, so each layer stays one [b, kv_heads, seq, head_dim] tensor
+that a model attends over in one call. What differs between rows is which slots hold their tokens: a
+``RowSlots`` keeps a validity mask [b, seq] beside the cache, and a row's invalid slots are
+
+- its left padding (transformers' convention for a batch of prompts of different lengths), and
+- the holes ragged acceptance leaves: after a tree pass of N tokens at slots S .. S + N − 1, row b keeps its
+  root and its k_b accepted nodes compacted to S .. S + k_b (``keep_row_paths``: one gather per layer with an
+  index [b, 1 + k_max]; none for chains, whose accepted nodes are already in place), the physical length
+  becomes S + 1 + max_b k_b, and the slots S + 1 + k_b .. S + k_max of a row that accepted fewer are holes.
+
+Between steps a row's cache therefore holds every committed token but its root, in order, interleaved with
+invalid slots. A row's position ids count its valid slots (its logical position), so its keys carry exactly
+the positions a sequential decode of that row alone gives them, and the mask of a pass over N new tokens
+per row is [b, 1, N, S + N]: the row's validity over the cached slots, then the tree's ancestor relation
+(one per row for per-row trees). A batch without an invalid slot (one row, or rows of one length that
+accepted alike) keeps the single-sequence path: the model's own causal mask for chains, one broadcast mask
+for trees. Sliding-window layers count positions by slot, so they take one row only (refused at the door
+for a batch). Finished rows leave the batch (``select_rows``: an index_select on the batch dimension of
+every layer), so they stop costing compute; the slots stay as long as the longest row needs them.
+
 **What cannot be rolled back** is refused before any forward (``attention_layers``, called at generate's
 door, ``check_rollback``): recurrent state (linear attention, state-space and convolution layers: Mamba,
 Qwen3-Next, Falcon-H1, RWKV, xLSTM, ...; by layer type, or by transformers' ``_is_stateful`` flag)
@@ -39,6 +60,7 @@ outside the cache it was given.
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
@@ -122,6 +144,30 @@ class PreallocatedLayer(DynamicLayer):
             return False
         self._kv[:, :, :, root : root + src.numel()] = self._kv.index_select(3, src)
         return True
+
+    def gather_rows(self, start: int, index: torch.Tensor) -> bool:
+        """Row b writes its entries at start + index[b] [k] to start .. start + k − 1, keys and values in one
+        gather; False (nothing done) when they are not views of one buffer, for the caller to move them."""
+        if self._kv is None or not self._holds_prefix():
+            return False
+        two, b, h, _, d = self._kv.shape
+        where = rearrange(start + index, "b k -> 1 b 1 k 1").expand(two, b, h, -1, d)
+        self._kv[:, :, :, start : start + index.shape[1]] = self._kv.gather(3, where)
+        return True
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows ``rows`` [b'] (in that order), in new buffers."""
+        held = self.keys.shape[-2]
+        if self._holds_prefix() and self._kv is not None:
+            self._kv = self._kv.index_select(1, rows)
+            self._buffers = (self._kv[0], self._kv[1])
+        elif self._holds_prefix():
+            self._buffers = tuple(buf.index_select(0, rows) for buf in self._buffers)
+        else:
+            self._kv = self._buffers = None
+            self.keys, self.values = self.keys.index_select(0, rows), self.values.index_select(0, rows)
+            return
+        self.keys, self.values = self._buffers[0][:, :, :held], self._buffers[1][:, :, :held]
 
     def reset(self) -> None:
         super().reset()
@@ -254,6 +300,49 @@ def keep_tree_path(cache, past_len: int, keep) -> None:
         layer.values = layer.values[:, :, drop:end]
         if drop:
             layer.start = start + drop
+
+
+def keep_row_paths(cache, past_len: int, keeps: list[list[int]]) -> int:
+    """``keep_tree_path`` per row of a batch: row b keeps its entries at ``past_len + keeps[b]`` (increasing
+    tree-node offsets) compacted to past_len .., and every layer is cut to past_len + max_b len(keeps[b]), the
+    tail of a shorter row being holes its ``RowSlots`` marks invalid. Rows that keep alike take
+    ``keep_tree_path``; rows that keep chain prefixes move nothing; else one gather per layer. Returns the
+    slots kept (max_b len(keeps[b])). Full-attention layers only (a batch refuses sliding ones)."""
+    if all(keep == keeps[0] for keep in keeps[1:]):
+        keep_tree_path(cache, past_len, keeps[0])
+        return len(keeps[0])
+    width = max(len(keep) for keep in keeps)
+    if any(keep != list(range(len(keep))) for keep in keeps):
+        # a shorter row's tail repeats its last entry (or the slot itself): holes, whatever they hold
+        index = torch.tensor([keep + [keep[-1] if keep else 0] * (width - len(keep)) for keep in keeps])  # [b, k]
+        on_device: dict[torch.device, torch.Tensor] = {}
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                continue
+            if isinstance(layer, SlidingWindowLayer) or type(layer) not in (DynamicLayer, PreallocatedLayer):
+                raise NotImplementedError(f"{type(layer).__name__} cannot keep a different path per row")
+            src = on_device.setdefault(layer.keys.device, index.to(layer.keys.device))
+            if not (isinstance(layer, PreallocatedLayer) and layer.gather_rows(past_len, src)):
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)  # [b, h, seq, d]
+                    where = rearrange(past_len + src, "b k -> b 1 k 1").expand(-1, t.shape[1], -1, t.shape[3])
+                    t[:, :, past_len : past_len + width] = t.gather(2, where)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys, layer.values = layer.keys[:, :, : past_len + width], layer.values[:, :, : past_len + width]
+    return width
+
+
+def select_rows(cache, rows: torch.Tensor) -> None:
+    """Keep the batch rows ``rows`` [b'] of every layer (finished rows leave the batch)."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        if isinstance(layer, PreallocatedLayer):
+            layer.select_rows(rows.to(layer.keys.device))
+        else:
+            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, rows.to(layer.keys.device))
 
 
 def attention_masks(cache, allowed: torch.Tensor, past_len: int, positions: torch.Tensor, *,

@@ -1,16 +1,20 @@
 """The one interface every drafter implements, and what it returns. It lives in the core, beside the
 loop that calls it (treespec/generate.py); implementations live above it, in treespec.heads.
 
-A decoding step, from the drafter's side:
+Every call is batched over the rows being decoded (b = 1 for one prompt). A decoding step, from the
+drafter's side:
 
-1. ``propose(committed, feature, tree, sampling, generator)``: the committed sequence ends with the
-   root token (committed, not yet seen by the target's cache); ``feature`` is the target's hidden state
-   at the position before the root, the one whose logits produced the root (the drafter's
-   ``feature_layers`` side by side). The drafter returns a ``Proposal``: one token per candidate node of
-   the tree it proposes, and, if it *sampled* them, the distributions it drew each node's children from.
-2. The target verifies; the walker picks the accepted path (treespec/verify.py).
-3. ``accept(path, features)``: node indices accepted (root excluded) and the target's hidden states at
-   the root and at each accepted node, so drafters with their own caches stay in sync.
+1. ``propose(committed, feature, tree, sampling, generator)``: ``committed`` holds each row's committed
+   tokens, ending with its root (committed, not yet seen by the target's cache); ``feature`` [b, L·h] is
+   the target's hidden state at the position before each root, the one whose logits produced it (the
+   drafter's ``feature_layers`` side by side). The drafter returns ``Proposals``: one token per candidate
+   node of each row's tree (one tree shape for every row, or each row's own: EAGLE-2's dynamic trees, a
+   prompt lookup that found fewer candidates), and, if it *sampled* them, the distributions it drew each
+   node's children from. Its model runs once per depth for the whole batch, never once per row.
+2. The target verifies; the walker picks each row's accepted path (treespec/verify.py).
+3. ``accept(paths, features)``: each row's accepted node indices (root excluded) and the target's hidden
+   states at the root and at each accepted node, so drafters with their own caches stay in sync.
+4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
 
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
 EAGLE-2's sibling-by-sibling rule) or sampled i.i.d. from ``q_draft`` (verified with multi-candidate
@@ -32,6 +36,8 @@ CANDIDATE_MODES = ("topk", "sample")
 
 @dataclass
 class Proposal:
+    """One row's candidates: what the walker verifies."""
+
     tree: Tree                           # topology of this step's candidates (static, or grown this step)
     tokens: torch.Tensor                 # LongTensor [n]: candidate token of nodes 1..n
     q_draft: torch.Tensor | None = None  # float [N, V]: distribution node i's children were sampled from
@@ -39,6 +45,84 @@ class Proposal:
     def __post_init__(self):
         if self.tokens.shape != (len(self.tree),):
             raise ValueError(f"proposal has {tuple(self.tokens.shape)} tokens for a tree of {len(self.tree)} nodes")
+
+
+@dataclass
+class Proposals:
+    """A batch's candidates: row b's tree ``trees[b]`` (the same object for rows sharing one shape) with its
+    candidates in the first len(trees[b]) entries of ``tokens[b]``; a smaller tree's remaining entries are
+    padding that no real node attends to."""
+
+    trees: list[Tree]
+    tokens: torch.Tensor                 # LongTensor [b, n]: n = the largest tree's candidates
+    q_draft: torch.Tensor | None = None  # float [b, N, V]
+
+    def __post_init__(self):
+        n = max(len(tree) for tree in self.trees)
+        if self.tokens.shape != (len(self.trees), n):
+            raise ValueError(f"proposals have {tuple(self.tokens.shape)} tokens for {len(self.trees)} trees of at "
+                             f"most {n} nodes")
+
+    @classmethod
+    def shared(cls, tree: Tree, tokens: torch.Tensor, q_draft: torch.Tensor | None = None) -> Proposals:
+        """One tree for every row of ``tokens`` [b, n]."""
+        return cls([tree] * tokens.shape[0], tokens, q_draft)
+
+    @classmethod
+    def stack(cls, proposals: list[Proposal]) -> Proposals:
+        """Rows' own proposals, padded to the largest (one shared tree when every row proposes the same one)."""
+        n = max(len(p.tree) for p in proposals)
+        tokens = torch.zeros(len(proposals), n, dtype=torch.long)
+        for b, p in enumerate(proposals):
+            tokens[b, : len(p.tree)] = p.tokens.cpu()
+        q_draft = None
+        if any(p.q_draft is not None for p in proposals):
+            first = next(p.q_draft for p in proposals if p.q_draft is not None)
+            q_draft = first.new_zeros(len(proposals), n + 1, first.shape[-1])
+            for b, p in enumerate(proposals):
+                if p.q_draft is not None:
+                    q_draft[b, : p.tree.num_nodes] = p.q_draft
+        return cls([p.tree for p in proposals], tokens, q_draft)
+
+    @property
+    def tree(self) -> Tree | None:
+        """The tree every row shares, or None when rows have their own."""
+        first = self.trees[0]
+        return first if all(tree is first for tree in self.trees[1:]) else None
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes per row of a verification pass: root + the largest tree's candidates."""
+        return self.tokens.shape[1] + 1
+
+    def row(self, b: int) -> Proposal:
+        tree = self.trees[b]
+        q_draft = None if self.q_draft is None else self.q_draft[b, : tree.num_nodes]
+        return Proposal(tree, self.tokens[b, : len(tree)], q_draft)
+
+
+@dataclass
+class Committed:
+    """Each row's committed tokens, its root last: row b's are ``tokens[b, : lengths[b]]`` (its prompt without
+    padding, then what was generated); what follows them is unspecified."""
+
+    tokens: torch.Tensor                 # LongTensor [b, L]
+    lengths: list[int]
+
+    def row(self, b: int) -> torch.Tensor:
+        """LongTensor [lengths[b]]."""
+        return self.tokens[b, : self.lengths[b]]
+
+    def tails(self, starts: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Each row's tokens from ``starts[b]`` on, right-padded (with zeros) → (LongTensor [b, m], counts [b])."""
+        counts = [n - s for n, s in zip(self.lengths, starts, strict=True)]
+        first, width = min(starts), max(counts)
+        if all(s == first for s in starts):  # one row, or rows alike: a view
+            return self.tokens[:, first : first + width], counts
+        index = (torch.tensor(starts)[:, None] + torch.arange(width)[None]).clamp(max=self.tokens.shape[1] - 1)
+        tails = self.tokens.gather(1, index.to(self.tokens.device))
+        return tails.masked_fill(torch.arange(width, device=tails.device)[None] >=
+                                 torch.tensor(counts, device=tails.device)[:, None], 0), counts
 
 
 class Drafter:
@@ -62,25 +146,36 @@ class Drafter:
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
 
-    def reset(self) -> None:
-        """Forget all per-sequence state; called by generate() before each prompt."""
+    def check_batch(self, batch_size: int) -> None:
+        """Raise ValueError if this drafter cannot draft for ``batch_size`` rows at once."""
 
-    def prefill(self, input_ids: torch.Tensor, features: torch.Tensor | None) -> None:
-        """See the prompt. input_ids: [1, P]; features: [1, P, L·h] target hidden states or None."""
+    def reset(self) -> None:
+        """Forget all per-sequence state; called by generate() before each batch."""
+
+    def prefill(self, input_ids: torch.Tensor, features: torch.Tensor | None,
+                attention_mask: torch.Tensor | None = None) -> None:
+        """See the prompts as the target saw them: input_ids [b, P], left-padded where ``attention_mask``
+        [b, P] says so (None: no padding); features: [b, P, L·h] target hidden states or None."""
 
     def propose(
         self,
-        committed: torch.Tensor,
+        committed: Committed,
         feature: torch.Tensor | None,
         tree: Tree | DynamicTree,
         sampling: Sampling,
         generator: torch.Generator | None = None,
-    ) -> Proposal:
-        """committed: LongTensor [1, L] ending with the root; feature: [1, L·h] or None."""
+    ) -> Proposals:
+        """committed: each row's tokens, the root last; feature: [b, L·h] or None. Every row is proposed a
+        ``tree`` (static: its shape; dynamic: its budget)."""
         raise NotImplementedError
 
-    def accept(self, path: torch.Tensor, features: torch.Tensor | None) -> None:
-        """path: LongTensor [k] accepted node indices; features: [1, k + 1, L·h] (root first) or None."""
+    def accept(self, paths: list[torch.Tensor], features: torch.Tensor | None) -> None:
+        """paths: per row, LongTensor [k_b] accepted node indices; features: [b, 1 + max k_b, L·h] (row b's
+        root, then its accepted nodes, in its first k_b + 1 entries) or None."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others
+        finished."""
 
 
 def stack_features(hidden_states, layers) -> torch.Tensor:

@@ -1,18 +1,20 @@
-"""The one decoding loop: prefill → draft → verify → commit.
+"""The one decoding loop: prefill → draft → verify → commit, over a batch of rows (one prompt: b = 1).
 
-    prefill   target(prompt)                         → first token (the root of step 1); drafter.prefill
-    draft     drafter.propose(committed, feature)    → candidate tree (tokens, q_draft)
-    verify    target([root] + tree, tree mask)       → logits at every node, one pass
-              walk(logits, proposal)                 → accepted path + next token
-    commit    keep_tree_path(cache); drafter.accept  → caches hold prefix + accepted path
+    prefill   target(prompts)                        → each row's first token (its root); drafter.prefill
+    draft     drafter.propose(committed, feature)    → each row's candidate tree (tokens, q_draft)
+    verify    target([root] + tree, tree mask)       → logits at every node of every row, one pass
+              walk(logits[b], proposal[b])           → each row's accepted path + next token
+    commit    RowSlots.keep(cache); drafter.accept   → caches hold each row's prefix + accepted path
+    retire    rows at eos or at their budget leave the batch (target cache, slots, drafter.keep_rows)
 
-Invariant between steps: the target's cache holds every committed token except the last one, the
-root, which is fed at the start of the next verification pass. ``drafter=None`` runs the same loop
-with an empty tree: plain autoregressive decoding, the baseline every speedup is measured against.
+Invariant between steps: the target's cache holds every committed token of a row except its last one,
+the root, which is fed at the start of the next verification pass. Rows accept different numbers of
+tokens, so they grow at different rates on one shared slot axis (treespec/cache.py, "A batch of rows";
+treespec/rows.py). ``drafter=None`` runs the same loop with an empty tree: plain autoregressive decoding,
+the baseline every speedup is measured against (batched vanilla decoding for a batch).
 
-What one sequence carries from step to step is a ``DecodeState``; what stays fixed for the call is a
-``Run``. Timing is an optional observer (treespec/timing.py): without one the loop never waits for the
-device.
+What the rows carry from step to step is a ``DecodeState``; what stays fixed for the call is a ``Run``.
+Timing is an optional observer (treespec/timing.py): without one the loop never waits for the device.
 """
 
 from __future__ import annotations
@@ -23,49 +25,18 @@ from dataclasses import dataclass, field
 import torch
 
 from treespec.attention import TreeAttention
-from treespec.cache import TreeCache, check_filled, keep_tree_path
-from treespec.drafter import Drafter, Proposal, stack_features
+from treespec.cache import TreeCache, check_filled
+from treespec.drafter import Committed, Drafter, Proposals, stack_features
 from treespec.dynamic_tree import DynamicTree
-from treespec.inputs import check_inputs
+from treespec.inputs import Inputs, check_inputs
+from treespec.result import GenerationResult, RowResult
+from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
 from treespec.timing import DRAFT, TARGET, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.verify import Walk, walk
 
-NO_CANDIDATES = torch.empty(0, dtype=torch.long)  # a plain step's proposal: the root alone
-
-
-@dataclass
-class GenerationResult:
-    sequences: torch.Tensor                          # LongTensor [1, prompt + new]
-    prompt_length: int
-    accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verification pass
-    wall_time: float = 0.0                           # seconds, prefill included
-    target_time: float = 0.0                         # seconds inside target forwards (with an observer)
-    draft_time: float = 0.0                          # seconds inside drafter calls (with an observer)
-
-    @property
-    def target_passes(self) -> int:
-        """Verification passes (the prefill, which commits the first token, is not counted)."""
-        return len(self.accept_lengths)
-
-    @property
-    def mean_accept_length(self) -> float:
-        """τ: mean tokens committed per verification pass, bonus token included."""
-        return sum(self.accept_lengths) / max(1, len(self.accept_lengths))
-
-    @property
-    def new_tokens(self) -> int:
-        return self.sequences.shape[1] - self.prompt_length
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
-
-    @property
-    def overhead_time(self) -> float:
-        """Seconds spent outside target and drafter calls: masks, walking, cache compaction, glue."""
-        return self.wall_time - self.target_time - self.draft_time
+__all__ = ["GenerationResult", "RowResult", "generate"]
 
 
 @dataclass(frozen=True)
@@ -85,21 +56,32 @@ class Run:
 
 @dataclass
 class DecodeState:
-    """What decoding one sequence carries from step to step (the batch issue makes these per row)."""
+    """What decoding a batch carries from step to step. Lists and tensors are over the rows still decoding,
+    in order; ``rows`` maps them to the prompts, and a finished row's tokens move to ``done``."""
 
-    sequence: torch.Tensor              # LongTensor [1, P + max_new_tokens]: the prompt, then committed tokens
-    length: int                         # tokens committed, prompt included; sequence[0, length − 1] is the root
-    end: int                            # P + max_new_tokens: no token is committed at or after it
-    root: int                           # the root token, on the host (eos tests)
-    cache: TreeCache                    # the target's: every committed token but the root
+    rows: list[int]                     # the prompt each row decodes
+    tokens: torch.Tensor                # LongTensor [b, L]: row b's committed tokens (its prompt without padding,
+    #                                     then generated ones) in its first lengths[b] entries, the root last
+    lengths: list[int]                  # tokens committed per row, prompt included
+    ends: list[int]                     # prompt + max_new_tokens: no token of a row is committed at or after it
+    roots: list[int]                    # each row's root token, on the host (eos tests)
+    cache: TreeCache                    # the target's: every committed token of a row but its root
+    slots: RowSlots                     # which of the cache's slots hold each row's tokens
     attention: TreeAttention            # the verification passes' masks, with parts kept across steps
-    features: torch.Tensor | None       # [1, n, L·h]: target hidden states at the last tokens committed
-    accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verification pass
+    features: torch.Tensor | None       # [b, k, L·h]: target hidden states at the last tokens each row committed
+    feature_counts: list[int]           # row b's entries of ``features`` (the root's feature is the last)
+    accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
+    done: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt → its committed tokens, once finished
+    passes: int = 0                     # batched verification passes
+
+    @property
+    def committed(self) -> Committed:
+        return Committed(self.tokens, self.lengths)
 
     @property
     def feature(self) -> torch.Tensor | None:
-        """[1, L·h]: the target's hidden state that produced the root (a feature drafter's input)."""
-        return None if self.features is None else self.features[:, -1]
+        """[b, L·h]: the target's hidden state that produced each root (a feature drafter's input)."""
+        return None if self.features is None else gather_last(self.features, self.feature_counts)
 
 
 def prefill_kwargs(target) -> dict:
@@ -110,19 +92,28 @@ def prefill_kwargs(target) -> dict:
 @torch.no_grad()
 def generate(
     target,
-    input_ids: torch.Tensor,
+    input_ids,
     *,
+    attention_mask: torch.Tensor | None = None,
     drafter=None,
     tree: Tree | DynamicTree | dict | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_p: float = 1.0,
     eos_token_id: int | list[int] | torch.Tensor | None = None,
+    pad_token_id: int | None = None,
     generator: torch.Generator | None = None,
     acceptance: str = "rejection",
     observer: StepTimer | None = None,
 ) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after ``input_ids`` [1, P] with tree speculation.
+    """Decode up to ``max_new_tokens`` after each prompt with tree speculation.
+
+    ``input_ids``: one prompt ([P] or [1, P]), a batch [b, P] left-padded where ``attention_mask`` [b, P] is 0
+    (transformers' convention), or a list of 1-D prompts, left-padded here with the pad id. Each row is
+    decoded as if alone: greedy rows equal transformers' batched greedy ``generate`` on the same padded batch,
+    sampled rows follow the target's distribution, each with its own draws from the one ``generator``.
+    ``result.sequences`` [b, P + T] is shaped as transformers' output: the prompts as given, then each row's
+    tokens and the pad id after its eos (``pad_token_id``, else the target's, else the first eos, else 0).
 
     ``tree`` is the candidate tree: a Tree, a DynamicTree or a tree-spec dict (default: the drafter's
     ``default_tree``). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
@@ -132,92 +123,158 @@ def generate(
     """
     inputs = check_inputs(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
-                          acceptance=acceptance, observer=observer)
+                          acceptance=acceptance, observer=observer, attention_mask=attention_mask,
+                          pad_token_id=pad_token_id)
     uses_features = inputs.drafter is not None and inputs.drafter.needs_features
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
               feature_layers=tuple(inputs.drafter.feature_layers) if uses_features else ())
     start = clock(observer)
-    state = prefill(run, inputs.input_ids, inputs.max_new_tokens)
-    while state.root not in run.eos and state.length < state.end:
-        step_tree = run.tree.truncate(state.end - state.length - 1)  # deeper nodes could never be committed
+    state = prefill(run, inputs)
+    retire(run, state)
+    while state.rows:
+        # deeper nodes could never be committed by any row (a shallower row's commit stops at its end)
+        step_tree = run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
         if run.drafter is None or len(step_tree) == 0:
             plain_step(run, state, step_tree)
         else:
             speculative_step(run, state, step_tree)
+        retire(run, state)
+    sequences, rows = outputs(inputs, state)
     wall_time = clock(observer) - start
     spent = {} if observer is None else observer.seconds
-    return GenerationResult(sequences=state.sequence[:, : state.length], prompt_length=inputs.input_ids.shape[1],
-                            accept_lengths=state.accept_lengths, wall_time=wall_time,
-                            target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0))
+    return GenerationResult(sequences=sequences, prompt_length=inputs.given.shape[1],
+                            accept_lengths=[n for row in rows for n in row.accept_lengths], wall_time=wall_time,
+                            target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0), rows=rows,
+                            passes=state.passes)
 
 
-def prefill(run: Run, input_ids: torch.Tensor, max_new_tokens: int) -> DecodeState:
-    """The target over the prompt [1, P], whose last logits choose the first token (the first root); then the
-    drafter sees the prompt."""
-    prompt_len = input_ids.shape[1]
-    sequence = torch.empty(1, prompt_len + max_new_tokens, dtype=torch.long, device=input_ids.device)  # [1, L_max]
-    sequence[:, :prompt_len] = input_ids
+def prefill(run: Run, inputs: Inputs) -> DecodeState:
+    """The target over the prompts [b, P], whose last logits choose each row's first token (its first root);
+    then the drafter sees the prompts."""
+    input_ids, mask, lengths = inputs.input_ids, inputs.attention_mask, inputs.prompt_lengths
+    batch, width = input_ids.shape
+    device = input_ids.device
     cache = TreeCache(run.target.config)  # sliding-window layers too can be rolled back (treespec/cache.py)
     # only the last position's logits are needed (a full-prompt [P, V] projection costs as much as a few steps)
-    logits, features = forward(run, cache, input_ids, **prefill_kwargs(run.target))  # features: [1, P, L·h]
-    check_filled(cache, prompt_len, run.target)
-    p_target = probs(logits[0, -1], run.sampling)  # [V]
-    root = int(argmax(p_target) if run.sampling.greedy else sample(p_target, run.generator))
-    sequence[0, prompt_len] = root
+    kwargs = prefill_kwargs(run.target)
+    if mask is not None:  # left padding: transformers' own padding mask and positions (a row counts from 0)
+        kwargs.update(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    logits, features = forward(run, cache, input_ids, **kwargs)  # features: [b, P, L·h]
+    check_filled(cache, width, run.target)
+    slots = RowSlots(batch, device)
+    slots.append_prompts(mask, width)
+    p_target = probs(logits[:, -1], run.sampling)  # [b, V]
+    roots = argmax(p_target) if run.sampling.greedy else sample(p_target, run.generator)  # [b]
+    tokens = torch.empty(batch, max(lengths) + inputs.max_new_tokens, dtype=torch.long, device=device)  # [b, L_max]
+    tokens[:, : max(lengths)] = right_aligned(input_ids, lengths)
+    tokens[torch.arange(batch, device=device), torch.tensor(lengths, device=device)] = roots.to(device)
     if run.drafter is not None:
         with timed(run.observer, DRAFT):
             run.drafter.reset()
-            run.drafter.prefill(input_ids, features)
-    return DecodeState(sequence, prompt_len + 1, prompt_len + max_new_tokens, root, cache,
-                       TreeAttention(run.target, cache), features)
+            run.drafter.prefill(input_ids, features, mask)
+    feature_counts = [width] * batch  # the prompts' last features produced the roots (left padding)
+    ends = [n + inputs.max_new_tokens for n in lengths]
+    return DecodeState(list(range(batch)), tokens, [n + 1 for n in lengths], ends, roots.tolist(), cache, slots,
+                       TreeAttention(run.target, cache), features, feature_counts, [[] for _ in range(batch)])
 
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
-    """One pass over the root alone (no drafter, or no depth left to draft): one token."""
-    proposal = Proposal(tree, NO_CANDIDATES)
-    accepted, features = verify(run, state, proposal)
-    commit(run, state, proposal, accepted, features)
+    """One pass over each row's root alone (no drafter, or no depth left to draft): one token per row."""
+    proposals = Proposals.shared(tree, torch.empty(len(state.rows), 0, dtype=torch.long))
+    accepted, features = verify(run, state, proposals)
+    commit(run, state, proposals, accepted, features)
 
 
 def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> None:
-    """Draft a tree, verify it in one pass, commit the accepted path; the drafter then sees what was kept."""
-    with timed(run.observer, DRAFT):  # the committed sequence ends with the root
-        proposal = run.drafter.propose(state.sequence[:, : state.length], state.feature, tree, run.sampling,
-                                       run.generator)
-    accepted, features = verify(run, state, proposal)
-    commit(run, state, proposal, accepted, features)
+    """Draft each row's tree, verify them in one pass, commit each row's accepted path; the drafter then sees
+    what was kept."""
+    with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
+        proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
+    accepted, features = verify(run, state, proposals)
+    commit(run, state, proposals, accepted, features)
     with timed(run.observer, DRAFT):
-        run.drafter.accept(accepted.path, state.features)
+        run.drafter.accept([a.path for a in accepted], state.features)
 
 
-def verify(run: Run, state: DecodeState, proposal: Proposal) -> tuple[Walk, torch.Tensor | None]:
-    """One target pass over the root and every candidate, and the walk over its logits → (the accepted path and
-    next token, the target's hidden states at every node [1, N, L·h] or None)."""
-    past = state.length - 1  # the root's position: the cache holds everything before it
-    tokens = torch.cat([state.sequence[0, past : state.length], proposal.tokens.to(state.sequence.device)])  # [N]
-    logits, features = forward(run, state.cache, tokens[None], **state.attention(proposal.tree, past))  # [1, N, V]
-    return walk(logits[0], proposal, run.sampling, acceptance=run.acceptance, generator=run.generator), features
+def verify(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Walk], torch.Tensor | None]:
+    """One target pass over every row's root and candidates, and the walk over each row's logits → (each row's
+    accepted path and next token, the target's hidden states at every node [b, N, L·h] or None)."""
+    device = state.tokens.device
+    roots = torch.tensor(state.roots, device=device)[:, None]  # [b, 1]
+    tokens = torch.cat([roots, proposals.tokens.to(device)], dim=1)  # [b, N]
+    logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
+    # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'
+    return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling, acceptance=run.acceptance,
+                 generator=run.generator) for b in range(len(state.rows))], features
 
 
-def commit(run: Run, state: DecodeState, proposal: Proposal, accepted: Walk, features: torch.Tensor | None) -> None:
-    """Append the accepted path's tokens and the next token (up to the end and the first eos); keep the cache
-    entries and the hidden states of the root and the accepted nodes."""
+def commit(run: Run, state: DecodeState, proposals: Proposals, accepted: list[Walk],
+           features: torch.Tensor | None) -> None:
+    """Append each row's accepted path's tokens and its next token (up to its end and its first eos); keep the
+    cache entries and the hidden states of each row's root and accepted nodes."""
     # host lists: a handful of tiny tensor ops per step costs more than the lists
-    path = accepted.path.tolist()  # accepted nodes in depth order, root excluded
-    keep = [0, *path]  # tree-node offsets the caches keep, root first
-    keep_tree_path(state.cache, state.length - 1, keep)
-    drafted = proposal.tokens.tolist()
-    new = until_eos([drafted[i - 1] for i in path] + [accepted.next_token], run.eos)[: state.end - state.length]
-    state.sequence[0, state.length : state.length + len(new)] = torch.tensor(new, device=state.sequence.device)
-    state.length += len(new)
-    state.root = new[-1]
-    state.accept_lengths.append(len(new))
-    state.features = kept_rows(features, keep)  # [1, k + 1, L·h]: the root's, then the accepted nodes'
+    drafted = proposals.tokens.tolist()  # [b][n]
+    keeps = []
+    for b, walked in enumerate(accepted):
+        path = walked.path.tolist()  # accepted nodes in depth order, root excluded
+        keeps.append([0, *path])  # tree-node offsets the caches keep, root first
+        new = until_eos([drafted[b][i - 1] for i in path] + [walked.next_token], run.eos)
+        new = new[: state.ends[b] - state.lengths[b]]
+        length = state.lengths[b]
+        state.tokens[b, length : length + len(new)] = torch.tensor(new, device=state.tokens.device)
+        state.lengths[b] += len(new)
+        state.roots[b] = new[-1]
+        state.accept_lengths[state.rows[b]].append(len(new))
+    state.slots.keep(state.cache, keeps)
+    state.features = kept_entries(features, keeps)  # [b, 1 + k_max, L·h]: each row's root's, then its accepted nodes'
+    state.feature_counts = [len(keep) for keep in keeps]
+    state.passes += 1
+
+
+def retire(run: Run, state: DecodeState) -> None:
+    """Rows whose root is an eos or that reached their budget leave the batch: their tokens move to
+    ``state.done``, and the target's cache, the slots, the features and the drafter keep the other rows."""
+    finished = [b for b, (root, n, end) in enumerate(zip(state.roots, state.lengths, state.ends, strict=True))
+                if root in run.eos or n >= end]
+    if not finished:
+        return
+    for b in finished:
+        state.done[state.rows[b]] = state.tokens[b, : state.lengths[b]]
+    keep = [b for b in range(len(state.rows)) if b not in finished]
+    if not keep:
+        state.rows = []
+        return
+    rows = torch.tensor(keep, device=state.tokens.device)
+    state.slots.select(rows, state.cache)
+    state.tokens = state.tokens.index_select(0, rows)
+    if state.features is not None:
+        state.features = state.features.index_select(0, rows.to(state.features.device))
+    for name in ("rows", "lengths", "ends", "roots", "feature_counts"):
+        values = getattr(state, name)
+        setattr(state, name, [values[b] for b in keep])
+    if run.drafter is not None:
+        with timed(run.observer, DRAFT):
+            run.drafter.keep_rows(rows)
+
+
+def outputs(inputs: Inputs, state: DecodeState) -> tuple[torch.Tensor, list[RowResult]]:
+    """(sequences [b, P + T] as transformers' generate returns them: the prompts as given, each row's new tokens,
+    the pad id after a row's eos up to T, the longest row's new tokens; each row's RowResult)."""
+    given = inputs.given.to(inputs.input_ids.device)
+    new = [state.done[r][n:] for r, n in enumerate(inputs.prompt_lengths)]
+    sequences = torch.full((given.shape[0], given.shape[1] + max(len(t) for t in new)), inputs.pad_token_id,
+                           dtype=torch.long, device=given.device)
+    sequences[:, : given.shape[1]] = given
+    for r, tokens in enumerate(new):
+        sequences[r, given.shape[1] : given.shape[1] + len(tokens)] = tokens
+    rows = [RowResult(n, len(t), lengths) for n, t, lengths in zip(inputs.prompt_lengths, new, state.accept_lengths,
+                                                                   strict=True)]
+    return sequences, rows
 
 
 def forward(run: Run, cache: TreeCache, input_ids: torch.Tensor, **mask_inputs):
-    """The target over ``input_ids`` [1, n] after what ``cache`` holds → (logits [1, n or 1, V], the drafter's
-    features [1, n, L·h] or None)."""
+    """The target over ``input_ids`` [b, n] after what ``cache`` holds → (logits [b, n or 1, V], the drafter's
+    features [b, n, L·h] or None)."""
     with timed(run.observer, TARGET):
         out = run.target(input_ids=input_ids, cache=cache, use_cache=True,
                          output_hidden_states=bool(run.feature_layers), **mask_inputs)
@@ -232,11 +289,15 @@ def until_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
     return tokens
 
 
-def kept_rows(features: torch.Tensor | None, keep: list[int]) -> torch.Tensor | None:
-    """features [1, N, L·h] → the rows of the tree nodes ``keep`` [1, k, L·h]: a chain prefix is a view, anything
-    else a gather."""
+def kept_entries(features: torch.Tensor | None, keeps: list[list[int]]) -> torch.Tensor | None:
+    """features [b, N, L·h] → each row's entries at its tree nodes ``keeps[b]``, first [b, max len, L·h] (a shorter
+    row's tail repeats its last): a view when every row keeps a chain prefix, else a gather."""
     if features is None:
         return None
-    if keep == list(range(len(keep))):
-        return features[:, : len(keep)]
-    return features[:, torch.tensor(keep, device=features.device)]
+    width = max(len(keep) for keep in keeps)
+    if all(keep == list(range(len(keep))) for keep in keeps):
+        return features[:, :width]
+    if all(keep == keeps[0] for keep in keeps[1:]):
+        return features[:, torch.tensor(keeps[0], device=features.device)]
+    index = torch.tensor([keep + keep[-1:] * (width - len(keep)) for keep in keeps], device=features.device)
+    return gather_positions(features, index)

@@ -2,12 +2,16 @@
 clear) before any model runs, so a mistake is an error that names the argument, the value and what is
 accepted, never an error from deep inside torch or a silently wrong result.
 
-Normalised: ``input_ids`` as a list of ints, a [P] tensor or a [1, P] tensor; ``eos_token_id`` as an int, a
+Normalised: ``input_ids`` as a list of ints, a [P] tensor, a [b, P] tensor (with an ``attention_mask`` [b, P]
+when its prompts are left-padded, transformers' convention) or a list of 1-D prompts, left-padded here with
+the pad id (``pad_token_id``, else the target's generation config's or config's, else the first eos id,
+else 0); ``eos_token_id`` as an int, a
 numpy integer, a sequence of ints or an integer tensor; ``tree`` as a Tree, a DynamicTree or a tree-spec
 dict (treespec.tree_spec). Refused: a target in training mode (dropout would make its output random),
 an attention implementation that cannot take a tree mask, flex_attention on CPU, a
 target whose cache layers cannot be rolled back to an accepted path (recurrent state: linear attention,
-state-space and convolution layers; see treespec/cache.py), named with the layer types.
+state-space and convolution layers; see treespec/cache.py), named with the layer types, right padding, and
+a batch of rows on a target with sliding-window layers (their windows count slots, which differ per row).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from treespec.cache import check_rollback
+from treespec.cache import attention_layers, check_rollback
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import TREE_MASK_ATTENTION
@@ -32,7 +36,11 @@ from treespec.verify import ACCEPTANCE_MODES
 
 @dataclass
 class Inputs:
-    input_ids: torch.Tensor          # LongTensor [1, P] on the target's device
+    input_ids: torch.Tensor          # LongTensor [b, P] on the target's device, left-padded (no all-padding column)
+    attention_mask: torch.Tensor | None  # LongTensor [b, P]: 0 on left padding; None when there is none
+    prompt_lengths: list[int]        # each row's prompt tokens
+    given: torch.Tensor              # LongTensor [b, P'] the prompts as given (padded), the output's first columns
+    pad_token_id: int                # after a row's eos in the output (and left padding of a list of prompts)
     max_new_tokens: int
     drafter: Drafter | None          # None when the tree is empty: plain decoding, no drafter prefill or features
     tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
@@ -64,8 +72,67 @@ def token_ids(value, name: str) -> list[int]:
     raise ValueError(f"{name} must be token ids (an int, a sequence of ints or an integer tensor), got {value!r}")
 
 
-def check_input_ids(input_ids, target) -> torch.Tensor:
-    if not isinstance(input_ids, torch.Tensor):
+def pad_id(target, pad_token_id, eos: list[int]) -> int:
+    """The pad id: ``pad_token_id``, else the target's generation config's or config's, else the first eos id
+    (as transformers' generate), else 0."""
+    candidates = [pad_token_id, getattr(getattr(target, "generation_config", None), "pad_token_id", None),
+                  getattr(target.config, "pad_token_id", None), *eos[:1], 0]
+    return next(token_ids(c, "pad_token_id")[0] for c in candidates if c is not None and token_ids(c, "pad_token_id"))
+
+
+def is_prompt_list(input_ids) -> bool:
+    """A list of prompts (1-D tensors or lists of ints), not one prompt of ints."""
+    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and \
+        all(isinstance(p, torch.Tensor) or (isinstance(p, Sequence) and not isinstance(p, (str, bytes)))
+            for p in input_ids)
+
+
+def left_padded(prompts, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A list of 1-D prompts → (input_ids [b, P], attention_mask [b, P]), left-padded with ``pad``."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, torch.Tensor) and prompt.dim() > 1:
+            raise ValueError(f"input_ids[{i}] must be one prompt (1-D), got shape {tuple(prompt.shape)}")
+        rows.append(token_ids(prompt, f"input_ids[{i}]"))
+    if not all(rows):
+        raise ValueError(f"input_ids[{[len(r) for r in rows].index(0)}] is empty: give at least one token")
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids, mask
+
+
+def check_attention_mask(attention_mask, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """attention_mask [b, P] of 0/1 (or bool) with left padding only → LongTensor, or None when it pads nothing."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor):
+        attention_mask = torch.tensor(attention_mask)
+    if attention_mask.dim() == 1:
+        attention_mask = attention_mask[None]
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (prompt token), as transformers' tokenizers "
+                         "return it")
+    mask = attention_mask.long().cpu()
+    if bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError("attention_mask pads on the right: decoder-only generation needs left padding (a "
+                         "tokenizer with padding_side='left'), as in transformers' generate")
+    empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row {empty[0]} of attention_mask masks the whole prompt: give at least one token per row")
+    return None if bool(mask.all()) else mask
+
+
+def check_input_ids(input_ids, target, attention_mask=None, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """→ (input_ids [b, P], attention_mask [b, P] or None when nothing is padded)."""
+    if is_prompt_list(input_ids):
+        if attention_mask is not None:
+            raise ValueError("a list of prompts is padded here: give no attention_mask with it")
+        input_ids, attention_mask = left_padded(input_ids, pad)
+    elif not isinstance(input_ids, torch.Tensor):
         input_ids = torch.tensor(token_ids(input_ids, "input_ids"), dtype=torch.long)[None]
     elif input_ids.is_floating_point() or input_ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
@@ -73,16 +140,17 @@ def check_input_ids(input_ids, target) -> torch.Tensor:
         input_ids = input_ids[None]
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet: treespec decodes one sequence "
-                         "at a time (call generate once per prompt)")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no prompt: give at least one row")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
+    mask = check_attention_mask(attention_mask, input_ids)
     vocab = vocab_size(target)
-    low, high = int(input_ids.min()), int(input_ids.max())
+    real = input_ids if mask is None else input_ids[mask.to(input_ids.device).bool()]  # padding may be any id
+    low, high = int(real.min()), int(real.max())
     if low < 0 or high >= vocab:
         raise ValueError(f"input_ids must lie in [0, {vocab}) (the target's vocabulary), got ids from {low} to {high}")
-    return input_ids.long()
+    return input_ids.long(), mask
 
 
 def check_count(value, name: str) -> int:
@@ -130,8 +198,21 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
     return tree
 
 
+def check_batch(target, drafter, batch_size: int) -> None:
+    """A batch of rows shares one slot axis (treespec/cache.py): a sliding window, which counts slots, would
+    differ per row."""
+    if batch_size == 1:
+        return
+    windows = [w for w in attention_layers(target.config) if w is not None]
+    if windows:
+        raise ValueError(f"a batch of {batch_size} prompts cannot be decoded on {target.config.model_type}'s "
+                         f"sliding-window layers (window {windows[0]}) yet: call generate once per prompt")
+    if drafter is not None:
+        drafter.check_batch(batch_size)
+
+
 def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
-                 generator, acceptance, observer=None) -> Inputs:
+                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None) -> Inputs:
     """Every generate() argument, checked; see the module docstring."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
@@ -143,22 +224,32 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         raise ValueError(f"unknown acceptance mode {acceptance!r}; expected one of {ACCEPTANCE_MODES}")
     max_new_tokens = check_count(max_new_tokens, "max_new_tokens")
     sampling = check_sampling(temperature, top_p)
-    eos = frozenset(token_ids(eos_token_id, "eos_token_id")) if eos_token_id is not None else frozenset()
-    input_ids = check_input_ids(input_ids, target)
+    eos_ids = token_ids(eos_token_id, "eos_token_id") if eos_token_id is not None else []
+    eos = frozenset(eos_ids)
+    pad = pad_id(target, pad_token_id, eos_ids)
+    given, mask = check_input_ids(input_ids, target, attention_mask, pad)
+    lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()
     tree = check_tree(tree, drafter)
     check_target(target)
+    check_batch(target, drafter, given.shape[0])
     vocab = vocab_size(target)
     if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
         raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")
-    total = input_ids.shape[1] + max_new_tokens
+    total = max(lengths) + max_new_tokens
     limits = [("target", max_positions(target.config))]
     if drafter is not None:
         drafter.check_target(target)
         limits.append((type(drafter).__name__, drafter.max_positions))
     for who, limit in limits:
         if limit is not None and total > limit:
-            raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            raise ValueError(f"prompt ({max(lengths)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                              f"{who}'s {limit} positions")
     # nothing to draft (e.g. tree=auto chose not to speculate): decode as vanilla, without the drafter
     speculates = not (isinstance(tree, Tree) and len(tree) == 0)
-    return Inputs(input_ids.to(target.device), max_new_tokens, drafter if speculates else None, tree, sampling, eos)
+    columns = given.shape[1] - max(lengths)  # padding in every row: the prefill skips it
+    input_ids = given[:, columns:].to(target.device)
+    if mask is not None:
+        mask = mask[:, columns:]
+        mask = None if bool(mask.all()) else mask.to(target.device)
+    return Inputs(input_ids, mask, lengths, given, pad, max_new_tokens, drafter if speculates else None, tree,
+                  sampling, eos)
