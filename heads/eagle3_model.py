@@ -26,7 +26,7 @@ when those are three distinct inputs of layers 1..L-1, and otherwise spreads thr
 **Vocabulary.** The head predicts ``draft_vocab_size`` tokens, the most frequent in the training data
 (``build_vocab_map``): draft id d is target id d + d2t[d], and t2d marks the target ids that have a draft
 id. The drafter's distribution over the TARGET vocabulary is the draft logits scattered into a
-[..., V] tensor of -inf (``target_logits``): zero probability outside the draft vocabulary, so sampled
+[..., V] tensor of -inf (``logits``): zero probability outside the draft vocabulary, so sampled
 candidates (q_draft) and top-k ranks are target ids, and verification stays lossless.
 
 **Built from the target's own classes.** The attention, MLP, norms and rotary embedding are instances of
