@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from treespec import reference
-from treespec.bench import Config, forward_time, measure
+from treespec.bench import Config, measure
+from treespec.timing import forward_time
 from treespec.heads import registry
 from treespec.train.compare import hf_peer
 
