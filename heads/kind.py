@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from treespec.timing import median_time
 from treespec.drafter import Drafter
+from treespec.timing import median_time
 
 from .vocab import DraftVocab
 

@@ -21,8 +21,8 @@ import torch
 
 from treespec import reference
 from treespec.bench import Config, measure
-from treespec.timing import forward_time
 from treespec.heads import registry
+from treespec.timing import forward_time
 from treespec.train.compare import hf_peer
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")

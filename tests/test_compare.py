@@ -10,11 +10,11 @@ from hydra import compose, initialize_config_dir
 
 from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure
-from treespec.timing import median_time
 from treespec.heads import DraftModel, PromptLookup, registry
 from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
+from treespec.timing import median_time
 from treespec.train.compare import (
     DrafterSpec,
     expand_specs,

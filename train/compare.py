@@ -27,11 +27,11 @@ from omegaconf import OmegaConf
 from treespec import reference
 from treespec.autotree import auto_chooser, cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure
-from treespec.timing import forward_step
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
+from treespec.timing import forward_step
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
