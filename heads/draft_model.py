@@ -14,13 +14,16 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import TreeCache
+from treespec.drafter import CANDIDATE_MODES
 from treespec.inputs import max_positions
+from treespec.reference import load_model
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
 from .accuracy import RankHits
 from .checkpoint import check_same_vocab
 from .expansion import ExpandingDrafter
+from .kind import DrafterKind
 from .lean import LeanProjection, lean_decoder
 from .vocab import DraftVocab, ReducedHead
 
@@ -84,3 +87,23 @@ def rank_accuracy(target, draft, windows: torch.Tensor, *, depth: int = 8, top_k
         counter.add(0, draft(input_ids=w).logits.topk(top_k, dim=-1).indices, target(input_ids=w).logits)
     row = counter.table()[0]
     return [row for _ in range(depth)]
+
+
+class DraftModelKind(DrafterKind):
+    """A small causal LM of the target's tokenizer (conf/drafter/draft.yaml; reference:draft)."""
+
+    name = "draft"
+    candidate_modes = CANDIDATE_MODES
+    reduces_vocab = True
+
+    def load(self, source, target):
+        return load_model(source, dtype=target.dtype)[0].to(target.device)
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> DraftModel:
+        return DraftModel(module, candidates=candidates, draft_vocab=draft_vocab, lean=lean)
+
+    def rank_accuracy(self, target, module, windows, **options) -> list[list[float]]:
+        return rank_accuracy(target, module, windows, **options)
+
+
+KIND = DraftModelKind()

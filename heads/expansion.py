@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from treespec.bench import median_time
 from treespec.cache import attention_masks, keep_tree_path
 from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
 from treespec.dynamic_tree import DynamicTree
@@ -92,7 +91,8 @@ class ExpandingDrafter(Drafter):
         raise NotImplementedError
 
     def _fill_for_timing(self, tokens: torch.Tensor) -> None:
-        """Feed ``tokens`` [1, m] (placeholders) as committed entries, and make node 0 expandable (depth_cost)."""
+        """Feed ``tokens`` [1, m] (placeholders) as committed entries, and make node 0 expandable
+        (``drafting_step``)."""
         raise NotImplementedError
 
     def _forward_nodes(self, tokens: torch.Tensor, nodes: list[int], parents: list[int],
@@ -183,6 +183,27 @@ class ExpandingDrafter(Drafter):
         tokens = torch.tensor([nodes.tokens[i] for i in self._grown_of[1:]], dtype=torch.long)
         return Proposal(tree=tree, tokens=tokens)
 
+    @torch.no_grad()
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
+        """One expansion depth as the drafter drafts (lean or not): ``n_tokens`` frontier nodes, children of the
+        root, through its model and head after ``past_len`` cached placeholder entries, attending to all of them.
+        Each call leaves the cache as it found it; ``reset()`` when done with it."""
+        device = self.model.device
+        self.reset()
+        self._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
+        self.n_cached = past_len
+        tokens = torch.zeros(n_tokens, dtype=torch.long, device=device)  # [F]
+        mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=self.model.dtype, device=device)  # sees all
+        positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
+        nodes, parents = list(range(1, n_tokens + 1)), [0] * n_tokens
+
+        @torch.no_grad()
+        def depth():
+            self._forward_nodes(tokens, nodes, parents, mask, positions)
+            self.cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+        return depth
+
     def accept(self, path: torch.Tensor, features) -> None:
         # Expanded nodes on the accepted path form a prefix of it (nodes are expanded depth by depth), in
         # cache order; path tokens not kept here are fed again by the next _start.
@@ -194,31 +215,3 @@ class ExpandingDrafter(Drafter):
         self.n_cached += len(keep)
         self._expanded = []
 
-
-def depth_cost(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256, before=None) -> float:
-    """Seconds of one expansion depth of ``drafter`` as it drafts (lean or not): ``n_tokens`` frontier nodes
-    through its model and head after ``past_len`` cached entries, ``before()`` (untimed) ahead of each, as
-    ``bench.median_time``. For predicted speedups (treespec.autotree)."""
-    cost = median_time(depth_step(drafter, n_tokens, past_len), before=before)
-    drafter.reset()
-    return cost
-
-
-@torch.no_grad()
-def depth_step(drafter: ExpandingDrafter, n_tokens: int = 4, past_len: int = 256):
-    """A call that runs one expansion depth of ``drafter`` (as ``depth_cost`` times it); ``drafter.reset()``
-    when done with it."""
-    device = drafter.model.device
-    drafter.reset()
-    drafter._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
-    drafter.n_cached = past_len
-    tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=device)
-    mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=drafter.model.dtype, device=device)  # sees all
-    positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]
-
-    @torch.no_grad()
-    def depth():
-        drafter._forward_nodes(tokens[0], list(range(1, n_tokens + 1)), [0] * n_tokens, mask, positions)
-        drafter.cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
-
-    return depth

@@ -13,7 +13,7 @@ medusa         refused                                     refused              
 Each folder holds exactly the files that consumer reads (``config.json`` and one weight file:
 ``model.safetensors``, or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1,
 ``medusa_lm_head.pt`` for Medusa-1). The tensors carry the consumer's names, the config its architecture
-name, aux-layer ids in its convention (heads/upstream_eagle.py), RoPE as ``rope_parameters`` mirrored into
+name, aux-layer ids in its convention (heads/upstream_eagle3.py), RoPE as ``rope_parameters`` mirrored into
 ``rope_theta`` / ``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as
 its loader builds them (zeros where it expects one the drafter lacks). What a consumer cannot represent is
 refused with the reason (``Refused``, a ValueError): a treespec-variant or fused EAGLE-1 drafter, a nonzero
@@ -32,11 +32,12 @@ from torch import nn
 from treespec.drafter import Drafter
 from treespec.io import atomic_write, atomic_write_json
 
-from . import medusa
-from .eagle import EagleModel
-from .eagle3 import Eagle3Model
+from .eagle3_model import Eagle3Model
+from .eagle_model import EagleModel
 from .medusa import MedusaHeads
-from .upstream_eagle import Refused, eagle3_to_upstream, eagle_to_upstream
+from .upstream import Refused
+from .upstream_eagle import eagle_to_upstream
+from .upstream_eagle3 import eagle3_to_upstream
 from .upstream_medusa import medusa_to_upstream
 
 CONSUMERS = ("sglang", "vllm", "speculators", "eagle", "medusa")
@@ -65,21 +66,19 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
     if to not in CONSUMERS:
         raise ValueError(f"to must be one of {CONSUMERS}, got {to!r}")
     module = module_of(drafter_or_module)
+    module.check_fits(target)
     if isinstance(module, Eagle3Model):
-        module.check_fits(target)
         if to == "medusa":
             raise Refused("an EAGLE-3 drafter cannot be written as Medusa heads")
         config, tensors = eagle3_to_upstream(module, target, to, verifier=verifier,
                                              speculative_tokens=speculative_tokens)
         return config, tensors, "model.safetensors"
     if isinstance(module, EagleModel):
-        module.check_fits(target)
         if to in ("speculators", "medusa"):
             raise Refused(f"{to} cannot hold an EAGLE-1 drafter (vLLM reads speculators' eagle3 format only)"
                           if to == "speculators" else "an EAGLE drafter cannot be written as Medusa heads")
         config, tensors = eagle_to_upstream(module, target, to)
         return config, tensors, "pytorch_model.bin" if to == "eagle" else "model.safetensors"
-    medusa.check_fits_target(module.config, target)
     config, tensors = medusa_to_upstream(module, target, to, verifier=verifier)
     return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
 

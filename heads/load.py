@@ -1,4 +1,5 @@
-"""One entry for every drafter checkpoint: ``load(source, target)`` → a ready ``Drafter``.
+"""One entry for every drafter checkpoint: ``load(source, target)`` → a ready ``Drafter``; the drafter
+registry's "auto" kind (``AUTO``) is the same entry.
 
     from treespec.heads import load
     drafter = load("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", target)      # a Hub repo id (downloaded), or
@@ -24,8 +25,9 @@ Weights are read from ``model.safetensors`` (or its ``.index.json`` shards), els
 ONLY with ``torch.load(weights_only=True)``, which builds tensors and plain containers and refuses
 anything else. Missing, truncated or corrupt files, NaN/inf tensors, unknown layouts and drafters that do
 not fit the target (hidden size, vocabulary, layer count) are errors naming the file and what was found
-versus expected. heads/upstream_eagle.py and heads/upstream_medusa.py hold the per-format conversions
-(and document each layout and the aux-layer conventions).
+versus expected. heads/upstream_eagle.py, upstream_eagle3.py and upstream_medusa.py hold the per-format
+conversions (and document each layout and the aux-layer conventions). The loaded module names its kind
+(``module.kind``), which drives and measures it.
 """
 
 from __future__ import annotations
@@ -38,22 +40,18 @@ import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 
-from treespec.drafter import Drafter
+from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.io import load_safetensors, read_json
 from treespec.reference import PREFIX, resolve
 
-from .eagle import Eagle, EagleModel
-from .eagle3 import Eagle3, Eagle3Model
-from .medusa import Medusa, MedusaHeads
-from .upstream_eagle import (
-    UpstreamEagle3Model,
-    eagle3_from_upstream,
-    eagle_from_upstream,
-    is_eagle1,
-    is_eagle3,
-    normalize_eagle3_keys,
-    strip_model_prefix,
-)
+from . import eagle, eagle3, medusa
+from .eagle3_model import Eagle3Model
+from .eagle_model import EagleModel
+from .kind import DrafterKind
+from .medusa import MedusaHeads
+from .upstream import strip_model_prefix
+from .upstream_eagle import eagle_from_upstream, is_eagle1
+from .upstream_eagle3 import UpstreamEagle3Model, eagle3_from_upstream, is_eagle3, normalize_eagle3_keys
 from .upstream_medusa import medusa_from_upstream, medusa_layout
 
 FORMATS = ("auto", "treespec", "eagle", "eagle3", "medusa")
@@ -230,18 +228,34 @@ def _needs_config(found: Found) -> None:
                          "folder has none")
 
 
-def drafter_for(module: nn.Module, candidates: str = "topk", *, lean: bool = True) -> Drafter:
-    """The Drafter that drives ``module`` (``candidates``: "topk", or "sample" for EAGLE drafters; ``lean``:
-    heads/lean.py's switch)."""
-    if isinstance(module, Eagle3Model):
-        return Eagle3(module, candidates=candidates, lean=lean)
-    if isinstance(module, EagleModel):
-        return Eagle(module, candidates=candidates, lean=lean)
-    if isinstance(module, MedusaHeads):
-        if candidates != "topk":
-            raise ValueError(f"Medusa heads propose fixed top-k ranks; candidates={candidates!r} is not available")
-        return Medusa(module, lean=lean)
-    raise TypeError(f"no drafter for a {type(module).__name__}")
+class AutoKind(DrafterKind):
+    """"auto": any checkpoint ``load_module`` reads, driven and measured as the kind of module it turns out to be
+    (``module.kind``: eagle, eagle3 or medusa)."""
+
+    name = "auto"
+    candidate_modes = CANDIDATE_MODES
+    kinds = {kind.name: kind for kind in (eagle.KIND, eagle3.KIND, medusa.KIND)}
+
+    def kind_of(self, module) -> DrafterKind:
+        kind = self.kinds.get(getattr(module, "kind", None))
+        if kind is None:
+            raise TypeError(f"drafter 'auto' loaded a {type(module).__name__}, which it cannot drive")
+        return kind
+
+    def load(self, source, target, *, format: str = "auto", aux_layers=None) -> nn.Module:
+        return load_module(source, target, format=format, aux_layers=aux_layers)
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> Drafter:
+        return self.kind_of(module).make(module, candidates, draft_vocab, lean)
+
+    def rank_accuracy(self, target, module, windows, **options) -> list[list[float]] | None:
+        return self.kind_of(module).rank_accuracy(target, module, windows, **options)
+
+    def max_depth(self, module) -> int | None:
+        return self.kind_of(module).max_depth(module)
+
+
+AUTO = AutoKind()
 
 
 def load(source, target, *, format: str = "auto", aux_layers=None, candidates: str = "topk") -> Drafter:
@@ -249,5 +263,4 @@ def load(source, target, *, format: str = "auto", aux_layers=None, candidates: s
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
     convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
-    return drafter_for(load_module(source, target, format=format, aux_layers=aux_layers), candidates)
-
+    return AUTO.make(AUTO.load(source, target, format=format, aux_layers=aux_layers), candidates)

@@ -18,14 +18,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treespec.bench import median_time
-from treespec.drafter import Drafter, Proposal, target_hidden
+from treespec.drafter import Drafter, Proposal
+from treespec.reference import resolve
 from treespec.sampling import GREEDY, Sampling, top_k
 from treespec.tree import Tree
 
 from .accuracy import RankHits
-from .checkpoint import load_drafter, save_drafter, vocab_size_of
+from .checkpoint import check_fits_target, load_drafter, save_drafter, vocab_size_of
+from .kind import DrafterKind
 from .lean import LeanProjection
+from .target_states import target_hidden
 from .vocab import DraftVocab, ReducedHead
 
 
@@ -41,6 +43,9 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
+    #: the drafter kind that drives it (heads/registry.py; heads/load.py's "auto" reads it)
+    kind = "medusa"
+
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
                  share_lm_head: bool = True, lm_head: nn.Module | None = None):
         super().__init__()
@@ -86,15 +91,18 @@ class MedusaHeads(nn.Module):
         return [ReducedHead(projection, vocab) for projection in self.projections]
 
     # -- persistence ---------------------------------------------------------------------------------
+    def check_fits(self, target) -> None:
+        fits(self.config, target)
+
     def save_pretrained(self, folder) -> None:
-        save_drafter(self, folder, "medusa", self.config)
+        save_drafter(self, folder, self.kind, self.config)
 
     @classmethod
     def from_pretrained(cls, folder, target) -> MedusaHeads:
         """Load heads for ``target``; refuse heads trained for another hidden size or vocabulary."""
-        config, weights = load_drafter(folder, "medusa")
+        config, weights = load_drafter(folder, cls.kind)
         check_config(config, folder)
-        check_fits_target(config, target)
+        fits(config, target)
         heads = cls(**config, lm_head=target.get_output_embeddings())
         try:
             heads.load_state_dict(weights)
@@ -119,19 +127,17 @@ def check_config(config: dict, folder) -> None:
             wrong and "bad " + ", ".join(f"{k}={config[k]!r} (expected {CONFIG_FIELDS[k].__name__})" for k in wrong)])))
 
 
-def check_fits_target(config: dict, target) -> None:
-    hidden, vocab = target.config.hidden_size, vocab_size_of(target)
-    if config["hidden_size"] != hidden or config["vocab_size"] != vocab:
-        raise ValueError(
-            f"Medusa heads were trained for hidden size {config['hidden_size']} and vocabulary {config['vocab_size']}, "
-            f"but the target has hidden size {hidden} and vocabulary {vocab}"
-        )
+def fits(config: dict, target) -> None:
+    """Raise ValueError if heads of ``config`` were trained for another hidden size or vocabulary than ``target``'s."""
+    check_fits_target("Medusa", {k: config[k] for k in ("hidden_size", "vocab_size")},
+                      {"hidden_size": target.config.hidden_size, "vocab_size": vocab_size_of(target)})
 
 
 class Medusa(Drafter):
     """The drafter: one call of the heads on the feature that produced the root fills the whole tree."""
 
     needs_features = True
+    fills_tree_at_once = True
 
     def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None,
                  lean: bool = True):
@@ -148,7 +154,7 @@ class Medusa(Drafter):
                 LeanProjection.of(shared)
 
     def check_target(self, target) -> None:
-        check_fits_target(self.heads.config, target)
+        self.heads.check_fits(target)
         self.heads.to(device=target.device, dtype=target.dtype)  # heads built or loaded for another dtype
         for projection in [*(self._projections or ()), *([self._shared] if self._shared is not None else [])]:
             projection.to(device=target.device, dtype=target.dtype)
@@ -167,6 +173,13 @@ class Medusa(Drafter):
         top = top_k(logits, max(tree.top_k_per_depth()))  # [D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]
+
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
+        """One proposal's heads as the drafter runs them (lean or not): every head on one feature (it fills the
+        whole tree in one call; it keeps no cache, so the sizes do not apply)."""
+        weight = self.heads.blocks[0][0].linear.weight
+        feature = torch.randn(self.heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)  # [h]
+        return torch.no_grad()(lambda: self.logits(feature, self.heads.num_heads))
 
 
 @torch.no_grad()
@@ -187,15 +200,23 @@ def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: i
     return counter.table()
 
 
-def proposal_cost(drafter: Medusa, before=None) -> float:
-    """Seconds of one Medusa proposal as ``drafter`` makes it (lean or not): every head on one feature (it
-    fills the whole tree in one call); ``before`` as in ``bench.median_time``."""
-    return median_time(proposal_step(drafter), before=before)
+class MedusaKind(DrafterKind):
+    """Medusa heads (conf/drafter/medusa.yaml); upstream checkpoints load through heads/load.py's "auto"."""
+
+    name = "medusa"
+    reduces_vocab = True
+
+    def load(self, source, target) -> MedusaHeads:
+        return MedusaHeads.from_pretrained(resolve(source), target)
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> Medusa:
+        return Medusa(module, draft_vocab=draft_vocab, lean=lean)
+
+    def rank_accuracy(self, target, module, windows, **options) -> list[list[float]]:
+        return rank_accuracy(target, module, windows, **options)
+
+    def max_depth(self, module) -> int:
+        return module.num_heads
 
 
-def proposal_step(drafter: Medusa):
-    """A call that runs one Medusa proposal's heads (as ``proposal_cost`` times it)."""
-    heads = drafter.heads
-    weight = heads.blocks[0][0].linear.weight
-    feature = torch.randn(heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)
-    return torch.no_grad()(lambda: drafter.logits(feature, heads.num_heads))
+KIND = MedusaKind()

@@ -17,6 +17,8 @@ from treespec.drafter import Committed, Drafter, Proposal, Proposals
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
+from .kind import DrafterKind
+
 
 class PromptLookup(Drafter):
     def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1, default_tree: Tree | None = None):
@@ -70,3 +72,16 @@ class PromptLookup(Drafter):
         # the whole tree filled: hand back the same Tree, so its mask parts are reused (generate's per-run masks)
         subtree = tree if len(kept) == len(tree) else Tree([tree.paths[i - 1] for i in kept])
         return Proposal(tree=subtree, tokens=torch.tensor([token_of[i] for i in kept], dtype=torch.long))
+
+
+class PromptLookupKind(DrafterKind):
+    """Prompt lookup (conf/drafter/prompt_lookup.yaml): no weights, so nothing to load, score or time."""
+
+    name = "prompt_lookup"
+    has_weights = False
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> PromptLookup:
+        return PromptLookup()
+
+
+KIND = PromptLookupKind()

@@ -27,7 +27,7 @@ import torch
 
 from .checkpoint import vocab_size_of
 from .medusa import MedusaHeads
-from .upstream_eagle import Refused, dtype_name
+from .upstream import Refused, dtype_name
 
 MEDUSA1_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 MEDUSA1_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")

@@ -14,8 +14,9 @@ held-out windows as the accuracies (32 × 256 tokens):
 import torch
 
 from treespec import reference
-from treespec.heads.eagle import EagleModel, unrolled
+from treespec.heads.eagle import EagleModel
 from treespec.train.data import held_out_windows
+from treespec.train.eagle import training_unroll
 
 WINDOWS, WINDOW_LEN = 32, 256  # the held-out windows the shipped accuracies were measured on
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)
@@ -27,7 +28,7 @@ def main() -> None:
     model = EagleModel.from_pretrained(reference.MODELS_DIR / "eagle", target)
     q_top, hit, p_of_top, overlap, p_max = [], [], [], [], []
     for batch in held_out_windows(tokenizer, WINDOW_LEN, WINDOWS).split(4):
-        _, target_logits, steps = unrolled(target, model, batch, steps=0)
+        _, target_logits, steps = training_unroll(target, model, batch, steps=0)
         p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V] at temperature 1
         _, g, _ = next(steps)
         q = torch.softmax(model.logits(g).float(), dim=-1)  # [b, n, V]

@@ -16,7 +16,7 @@ import sys
 
 from treespec.heads.export import CONSUMERS, export
 from treespec.heads.load import FORMATS, load_module
-from treespec.heads.upstream_eagle import Refused
+from treespec.heads.upstream import Refused
 from treespec.reference import load_model
 
 

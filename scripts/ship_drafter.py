@@ -21,8 +21,8 @@ WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/tra
 
 
 def main() -> None:
-    trainable = [name for name, kind in registry.KINDS.items()
-                 if kind.load is not None and name not in ("draft", "auto")]  # drafters trained by train_heads.py
+    trainable = [kind.name for kind in registry.KINDS
+                 if kind.has_weights and kind.name not in ("draft", "auto")]  # drafters trained by train_heads.py
     parser = argparse.ArgumentParser()
     parser.add_argument("name", choices=trainable)
     parser.add_argument("--skip-copy", action="store_true")

@@ -15,9 +15,10 @@ import torch
 
 from treespec import Tree, reference
 from treespec.analysis import expected_tokens_per_round, speedup
-from treespec.bench import Config, forward_time, measure
+from treespec.bench import Config, measure
 from treespec.heads import DraftModel
 from treespec.sampling import Sampling, probs
+from treespec.timing import forward_time
 from treespec.train.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens
 
 ROOT = Path(__file__).resolve().parents[1]

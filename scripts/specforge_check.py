@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from treespec.drafter import target_hidden
 from treespec.heads.export import export
+from treespec.heads.target_states import target_hidden
 from treespec.reference import load, path, prompts
 
 # treespec's EAGLE-3 training code, where it lives today: the one place to update when it moves.

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from treespec import reference
-from treespec.bench import Config, forward_time, measure
+from treespec.bench import Config, measure
 from treespec.heads import registry
+from treespec.timing import forward_time
 from treespec.train.compare import hf_peer
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")

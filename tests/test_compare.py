@@ -9,13 +9,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict
-from treespec.bench import Config, measure, median_time
+from treespec.bench import Config, measure
 from treespec.heads import DraftModel, PromptLookup, registry
 from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
-from treespec.heads.expansion import depth_cost as eagle_cost
-from treespec.heads.expansion import depth_step
+from treespec.timing import median_time
 from treespec.train.compare import (
     DrafterSpec,
     expand_specs,
@@ -75,8 +74,8 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3)),
                 DrafterSpec("prompt_lookup", PromptLookup()),
                 DrafterSpec("eagle", eagle_drafter, depth_rank_accuracy(target, eagle, windows, depth=3, top_k=3),
-                            draft_cost_per_depth=eagle_cost(Eagle(eagle), past_len=8),
-                            drafting_step=lambda: depth_step(eagle_drafter, past_len=8))]
+                            draft_cost_per_depth=median_time(Eagle(eagle).drafting_step(past_len=8)),
+                            drafting_step=lambda: eagle_drafter.drafting_step(past_len=8))]
     prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     logger = RunLogger(tmp_path, use_wandb=True, name="tiny-compare")
     result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "accuracy", "nodes": 3}],
@@ -217,7 +216,8 @@ def test_timing_runs_before_ahead_of_every_timed_call():
     fixed, per_depth = registry.get("eagle").cost(drafter, before=lambda: calls.append(1))
     assert fixed == 0.0 and per_depth > 0 and len(calls) == 32  # median_time's 30 repeats + 2 warm-up
     # every drafter with weights can be timed between target passes (prompt lookup has none to push out)
-    assert all((kind.drafting_step is None) == (kind.load is None) for kind in registry.KINDS.values())
+    assert [kind.name for kind in registry.KINDS if not kind.has_weights] == ["prompt_lookup"]
+    assert registry.get("prompt_lookup").drafting_step(PromptLookup()) is None
     step = registry.get("eagle").drafting_step(drafter)
     curve = measure_cost_curve(target, (1, 2), past_len=8, repeats=2, before=step)
     drafter.reset()

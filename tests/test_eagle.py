@@ -220,7 +220,7 @@ def test_eagle_weights_round_trip_and_mismatches_are_refused(target, prompt, tmp
         EagleModel.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
     with pytest.raises(ValueError, match=r"num_hidden_layers 2 \(drafter\) vs 3 \(target\)"):
         EagleModel.from_pretrained(tmp_path, tiny_llama(layers=3, seed=1))
-    with pytest.raises(ValueError, match="trained for another target architecture"):
+    with pytest.raises(ValueError, match="EAGLE drafter was trained for another target"):
         generate(tiny_llama(hidden=48), prompt, drafter=Eagle(model), max_new_tokens=4)
     with pytest.raises(ValueError, match="feature_layers .* must index the target's 3 hidden states"):
         EagleModel(target, feature_layers=(1, 5, -1))
@@ -229,7 +229,7 @@ def test_eagle_weights_round_trip_and_mismatches_are_refused(target, prompt, tmp
 # -- training -----------------------------------------------------------------------------------------
 def test_unrolled_training_step_sees_what_drafting_sees(target):
     """Training-time test: unrolled step 1 at entry j equals drafting depth 1 from the root at entry j − 1."""
-    from treespec.drafter import target_hidden as target_states
+    from treespec.heads.target_states import target_hidden as target_states
     from treespec.train.eagle import eagle_loss
 
     model = random_eagle(target)
@@ -249,8 +249,8 @@ def test_unrolled_training_step_sees_what_drafting_sees(target):
 def test_depth_accuracy_equals_sequential_drafting(target):
     """depth_rank_accuracy's depth-d ranks are those of drafting d deep from each root over the drafter's own
     features along the window's tokens, recomputed here one sequential forward per node."""
-    from treespec.drafter import target_hidden as target_states
     from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
+    from treespec.heads.target_states import target_hidden as target_states
 
     model = random_eagle(target, seed=1)
     windows = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))

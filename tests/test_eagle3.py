@@ -13,15 +13,10 @@ from transformers import DynamicCache
 
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.eagle3 import (
-    Eagle3,
-    Eagle3Model,
-    build_vocab_map,
-    default_aux_layers,
-    rank_accuracy,
-    target_states,
-    unrolled,
-)
+from treespec.heads.eagle3 import Eagle3, rank_accuracy
+from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map, default_aux_layers
+from treespec.heads.target_states import target_states
+from treespec.heads.unroll import unrolled
 from treespec.sampling import Sampling
 from treespec.train.eagle3 import eagle3_loss, token_counts
 
@@ -80,7 +75,7 @@ def test_unrolled_steps_equal_sequential_drafting(target):
     with torch.no_grad():
         features, _ = target_states(target, batch, model.aux_layers)
         fused = model.fuse(features[:, :-1])  # [b, n, H]
-        outs = dict(unrolled(model, batch, fused, steps))
+        outs = dict(unrolled(model, batch, fused, steps, by_root=True))
         n = batch.shape[1] - 1
         assert [o.shape[1] for o in outs.values()] == [n - i for i in range(steps + 1)]
         for b in range(2):
@@ -284,7 +279,7 @@ def test_save_load_round_trip_and_mismatches_are_refused(target, prompt, tmp_pat
         Eagle3Model.from_pretrained(tmp_path, tiny_llama(vocab=80, layers=4, seed=1))
     with pytest.raises(ValueError, match=r"num_hidden_layers 4 \(drafter\) vs 2 \(target\).*aux layers \[3\]"):
         Eagle3Model.from_pretrained(tmp_path, tiny_llama(layers=2, seed=1))
-    with pytest.raises(ValueError, match="built for another target"):
+    with pytest.raises(ValueError, match="EAGLE-3 drafter was trained for another target"):
         generate(tiny_llama(hidden=48, layers=4), prompt, drafter=Eagle3(model), max_new_tokens=4)
 
 

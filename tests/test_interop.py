@@ -25,10 +25,10 @@ from safetensors.torch import load_file, save_file
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import export, load
-from treespec.heads.eagle import EagleModel
-from treespec.heads.eagle3 import Eagle3Model, build_vocab_map
+from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map
+from treespec.heads.eagle_model import EagleModel
 from treespec.heads.medusa import MedusaHeads
-from treespec.heads.upstream_eagle import Refused
+from treespec.heads.upstream import Refused
 from treespec.sampling import Sampling, probs
 
 from .stats import chi2_pvalue
@@ -776,7 +776,7 @@ def test_export_follows_the_consumer_and_loads_back_identically(kind, consumer, 
     folder = export(model, target, tmp_path / "out", to=consumer, verifier="tiny/llama")
     check_consumer(folder, consumer, kind, model, target)
     back = load(folder, target)
-    assert proposals(back, target) == proposals(load_module.drafter_for(model), target)
+    assert proposals(back, target) == proposals(load_module.AUTO.make(model), target)
 
 
 @pytest.mark.parametrize("name", ["eagle1-qkvbias-qwen2", "eagle3-specforge-qwen2", "eagle3-speculators-llama",
@@ -786,7 +786,7 @@ def test_upstream_checkpoints_re_export(name, tmp_path, targets):
     export to every consumer that can hold them, load back identically, and are refused by the others."""
     target, folder, _, fmt = synthesise(name, tmp_path, targets)
     module = load_module.load_module(folder, target)
-    reference = proposals(load_module.drafter_for(module), target)
+    reference = proposals(load_module.AUTO.make(module), target)
     done = []
     for kind, consumer in EXPORTS:
         if kind != {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}[fmt]:
@@ -924,7 +924,7 @@ def test_broken_checkpoints_are_errors_naming_what_is_wrong(tmp_path, targets):
     m1, _, _ = medusa1(tmp_path / "m1", llama, torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match=r"lm_head of head 0 is \(64, 32\); this target needs \[80, 32\]"):
         load(m1, tiny_llama(vocab=80, layers=4))
-    with pytest.raises(ValueError, match="Medusa heads propose fixed top-k ranks"):
+    with pytest.raises(ValueError, match=r"drafter 'medusa' takes candidates in \('topk',\), got 'sample'"):
         load(m1, llama, candidates="sample")
 
 
@@ -960,12 +960,12 @@ def test_treespec_folders_and_the_registry(tmp_path, targets):
     assert saved["variant"] == "upstream" and saved["layer_overrides"] == {"num_hidden_layers": 2}
     assert load_module.detect(tmp_path / "mine").format == "treespec"
     back = load(tmp_path / "mine", llama)
-    assert proposals(back, llama) == proposals(load_module.drafter_for(model), llama)
+    assert proposals(back, llama) == proposals(load_module.AUTO.make(model), llama)
     # an upstream EAGLE-3 whose layer differs from the target's (own table, norm_before_residual) round-trips too
     _, spec, _, _ = synthesise("eagle3-speculators-llama", tmp_path, targets)
     up = load(spec, llama).model
     up.save_pretrained(tmp_path / "up3")
-    assert proposals(load(tmp_path / "up3", llama), llama) == proposals(load_module.drafter_for(up), llama)
+    assert proposals(load(tmp_path / "up3", llama), llama) == proposals(load_module.AUTO.make(up), llama)
     kind = registry.get("auto")
     drafter = registry.build("auto", llama, source=str(spec), candidates="sample")
     assert drafter.candidates == "sample" and kind.max_depth(drafter.model) is None

@@ -63,9 +63,10 @@ def test_medusa_sampling_is_lossless():
 def test_mismatched_heads_are_refused(target, tmp_path):
     random_heads(target).save_pretrained(tmp_path)
     other = tiny_llama(hidden=48, seed=1)
-    with pytest.raises(ValueError, match="hidden size 32 and vocabulary 64.*hidden size 48"):
+    with pytest.raises(ValueError, match=r"Medusa drafter was trained for another target: hidden_size 32 \(drafter\) "
+                                         r"vs 48 \(target\).*available\.<name>\.source"):
         MedusaHeads.from_pretrained(tmp_path, other)
-    with pytest.raises(ValueError, match="vocabulary 64.*vocabulary 80"):
+    with pytest.raises(ValueError, match=r"vocab_size 64 \(drafter\) vs 80 \(target\)"):
         MedusaHeads.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
     loaded = MedusaHeads.from_pretrained(tmp_path, target)
     with pytest.raises(ValueError, match="deeper than the 3 Medusa heads"):

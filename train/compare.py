@@ -26,11 +26,12 @@ from omegaconf import OmegaConf
 
 from treespec import reference
 from treespec.autotree import auto_chooser, cost_at, measure_cost_curve, predict
-from treespec.bench import Config, forward_step, measure
+from treespec.bench import Config, measure
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
+from treespec.timing import forward_step
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
@@ -267,7 +268,7 @@ def check_config(cfg) -> None:
                              "conf/drafter/ describes them)")
         entry = cfg.available[label]
         kind = registry.get(entry.name)
-        if kind.load is not None and OmegaConf.is_missing(entry, "source"):
+        if kind.has_weights and OmegaConf.is_missing(entry, "source"):
             raise ValueError(f"drafter {label!r} needs its checkpoint: available.{label}.source=/path/to/folder")
         if entry.get("draft_vocab") is not None and not kind.reduces_vocab:
             raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
@@ -311,7 +312,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         draft_vocab = vocab_of(entry.get("draft_vocab"))
         accuracy = None
         # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured)
-        if kind.rank_accuracy is not None and candidates == "topk" and draft_vocab is None:
+        if candidates == "topk" and draft_vocab is None:  # None for a drafter without fixed ranks
             accuracy = kind.rank_accuracy(target, module, windows(), sampling=sampling)
         drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
         # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
@@ -322,7 +323,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         fixed += max(0.0, cold_depth - per_depth)
         if fixed or per_depth:
             log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
-        step = functools.partial(kind.drafting_step, drafter) if kind.drafting_step is not None else None
+        step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
         specs.append(DrafterSpec(label, drafter, accuracy,
                                  draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
                                  max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),

@@ -7,7 +7,7 @@ and target features, plus ``token_weight`` (EAGLE-1: 0.1) × the cross-entropy o
 next-token distribution against the target's, lm_head(f_{j+1}) (soft labels).
 
 Training-time test: ``unroll_steps`` extra passes feed the drafter its own features, as deeper tree
-nodes are at inference (heads/eagle.py ``unrolled``); step k's loss is weighted ``unroll_decay ** k``.
+nodes are at inference (``training_unroll``, over heads/unroll.py); step k's loss is weighted ``unroll_decay ** k``.
 
 Batches are token windows [b, S] (every entry trained on) or dicts with a loss mask (chat data: entry j is
 trained on when the token it predicts, j + 2, is) and possibly the target's stored hidden states
@@ -19,10 +19,36 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treespec.heads.eagle import Eagle, EagleModel, fused_layers, rank_accuracy, unrolled
+from treespec.heads.eagle import Eagle, EagleModel, rank_accuracy
+from treespec.heads.eagle_model import fused_layers
+from treespec.heads.target_states import target_hidden
+from treespec.heads.unroll import unrolled
 
 from .features import batch_parts, shifted_mask
 from .recipe import Recipe, mean_metrics
+
+
+def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
+    """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
+    feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], target_logits [b, n, V], steps), where
+    ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1 (heads/unroll.py, entries kept
+    aligned with the window); ``valid`` selects the entries whose chain starts inside the window.
+    target_logits at entry j are the target's for token j + 2. While the model trains, ``noise_std`` adds
+    Gaussian noise to the target features it reads (EAGLE-1)."""
+    inputs, last = target_hidden(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
+    f_next = last[:, 1:]  # [b, n, h]: entry j predicts f_{j+1}
+    with torch.no_grad():
+        target_logits = model.logits(f_next).float()  # [b, n, V]: the target's next token
+    features = inputs[:, :-1]
+    if noise_std > 0 and model.training:
+        features = features + noise_std * torch.randn_like(features)
+    n = f_next.shape[1]
+
+    def run():
+        for k, g in unrolled(model, batch, model.fuse(features), steps, by_root=False):
+            yield k, g, (slice(None) if k == 0 else torch.arange(n, device=g.device) >= k)
+
+    return f_next, target_logits, run()
 
 
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
@@ -49,7 +75,7 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     """batch [b, S] (or a dict batch, train/data.py) → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 +
     token_weight · CE) over steps 0..unroll_steps, metrics)."""
     ids, loss_mask, target = batch_parts(batch, target, model.device)
-    f_next, target_logits, steps = unrolled(target, model, ids, steps=unroll_steps, noise_std=noise_std)
+    f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std)
     p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
     mask = None if loss_mask is None else shifted_mask(loss_mask, 2, f_next.shape[1])  # entry j predicts token j + 2
     total, metrics = 0.0, {}

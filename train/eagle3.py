@@ -2,7 +2,7 @@
 
 EAGLE-3 recipe (Li et al. 2025), training-time test: the target's aux hidden states and logits are
 computed online (frozen, no grad); the drafter is unrolled ``unroll_steps`` times on its own outputs
-(``treespec.heads.eagle3.unrolled``): step i scores, for every root entry j of the window, the node at
+(``treespec.heads.unroll.unrolled``, by root): step i scores, for every root entry j of the window, the node at
 draft depth i + 1, seeing exactly what sequential drafting sees (step-0 keys causally, then its own chain).
 Step i's loss is weighted ``decay ** i``.
 
@@ -13,7 +13,7 @@ out, as upstream; upstream divides by all positions, here by the kept ones). No 
 no feature noise: the unrolled steps are what makes the drafter robust to its own outputs.
 
 The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the training stream
-(``token_counts`` → ``heads.eagle3.build_vocab_map``).
+(``token_counts`` → ``heads.eagle3_model.build_vocab_map``).
 
 Batches are token windows [b, S] or dicts with a loss mask (chat data: position p is scored when token p + 1
 is trained on) and possibly the target's stored hidden states (train/features.py, a ``StoredTarget``).
@@ -24,15 +24,10 @@ from __future__ import annotations
 import torch
 
 from treespec.heads.checkpoint import vocab_size_of
-from treespec.heads.eagle3 import (
-    Eagle3,
-    Eagle3Model,
-    build_vocab_map,
-    rank_accuracy,
-    resolve_aux_layers,
-    target_states,
-    unrolled,
-)
+from treespec.heads.eagle3 import Eagle3, rank_accuracy
+from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map, resolve_aux_layers
+from treespec.heads.target_states import target_states
+from treespec.heads.unroll import unrolled
 
 from .features import batch_parts, shifted_mask
 from .recipe import Recipe, mean_metrics
@@ -87,7 +82,7 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     kept = restricted.valid[:, 1:].float().sum() / (scored[:, 1:].sum().clamp(min=1) if scored is not None
                                                     else restricted.valid[:, 1:].numel())
     total, metrics = 0.0, {"kept_fraction": kept.item()}
-    for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps):
+    for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
         kl, top1 = restricted.kl(model.draft_logits(out), 1 + i)
         total = total + decay**i * kl

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treespec.drafter import target_hidden
 from treespec.heads.accuracy import accuracy_metrics
 from treespec.heads.checkpoint import vocab_size_of
 from treespec.heads.medusa import Medusa, MedusaHeads, rank_accuracy
+from treespec.heads.target_states import target_hidden
 
 from .data import split_batch
 from .features import batch_parts, shifted_mask

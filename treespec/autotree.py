@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
-from treespec.bench import forward_time
+from treespec.timing import forward_time
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

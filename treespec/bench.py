@@ -17,11 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from treespec.generate import generate
-from treespec.timing import StepTimer, forward_step, forward_time, median_time
-
-# re-exported for callers that still import them from here (they live in treespec/timing.py, which drafters can
-# import without importing generate)
-__all__ = ["Config", "Row", "forward_step", "forward_time", "markdown_table", "measure", "median_time", "rows_of"]
+from treespec.timing import StepTimer
 
 
 @dataclass

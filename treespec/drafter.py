@@ -23,6 +23,7 @@ rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +178,17 @@ class Drafter:
         """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others
         finished."""
 
+    # -- cost timing (predicted speedups: treespec.autotree; the comparison times it between target passes) --
+    #: whether one drafting call fills the whole tree (Medusa's heads) rather than one depth of it
+    fills_tree_at_once: bool = False
+
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4) -> Callable[[], object] | None:
+        """A call that runs one of this drafter's drafting calls on placeholder inputs, as it drafts: one depth
+        of ``n_tokens`` frontier nodes after ``past_len`` cached entries, or one whole proposal for a drafter
+        that ``fills_tree_at_once``. None: it runs no model, so there is nothing to time. It may leave
+        per-sequence state behind: call ``reset()`` when done with it."""
+        return None
+
 
 def stack_features(hidden_states, layers) -> torch.Tensor:
     """A drafter's input features: the target's ``hidden_states`` at ``layers``, side by side [..., L·h]
@@ -186,13 +198,3 @@ def stack_features(hidden_states, layers) -> torch.Tensor:
         return hidden_states[layers[0]]
     return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
-
-@torch.no_grad()
-def target_hidden(target, input_ids: torch.Tensor, layers=(-1,)) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's hidden states without its logits (training and accuracy measurement teacher-force
-    whole windows): (features [b, s, L·h] at ``layers``, side by side as generate() passes them; the last,
-    final-norm hidden state [b, s, h], whose lm_head logits are the target's)."""
-    layers = tuple(layers)
-    out = target.base_model(input_ids=input_ids, output_hidden_states=layers != (-1,))
-    last = out.last_hidden_state
-    return (last if layers == (-1,) else stack_features(out.hidden_states, layers)), last
