@@ -17,6 +17,7 @@ from treespec.cache import TreeCache
 from treespec.drafter import CANDIDATE_MODES
 from treespec.inputs import max_positions
 from treespec.reference import load_model
+from treespec.rows import gather_last
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
@@ -45,11 +46,11 @@ class DraftModel(ExpandingDrafter):
             LeanProjection.of(head) if self._decoder is not None else None
 
     def _logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """One cached forward over ``input_ids`` [1, n] → draft logits over the target vocabulary [1, n, V];
+        """One cached forward over ``input_ids`` [b, n] → draft logits over the target vocabulary [b, n, V];
         without a mask the tokens are committed ones (causal after the cache)."""
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if self._decoder is not None:
-            hidden = self._decoder(self.model.get_input_embeddings()(input_ids), self.cache, self.n_cached,
+            hidden = self._decoder(self.model.get_input_embeddings()(input_ids), self.cache, self.slots.length,
                                    position_ids, attention_mask)
         elif self._head is None:
             return self.model(**inputs, cache=self.cache, use_cache=True).logits
@@ -64,17 +65,17 @@ class DraftModel(ExpandingDrafter):
         return TreeCache(self.model.config)  # sliding-window drafts too (treespec/cache.py)
 
     def _start(self, committed, feature):
-        pending = committed[:, self.n_cached :].to(self.model.device)  # [1, m]: not yet seen, root last
-        logits = self._logits(input_ids=pending)[0, -1:]  # [1, V]
-        self.n_cached += pending.shape[1]
-        return logits
+        slots = self._rows(len(committed.lengths))
+        pending, counts = committed.tails(slots.counts)  # [b, m]: each row's tokens not yet seen, root last
+        logits = self._logits(pending.to(self.model.device), **self._committed_inputs(counts))  # [b, m, V]
+        slots.append(pending.shape[1], counts)
+        return gather_last(logits, counts)  # [b, V]
 
     def _fill_for_timing(self, tokens) -> None:
         self._logits(tokens)
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
-        return self._logits(input_ids=tokens[None], attention_mask=attention_mask,
-                            position_ids=position_ids)[0]  # [F, V]
+        return self._logits(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids)  # [b, F, V]
 
 
 @torch.no_grad()

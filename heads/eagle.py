@@ -17,6 +17,7 @@ from treespec.cache import TreeCache
 from treespec.drafter import CANDIDATE_MODES
 from treespec.dynamic_tree import DynamicTree
 from treespec.reference import resolve
+from treespec.rows import gather_last, gather_positions, right_aligned
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
@@ -52,61 +53,88 @@ class Eagle(ExpandingDrafter):
         self._decoder = lean_decoder(model.decoder, model.layer_config) if lean and model.decoder is not None else None
 
     def _run(self, tokens, features, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """The drafter over ``tokens`` [1, n] paired with ``features`` [1, n, h], after its cache → g [1, n, h];
-        without a mask (committed tokens) causal after the cache, at positions following it."""
+        """The drafter over ``tokens`` [b, n] paired with ``features`` [b, n, h], after its cache → g [b, n, h];
+        without a mask (committed tokens, rows alike) causal after the cache, at positions following it."""
         if self._decoder is None:
             return self.model(tokens, features, attention_mask=attention_mask, position_ids=position_ids,
                               cache=self.cache)
         x = self.model.decoder_input(tokens, features)
-        return self._decoder(x, self.cache, self.n_cached, position_ids, attention_mask)
+        return self._decoder(x, self.cache, self.slots.length, position_ids, attention_mask)
 
     def check_target(self, target) -> None:
         self.model.check_fits(target)
 
     def reset(self) -> None:
         super().reset()
-        self._pending: list[torch.Tensor] = []  # [1, m_i, h]: drafter features of committed tokens not fed yet
-        self._outputs: dict[int, torch.Tensor] = {}  # grown node → drafter output g [h] at it
+        self._pending: torch.Tensor | None = None  # [b, m, h]: drafter features of committed entries not fed yet
+        self._pending_counts: list[int] = []  # row b's are the first _pending_counts[b]
+        self._outputs: torch.Tensor | None = None  # [b, nodes, h]: drafter output g at each grown node
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        super().keep_rows(rows)
+        if self._pending is not None:
+            self._pending = self._pending.index_select(0, rows.to(self._pending.device))
+            self._pending_counts = [self._pending_counts[b] for b in rows.tolist()]
 
     def _new_cache(self):
         return TreeCache(self.model.layer_config)  # preallocated (treespec/cache.py): no copy per depth
 
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model.fuse(features.to(self.model.device, self.model.dtype))
+
     @torch.no_grad()
-    def prefill(self, input_ids, features) -> None:
+    def prefill(self, input_ids, features, attention_mask=None) -> None:
         # prompt token j + 1 pairs with feature j; the first token has none, the last feature pairs with the root
-        self._pending = [self.model.fuse(features[:, :-1].to(self.model.device, self.model.dtype))]
+        lengths = [input_ids.shape[1]] * input_ids.shape[0] if attention_mask is None else \
+            attention_mask.sum(-1).tolist()
+        self._pending = self._fuse(right_aligned(features, lengths)[:, : max(lengths) - 1])  # [b, m, h]
+        self._pending_counts = [n - 1 for n in lengths]
 
     def _start(self, committed, feature):
-        tokens = committed[:, self.n_cached + 1 :].to(self.model.device)  # [1, m]: entries n_cached.., root last
-        model = self.model
-        features = torch.cat([*self._pending, model.fuse(feature[:, None].to(model.device, model.dtype))], dim=1)
-        if features.shape[1] != tokens.shape[1]:
-            raise RuntimeError(f"EAGLE drafter out of sync: {tokens.shape[1]} committed tokens to feed but "
-                               f"{features.shape[1]} target features (was accept() called after every propose()?)")
-        g = self._run(tokens, features)  # [1, m, h]
-        self.n_cached += tokens.shape[1]
-        self._pending = []
-        self._outputs = {0: g[0, -1]}
-        return self._logits(g[:, -1])  # [1, V]
+        slots = self._rows(len(committed.lengths))
+        # entry j pairs token j + 1 with the feature at j: a row's entries follow its cached ones, its root last
+        tokens, counts = committed.tails([n + 1 for n in slots.counts])  # [b, m]
+        if counts != [n + 1 for n in self._pending_counts]:
+            raise RuntimeError(f"EAGLE drafter out of sync: {counts} committed tokens to feed but "
+                               f"{[n + 1 for n in self._pending_counts]} target features (was accept() called after "
+                               "every propose()?)")
+        root = self._fuse(feature[:, None])  # [b, 1, h]: pairs with each root
+        if all(n == self._pending.shape[1] for n in self._pending_counts):
+            features = torch.cat([self._pending, root], dim=1)  # [b, m, h]
+        else:  # each row's root feature right after its own pending ones
+            features = torch.cat([self._pending, torch.zeros_like(root)], dim=1)
+            features[torch.arange(len(counts)), torch.tensor(self._pending_counts)] = root[:, 0]
+        g = self._run(tokens.to(self.model.device), features, **self._committed_inputs(counts))  # [b, m, h]
+        slots.append(tokens.shape[1], counts)
+        self._pending, self._pending_counts = None, []
+        g_root = gather_last(g, counts)  # [b, h]
+        self._outputs = g_root[:, None]  # node 0, the root
+        return self._logits(g_root)  # [b, V]
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
-        features = torch.stack([self._outputs[p] for p in parents])[None]  # [1, F, h]: each parent's output
-        g = self._run(tokens[None], features, attention_mask, position_ids)[0]  # [F, h]
-        self._outputs.update(zip(nodes, g, strict=True))
-        return self._logits(g)  # [F, V]
+        batch = tokens.shape[0]
+        features = gather_positions(self._outputs, parents.expand(batch, -1))  # [b, F, h]: each parent's output
+        g = self._run(tokens, features, attention_mask, position_ids)  # [b, F, h]
+        grown = int(nodes.max()) + 1
+        if self._outputs.shape[1] < grown:  # room for this depth's nodes (grown node ids only increase)
+            self._outputs = torch.cat([self._outputs, self._outputs.new_zeros(batch, grown - self._outputs.shape[1],
+                                                                              g.shape[-1])], dim=1)
+        self._outputs[torch.arange(batch, device=g.device)[:, None], nodes.expand(batch, -1)] = g
+        return self._logits(g)  # [b, F, V]
 
     def _fill_for_timing(self, tokens) -> None:
         h = self.model.fc.out_features
         features = torch.zeros(*tokens.shape, h, dtype=self.model.dtype, device=self.model.device)
-        self._outputs = {0: self._run(tokens, features)[0, -1]}
+        self._outputs = self._run(tokens, features)[:, -1:]
 
     @torch.no_grad()
-    def accept(self, path, features) -> None:
-        super().accept(path, features)
+    def accept(self, paths, features) -> None:
+        super().accept(paths, features)
         # accepted node i pairs with the feature at its parent: root, then nodes 1..k-1; the feature at the
         # last accepted node pairs with the next root and arrives with it in propose()
-        self._pending = [self.model.fuse(features[:, : len(path)].to(self.model.device, self.model.dtype))]
-        self._outputs = {}
+        self._pending_counts = [len(path) for path in paths]
+        self._pending = self._fuse(features[:, : max(self._pending_counts)])
+        self._outputs = None
 
 
 @torch.no_grad()

@@ -19,15 +19,22 @@ one of two ways:
 ``accept`` compacts the drafter's cache to the committed sequence: expanded nodes on the accepted path
 stay cached when their keys/values are what a sequential decode would hold (``keeps_expanded_path``),
 everything else is dropped (treespec/cache.py).
+
+**Batches.** Every forward runs over all rows at once: the committed tokens each row has not seen yet,
+right-padded to the longest, then one [b, F] forward per depth (F frontier nodes per row: the static tree's,
+or ``top_k`` per row for a dynamic tree, each row growing its own with the same node budget). The drafter's
+cache lays its rows out as the target's does (a ``RowSlots``: treespec/rows.py), so padding and the holes
+of rows that kept fewer entries are masked, and each row's positions are its own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from treespec.cache import attention_masks, keep_tree_path
-from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
+from treespec.cache import SlidingWindowLayer, attention_masks
+from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
+from treespec.rows import RowSlots, causal_rows
 from treespec.sampling import Sampling, probs, sample, top_k
 from treespec.tree import Tree
 
@@ -77,17 +84,28 @@ class ExpandingDrafter(Drafter):
 
     def reset(self) -> None:
         self.cache = self._new_cache()
-        self.n_cached = 0                   # cache entries of committed tokens
-        self._expanded: list[int] = []      # grown nodes whose keys/values follow them, in cache order
-        self._grown_of: list[int] = []      # grown node of each node of the last proposal's tree
+        self.slots: RowSlots | None = None  # the cache's rows (committed entries); made for the first batch
+        self._expanded: list[list[int]] = []  # grown nodes whose keys/values follow them, in cache order: one
+        #                                       list shared by every row (static tree) or one per row
+        self._grown_of: list[list[int]] = []  # per row: grown node of each node of the last proposal's tree
+
+    def check_batch(self, batch_size: int) -> None:
+        if batch_size > 1 and any(isinstance(layer, SlidingWindowLayer) for layer in self.cache.layers):
+            raise ValueError(f"{type(self).__name__}'s model has sliding-window layers, whose windows count slots: "
+                             "it drafts for one prompt at a time")
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        if self.slots is not None:  # else nothing is cached yet (a row finished at its first token)
+            self.slots.select(rows.to(self.model.device), self.cache)
+        self._grown_of = [self._grown_of[b] for b in rows.tolist()] if self._grown_of else []
 
     # -- what a subclass provides ------------------------------------------------------------------
     def _new_cache(self):
         raise NotImplementedError
 
-    def _start(self, committed: torch.Tensor, feature: torch.Tensor | None) -> torch.Tensor:
-        """Feed the committed tokens not cached yet (the root last), add them to ``n_cached`` and return
-        the draft logits at the root [1, V]."""
+    def _start(self, committed, feature: torch.Tensor | None) -> torch.Tensor:
+        """Feed each row's committed tokens not cached yet (its root last; ``_committed_inputs``), append them
+        to ``slots`` and return the draft logits at each root [b, V]."""
         raise NotImplementedError
 
     def _fill_for_timing(self, tokens: torch.Tensor) -> None:
@@ -95,18 +113,37 @@ class ExpandingDrafter(Drafter):
         (``drafting_step``)."""
         raise NotImplementedError
 
-    def _forward_nodes(self, tokens: torch.Tensor, nodes: list[int], parents: list[int],
+    def _forward_nodes(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor,
                        attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """One cached forward over grown ``nodes`` (tokens [F], their ``parents``) with the mask of
-        ``treespec.cache.attention_masks`` (float [1, 1, F, cached + K]; a dict of them keyed by layer type
-        when sliding and full layers differ) and positions [1, F] → draft logits at those nodes [F, V]."""
+        """One cached forward over grown ``nodes`` (tokens [b, F]; node ids and their ``parents`` [b or 1, F])
+        with the mask of ``treespec.cache.attention_masks`` or ``RowSlots.mask`` (float [b or 1, 1, F,
+        slots + K]; a dict of them keyed by layer type when sliding and full layers differ) and positions
+        [b or 1, F] → draft logits at those nodes [b, F, V]."""
         raise NotImplementedError
+
+    # -- the batch's rows on the cache -------------------------------------------------------------
+    def _rows(self, batch: int) -> RowSlots:
+        """The cache's RowSlots, made for a batch of ``batch`` rows on the first call after ``reset``."""
+        if self.slots is None:
+            self.slots = RowSlots(batch, self.model.device)
+        return self.slots
+
+    def _committed_inputs(self, counts: list[int]) -> dict:
+        """The mask and positions of a forward feeding ``counts[b]`` committed tokens per row, right-padded to
+        the longest, after the cache: none while the rows are alike (causal after the cache, at the positions
+        that follow it), else each row's causal mask over its valid slots and its own positions. The caller
+        appends the fed slots (``slots.append``) after the forward."""
+        width = max(counts)
+        if not self.slots.ragged and all(c == width for c in counts):
+            return {}
+        allowed = causal_rows(counts, width, self.model.device)  # [b, m, m]
+        return {"attention_mask": self.slots.mask(allowed, dtype=self.model.dtype),
+                "position_ids": self.slots.positions(torch.arange(width))}
 
     # -- the expansion ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposal:
-        logits = self._start(committed, feature)  # [1, V]
-        self._expanded = []
+    def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposals:
+        logits = self._start(committed, feature)[:, None]  # [b, 1, V]: the root is the only frontier node
         if isinstance(tree, DynamicTree):
             if self.candidates == "sample" and not sampling.greedy:
                 raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates='sample' needs a static "
@@ -114,74 +151,101 @@ class ExpandingDrafter(Drafter):
             return self._grow_dynamic(logits, tree)
         return self._grow_static(logits, tree, sampling, generator)
 
-    def _expand(self, nodes: GrownNodes, frontier: list[int]) -> torch.Tensor:
-        """Draft logits [F, V] at the ``frontier`` nodes, whose keys/values join the cache after the
-        nodes expanded before them; each sees its expanded ancestors and itself."""
+    def _expand(self, grown: list[GrownNodes], frontiers: list[list[int]], tokens: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Draft logits [b, F, V] at the ``frontiers`` nodes of ``grown`` (one entry shared by every row, or one
+        per row), whose keys/values join the cache after the nodes expanded before them; each sees the row's
+        committed entries, its expanded ancestors and itself. ``tokens`` [b, F]: the frontier's tokens in each
+        row (None: those ``grown`` holds, one entry per row)."""
         device = self.model.device
-        kv_nodes = self._expanded + frontier
-        allowed = torch.tensor([[k in nodes.lineage[f] for k in kv_nodes] for f in frontier])  # [F, K]
-        root_position = self.n_cached - 1
-        positions = torch.tensor([root_position + nodes.depths[k] for k in kv_nodes], device=device)  # [K]
-        logits = self._forward_nodes(
-            torch.tensor([nodes.tokens[f] for f in frontier], device=device),
-            frontier,
-            [nodes.parents[f] for f in frontier],
-            attention_masks(self.cache, allowed, self.n_cached, positions, dtype=self.model.dtype, device=device),
-            positions[None, len(self._expanded) :],  # [1, F]
-        )
+        kv_nodes = [done + frontier for done, frontier in zip(self._expanded, frontiers, strict=True)]
+        # [b or 1, F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
+        allowed = torch.tensor([[[k in nodes.lineage[f] for k in kv] for f in frontier]
+                                for nodes, kv, frontier in zip(grown, kv_nodes, frontiers, strict=True)])
+        depths = torch.tensor([[nodes.depths[k] for k in kv] for nodes, kv in zip(grown, kv_nodes, strict=True)])
+        positions = self.slots.positions(depths - 1)  # [b or 1, K]: each row's root position + depth
+        if not self.slots.ragged and allowed.shape[0] == 1:  # rows alike: one mask (windows honoured)
+            mask = attention_masks(self.cache, allowed[0], self.slots.length, positions[0], dtype=self.model.dtype,
+                                   device=device)
+        else:
+            mask = self.slots.mask(allowed, dtype=self.model.dtype)
+        if tokens is None:
+            tokens = torch.tensor([[nodes.tokens[f] for f in frontier]
+                                   for nodes, frontier in zip(grown, frontiers, strict=True)])
+        nodes = torch.tensor(frontiers, device=device)  # [b or 1, F]
+        parents = torch.tensor([[g.parents[f] for f in frontier] for g, frontier in zip(grown, frontiers, strict=True)],
+                               device=device)
+        width = len(frontiers[0])
+        logits = self._forward_nodes(tokens.to(device), nodes, parents, mask, positions[:, -width:])
         self._expanded = kv_nodes
         return logits
 
-    def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposal:
+    def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposals:
+        """Every row grows ``tree``'s shape, with its own tokens (one forward per depth for all rows)."""
         draw = self.candidates == "sample" and not sampling.greedy
-        nodes = GrownNodes.of_tree(tree)
-        q_draft = torch.zeros(tree.num_nodes, logits.shape[-1], device=logits.device) if draw else None  # [N, V]
+        batch, vocab = logits.shape[0], logits.shape[-1]
+        shape = GrownNodes.of_tree(tree)  # every row's topology
+        rows = [[0] * tree.num_nodes for _ in range(batch)]  # each row's tokens, filled depth by depth
+        q_draft = torch.zeros(batch, tree.num_nodes, vocab, device=logits.device) if draw else None  # [b, N, V]
         frontier = [0]
+        self._expanded = [[]]
         for depth in range(1, tree.depth + 1):
-            q = probs(logits, sampling) if draw else None  # [F, V]: draft distribution at each frontier node
+            q = probs(logits, sampling) if draw else None  # [b, F, V]: draft distribution at each frontier node
             kids_of_depth, picks = [], []
-            for row, node in enumerate(frontier):
+            for j, node in enumerate(frontier):
                 kids = tree.children[node]
                 if not kids:
                     continue
                 if draw:
-                    q_draft[node] = q[row]
-                    picks.append(sample(q[row].expand(len(kids), -1), generator))
+                    q_draft[:, node] = q[:, j]
+                    picks.append(sample(q[:, j, None].expand(batch, len(kids), vocab), generator))  # [b, kids]
                 else:  # the rank-r child is the r-th most likely draft token
                     ranks = tree.ranks[kids]
-                    picks.append(top_k(logits[row], int(ranks.max()) + 1)[ranks.to(logits.device)])
+                    picks.append(top_k(logits[:, j], int(ranks.max()) + 1)[:, ranks.to(logits.device)])
                 kids_of_depth += kids
-            for kid, token in zip(kids_of_depth, torch.cat(picks).tolist(), strict=True):  # one host sync per depth
-                nodes.tokens[kid] = token
+            for tokens, picked in zip(rows, torch.cat(picks, dim=1).tolist(), strict=True):  # one host sync per depth
+                for kid, token in zip(kids_of_depth, picked, strict=True):
+                    tokens[kid] = token
             if depth == tree.depth:
                 break
             frontier = [i for i in tree.levels[depth] if tree.children[i]]  # cached per tree: no tensor ops
             if not frontier:
                 break
-            logits = self._expand(nodes, frontier)
-        self._grown_of = list(range(tree.num_nodes))
-        return Proposal(tree=tree, tokens=torch.tensor(nodes.tokens[1:], dtype=torch.long), q_draft=q_draft)
+            logits = self._expand([shape], [frontier], torch.tensor([[tokens[f] for f in frontier] for tokens in rows]))
+        self._grown_of = [list(range(tree.num_nodes))] * batch
+        return Proposals.shared(tree, torch.tensor([tokens[1:] for tokens in rows], dtype=torch.long), q_draft)
 
-    def _grow_dynamic(self, logits, policy: DynamicTree) -> Proposal:
-        nodes = GrownNodes()
-        ranks, scores = [0], [0.0]  # rank among siblings, cumulative draft log-probability
+    def _grow_dynamic(self, logits, policy: DynamicTree) -> Proposals:
+        """EAGLE-2: each row grows its own tree with the same budget (``top_k`` frontier nodes per depth, so
+        every row's depth is one [b, top_k] forward)."""
+        batch = logits.shape[0]
+        rows = [GrownNodes() for _ in range(batch)]
+        ranks = [[0] for _ in range(batch)]  # rank among siblings
+        scores = [[0.0] for _ in range(batch)]  # cumulative draft log-probability
         k = min(policy.top_k, logits.shape[-1])
-        frontier = [0]
+        frontiers = [[0] for _ in range(batch)]
+        self._expanded = [[] for _ in range(batch)]
         for depth in range(1, policy.depth + 1):
-            top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [F, k], descending
-            children = []
-            for parent, log_q, tokens in zip(frontier, top.values.tolist(), top.indices.tolist(), strict=True):
-                for rank, (lq, token) in enumerate(zip(log_q, tokens, strict=True)):
-                    children.append(nodes.add(parent, token))
-                    ranks.append(rank)
-                    scores.append(policy.child_score(scores[parent], lq))
+            top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [b, F, k], descending
+            children = [[] for _ in range(batch)]
+            for b, (values, indices) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True)):
+                nodes = rows[b]
+                for parent, log_q, tokens in zip(frontiers[b], values, indices, strict=True):
+                    for rank, (lq, token) in enumerate(zip(log_q, tokens, strict=True)):
+                        children[b].append(nodes.add(parent, token))
+                        ranks[b].append(rank)
+                        scores[b].append(policy.child_score(scores[b][parent], lq))
             if depth == policy.depth:
                 break
-            frontier = policy.frontier(children, scores)
-            logits = self._expand(nodes, frontier)
-        tree, self._grown_of = policy.select(nodes.parents, ranks, scores)
-        tokens = torch.tensor([nodes.tokens[i] for i in self._grown_of[1:]], dtype=torch.long)
-        return Proposal(tree=tree, tokens=tokens)
+            frontiers = [policy.frontier(children[b], scores[b]) for b in range(batch)]
+            logits = self._expand(rows, frontiers)
+        proposals = []
+        self._grown_of = []
+        for b in range(batch):
+            tree, grown_of = policy.select(rows[b].parents, ranks[b], scores[b])
+            self._grown_of.append(grown_of)
+            proposals.append(Proposal(tree, torch.tensor([rows[b].tokens[i] for i in grown_of[1:]], dtype=torch.long)))
+        return Proposals.stack(proposals)
 
     @torch.no_grad()
     def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
@@ -190,12 +254,14 @@ class ExpandingDrafter(Drafter):
         Each call leaves the cache as it found it; ``reset()`` when done with it."""
         device = self.model.device
         self.reset()
+        self._rows(1)
         self._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
-        self.n_cached = past_len
-        tokens = torch.zeros(n_tokens, dtype=torch.long, device=device)  # [F]
+        self.slots.append(past_len)
+        tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=device)  # [1, F]
         mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=self.model.dtype, device=device)  # sees all
         positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
-        nodes, parents = list(range(1, n_tokens + 1)), [0] * n_tokens
+        nodes = torch.arange(1, n_tokens + 1, device=device)[None]
+        parents = torch.zeros(1, n_tokens, dtype=torch.long, device=device)
 
         @torch.no_grad()
         def depth():
@@ -204,14 +270,14 @@ class ExpandingDrafter(Drafter):
 
         return depth
 
-    def accept(self, path: torch.Tensor, features) -> None:
-        # Expanded nodes on the accepted path form a prefix of it (nodes are expanded depth by depth), in
+    def accept(self, paths: list[torch.Tensor], features) -> None:
+        # Expanded nodes on a row's accepted path form a prefix of it (nodes are expanded depth by depth), in
         # cache order; path tokens not kept here are fed again by the next _start.
-        keep = []
+        keeps = [[] for _ in paths]
         if self.keeps_expanded_path:
-            on_path = {self._grown_of[i] for i in path.tolist()}
-            keep = [j for j, node in enumerate(self._expanded) if node in on_path]
-        keep_tree_path(self.cache, self.n_cached, keep)
-        self.n_cached += len(keep)
+            for b, path in enumerate(paths):
+                on_path = {self._grown_of[b][i] for i in path.tolist()}
+                expanded = self._expanded[b if len(self._expanded) > 1 else 0]
+                keeps[b] = [j for j, node in enumerate(expanded) if node in on_path]
+        self.slots.keep(self.cache, keeps)
         self._expanded = []
-

@@ -47,7 +47,7 @@ def causal_mask(n: int, past_len: int, *, dtype=torch.float32, device=None) -> t
 class LeanDecoder:
     """A stock transformers decoder stack (``.layers``, ``.norm``, ``.rotary_emb``) called layer by layer.
 
-    lean(x [b, n, h], cache, past_len, position_ids [1, n], attention_mask (float [1, 1, n, past_len + n]))
+    lean(x [b, n, h], cache, past_len, position_ids [b or 1, n], attention_mask (float [b or 1, 1, n, past_len + n]))
     → the final-norm hidden states [b, n, h], as ``decoder(inputs_embeds=x, ...)`` would return them."""
 
     def __init__(self, decoder: nn.Module):
@@ -62,6 +62,8 @@ class LeanDecoder:
             positions = torch.arange(size, device=x.device)[None]
             # the model's own rotary embedding over every position at once: the same values it computes per call
             self._cos, self._sin = self.decoder.rotary_emb(x, positions)
+        if position_ids.shape[0] > 1:  # a batch whose rows have positions of their own: [b, n, d]
+            return self._cos[0][position_ids], self._sin[0][position_ids]
         index = position_ids[0]
         return self._cos[:, index], self._sin[:, index]
 

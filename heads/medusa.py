@@ -16,9 +16,10 @@ verified losslessly by the walker's deterministic-candidate rule.
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from torch import nn
 
-from treespec.drafter import Drafter, Proposal
+from treespec.drafter import Drafter, Proposals
 from treespec.reference import resolve
 from treespec.sampling import GREEDY, Sampling, top_k
 from treespec.tree import Tree
@@ -160,19 +161,19 @@ class Medusa(Drafter):
             projection.to(device=target.device, dtype=target.dtype)
 
     def logits(self, feature: torch.Tensor, depth: int) -> torch.Tensor:
-        """The first ``depth`` heads on one feature [h] → their logits [depth, V]."""
+        """The first ``depth`` heads on features [..., h] → their logits [depth, ..., V]."""
         if self._shared is not None:  # one [D, h] × [h, V] product for every depth
             return self._shared(self.heads.blocks_out(feature, depth))
         return self.heads(feature, heads=depth, projections=self._projections)
 
     @torch.no_grad()
-    def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposal:
+    def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposals:
         if tree.depth > self.heads.num_heads:
             raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
-        logits = self.logits(feature[0], tree.depth)  # [D, V]: depth d + 1
-        top = top_k(logits, max(tree.top_k_per_depth()))  # [D, K]
+        logits = self.logits(feature, tree.depth)  # [D, b, V]: depth d + 1 of each row
+        top = rearrange(top_k(logits, max(tree.top_k_per_depth())), "d b k -> b d k")  # [b, D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
-        return Proposal(tree=tree, tokens=top[depths - 1, ranks])  # [n]
+        return Proposals.shared(tree, top[:, depths - 1, ranks])  # [b, n]
 
     def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
         """One proposal's heads as the drafter runs them (lean or not): every head on one feature (it fills the

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec import Tree, generate
+from treespec.drafter import Committed
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads.eagle3 import Eagle3, rank_accuracy
 from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map, default_aux_layers
@@ -242,8 +243,8 @@ def test_sampled_candidates_stay_in_the_draft_vocabulary(target, prompt):
         features, _ = target_states(target, prompt, model.aux_layers)
     drafter.prefill(prompt, features)
     committed = torch.cat([prompt, torch.tensor([[5]])], 1)
-    proposal = drafter.propose(committed, features[:, -1], Tree.full(3, 2), Sampling(1.0),
-                               torch.Generator().manual_seed(0))
+    proposal = drafter.propose(Committed(committed, [committed.shape[1]]), features[:, -1], Tree.full(3, 2),
+                               Sampling(1.0), torch.Generator().manual_seed(0)).row(0)
     outside = ~model.t2d
     assert model.t2d[proposal.tokens].all()
     assert (proposal.q_draft[:, outside] == 0).all() and torch.allclose(proposal.q_draft[0].sum(), torch.tensor(1.0))
@@ -269,7 +270,8 @@ def test_save_load_round_trip_and_mismatches_are_refused(target, prompt, tmp_pat
         with torch.no_grad():
             features, _ = target_states(target, prompt, m.aux_layers)
         d.prefill(prompt, features)
-        runs.append(d.propose(torch.cat([prompt, torch.tensor([[7]])], 1), features[:, -1], Tree.full(2, 3),
+        committed = torch.cat([prompt, torch.tensor([[7]])], 1)
+        runs.append(d.propose(Committed(committed, [committed.shape[1]]), features[:, -1], Tree.full(2, 3),
                               Sampling()))
     assert torch.equal(runs[2].tokens, runs[3].tokens)
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from treespec import Tree, generate
+from treespec.drafter import Committed
 from treespec.heads import DraftModel, PromptLookup
 
 from .tiny_models import hf_greedy, perturbed, tiny_llama
@@ -86,7 +87,7 @@ def test_prompt_lookup_greedy(target):
 def test_prompt_lookup_proposes_continuations():
     lookup = PromptLookup(max_ngram=2)
     committed = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 6, 1, 2]])
-    proposal = lookup.propose(committed, None, Tree.full(2, 2), None)
+    proposal = lookup.propose(Committed(committed, [10]), None, Tree.full(2, 2), None).row(0)
     # "1 2" was followed by 5 (most recent) then 3; after "2 5" comes 6, after "2 3" comes 4
     assert proposal.tree.paths == ((0,), (1,), (0, 0), (1, 0))
     assert proposal.tokens.tolist() == [5, 3, 6, 4]
@@ -114,8 +115,8 @@ def test_bad_arguments(target, prompt, kwargs, message):
 
 
 def test_bad_inputs(target, prompt):
-    with pytest.raises(ValueError, match="batch size 2 is not supported yet"):
-        generate(target, prompt.repeat(2, 1), max_new_tokens=4)
+    with pytest.raises(ValueError, match="pads on the right"):
+        generate(target, prompt.repeat(2, 1), attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]), max_new_tokens=4)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(target, prompt[:, :0], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"draft model vocabulary \(80 tokens\) differs from the target's \(64"):

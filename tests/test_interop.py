@@ -407,9 +407,9 @@ def recorded_run(drafter, target, tree, max_new_tokens=12, **kwargs):
     seen, propose = [], drafter.propose
 
     def recording(committed, feature, step_tree, sampling, generator=None):
-        proposal = propose(committed, feature, step_tree, sampling, generator)
-        seen.append((committed.clone(), proposal))
-        return proposal
+        proposals = propose(committed, feature, step_tree, sampling, generator)
+        seen.append((committed.row(0)[None].clone(), proposals.row(0)))  # one prompt: one row
+        return proposals
 
     drafter.propose = recording
     out = generate(target, PROMPT, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens, **kwargs)

@@ -46,14 +46,16 @@ def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
 
 
 def record_proposals(drafter) -> list:
-    """Wrap ``drafter.propose`` so every step's (committed, tree, proposal) is kept; returns that list."""
+    """Wrap ``drafter.propose`` so every step's (committed [1, L], tree, proposal) of every row is kept (row after
+    row within a step); returns that list."""
     seen = []
     propose = drafter.propose
 
     def recording(committed, feature, step_tree, sampling, generator=None):
-        proposal = propose(committed, feature, step_tree, sampling, generator)
-        seen.append((committed.clone(), step_tree, proposal))
-        return proposal
+        proposals = propose(committed, feature, step_tree, sampling, generator)
+        rows = range(len(committed.lengths))
+        seen.extend((committed.row(b)[None].clone(), step_tree, proposals.row(b)) for b in rows)
+        return proposals
 
     drafter.propose = recording
     return seen

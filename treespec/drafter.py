@@ -118,7 +118,7 @@ class Committed:
         """Each row's tokens from ``starts[b]`` on, right-padded (with zeros) → (LongTensor [b, m], counts [b])."""
         counts = [n - s for n, s in zip(self.lengths, starts, strict=True)]
         first, width = min(starts), max(counts)
-        if all(s == first for s in starts):  # one row, or rows alike: a view
+        if all(s == first for s in starts) and all(c == width for c in counts):  # one row, or rows alike: a view
             return self.tokens[:, first : first + width], counts
         index = (torch.tensor(starts)[:, None] + torch.arange(width)[None]).clamp(max=self.tokens.shape[1] - 1)
         tails = self.tokens.gather(1, index.to(self.tokens.device))

@@ -165,7 +165,7 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     slots.append_prompts(mask, width)
     p_target = probs(logits[:, -1], run.sampling)  # [b, V]
     roots = argmax(p_target) if run.sampling.greedy else sample(p_target, run.generator)  # [b]
-    tokens = torch.empty(batch, max(lengths) + inputs.max_new_tokens, dtype=torch.long, device=device)  # [b, L_max]
+    tokens = torch.zeros(batch, max(lengths) + inputs.max_new_tokens, dtype=torch.long, device=device)  # [b, L_max]
     tokens[:, : max(lengths)] = right_aligned(input_ids, lengths)
     tokens[torch.arange(batch, device=device), torch.tensor(lengths, device=device)] = roots.to(device)
     if run.drafter is not None:

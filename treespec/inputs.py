@@ -93,7 +93,7 @@ def left_padded(prompts, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, torch.Tensor) and prompt.dim() > 1:
             raise ValueError(f"input_ids[{i}] must be one prompt (1-D), got shape {tuple(prompt.shape)}")
-        rows.append(token_ids(prompt, f"input_ids[{i}]"))
+        rows.append(token_ids(prompt, "input_ids"))
     if not all(rows):
         raise ValueError(f"input_ids[{[len(r) for r in rows].index(0)}] is empty: give at least one token")
     width = max(len(r) for r in rows)
