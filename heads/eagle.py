@@ -99,10 +99,11 @@ class Eagle(ExpandingDrafter):
                                f"{[n + 1 for n in self._pending_counts]} target features (was accept() called after "
                                "every propose()?)")
         root = self._fuse(feature[:, None])  # [b, 1, h]: pairs with each root
-        if all(n == self._pending.shape[1] for n in self._pending_counts):
-            features = torch.cat([self._pending, root], dim=1)  # [b, m, h]
+        pending = self._pending[:, : max(self._pending_counts)]  # (the longest row may have left the batch)
+        if all(n == pending.shape[1] for n in self._pending_counts):
+            features = torch.cat([pending, root], dim=1)  # [b, m, h]
         else:  # each row's root feature right after its own pending ones
-            features = torch.cat([self._pending, torch.zeros_like(root)], dim=1)
+            features = torch.cat([pending, torch.zeros_like(root)], dim=1)
             features[torch.arange(len(counts)), torch.tensor(self._pending_counts)] = root[:, 0]
         g = self._run(tokens.to(self.model.device), features, **self._committed_inputs(counts))  # [b, m, h]
         slots.append(tokens.shape[1], counts)
