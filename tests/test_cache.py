@@ -1,15 +1,19 @@
 """The preallocated KV cache (treespec/cache.py, ``PreallocatedLayer``): the same logits and the same held
 entries as transformers' concatenating DynamicLayer through a prefill, tree passes compacted to a non-contiguous
-accepted path, crops, growth past the buffer's capacity and a reset; and generate() decodes the same tokens."""
+accepted path, crops, growth past the buffer's capacity and a reset; and generate() decodes the same tokens.
+A batch's rows (treespec/rows.py): per-row compaction equals each row's alone, row selection, slots' validity,
+positions and masks."""
 
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from treespec import Tree, generate
 from treespec.attention import tree_masks, tree_position_ids
-from treespec.cache import PreallocatedLayer, TreeCache, keep_tree_path
+from treespec.cache import PreallocatedLayer, TreeCache, keep_row_paths, keep_tree_path, select_rows
 from treespec.heads import DraftModel
+from treespec.rows import RowSlots
 
 from .tiny_models import hf_greedy, perturbed, tiny_llama
 
@@ -91,3 +95,60 @@ def test_values_with_their_own_head_size_get_their_own_buffer():
     same = PreallocatedLayer()
     same.update(keys, keys + 1)
     assert same._kv is not None and same._kv.shape == (2, 1, 2, PreallocatedLayer.MIN_CAPACITY, 4)
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_per_row_compaction_and_row_selection(preallocate):
+    """keep_row_paths: each row's entries equal keep_tree_path on that row alone (one gather for all rows, holes
+    after a shorter row's path); select_rows keeps the chosen rows, in buffers that still grow."""
+    gen = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(3, 2, 9, 4, generator=gen), torch.randn(3, 2, 9, 4, generator=gen)
+
+    def cache_of(k, v):
+        cache = DynamicCache()
+        cache.layers = [PreallocatedLayer() if preallocate else DynamicLayer()]
+        cache.layers[0].update(k.clone(), v.clone())
+        return cache
+
+    keeps = [[0, 2, 5], [0], [0, 1, 3, 4]]  # rows keep different paths after a pass at slots 3..8
+    batch = cache_of(keys, values)
+    assert keep_row_paths(batch, 3, keeps) == 4
+    layer = batch.layers[0]
+    assert layer.keys.shape == (3, 2, 7, 4)
+    for b, keep in enumerate(keeps):
+        alone = cache_of(keys[b : b + 1], values[b : b + 1])
+        keep_tree_path(alone, 3, keep)
+        n = 3 + len(keep)
+        torch.testing.assert_close(layer.keys[b : b + 1, :, :n], alone.layers[0].keys, rtol=0, atol=0)
+        torch.testing.assert_close(layer.values[b : b + 1, :, :n], alone.layers[0].values, rtol=0, atol=0)
+    kept = layer.keys[[2, 0]].clone()
+    select_rows(batch, torch.tensor([2, 0]))
+    torch.testing.assert_close(layer.keys, kept, rtol=0, atol=0)
+    layer.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))  # the selected rows keep growing
+    assert layer.keys.shape == (2, 2, 8, 4) and bool((layer.keys[:, :, -1] == 1).all())
+    chains = cache_of(keys, values)  # rows keeping chain prefixes move nothing: only the tail is cut
+    assert keep_row_paths(chains, 3, [[0, 1], [0, 1, 2], [0]]) == 3
+    torch.testing.assert_close(chains.layers[0].keys, keys[:, :, :6], rtol=0, atol=0)
+
+
+def test_row_slots_positions_and_masks():
+    """RowSlots: left padding and holes are invalid slots; positions count a row's valid slots."""
+    slots = RowSlots(2)
+    slots.append_prompts(torch.tensor([[0, 1, 1], [1, 1, 1]]), 3)
+    assert slots.ragged and slots.counts == [2, 3]
+    cache = DynamicCache()
+    cache.layers = [PreallocatedLayer()]
+    cache.layers[0].update(torch.zeros(2, 1, 6, 2), torch.zeros(2, 1, 6, 2))  # a pass of 3 nodes per row
+    slots.keep(cache, [[0, 2], [0]])
+    assert slots.length == 5 and slots.counts == [4, 4]
+    assert slots.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
+    assert slots.positions(torch.tensor([0, 1])).tolist() == [[4, 5], [4, 5]]
+    mask = slots.mask(torch.tensor([[True, False], [True, True]])[None])  # [2, 1, 2, 5 + 2]
+    assert mask.shape == (2, 1, 2, 7)
+    assert (mask[0, 0, :, 0] < 0).all() and (mask[1, 0, :, 4] < 0).all() and (mask[:, 0, 0, 6] < 0).all()
+    assert (mask[0, 0, 1, 1:] == 0).all()
+    dense = RowSlots(2)
+    dense.append(4)
+    assert not dense.ragged and dense.positions(torch.tensor([0, 1])).tolist() == [[4, 5]]
+    dense.append(2, [2, 1])  # a hole in row 1 makes it ragged
+    assert dense.ragged and dense.counts == [6, 5] and dense.valid[1].tolist() == [True] * 5 + [False]

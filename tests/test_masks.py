@@ -187,6 +187,35 @@ def test_flex_attention_matches_sdpa(block_mask_case):
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
 
 
+def test_per_row_masks_dense_and_flex():
+    """A batch's masks (rows_mask_for): row b sees its valid cached slots and its own tree; the BlockMask over b
+    rows (un-compiled flex_attention on CPU) attends as sdpa does with the float mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from treespec.masks import rows_mask_for, visible_rows
+
+    cached = torch.tensor([[False, True, True, True], [True, True, False, True]])  # padding, a hole
+    trees = [Tree.full(2, 2), Tree.chain(6)]  # 7 nodes each: per-row relations
+    allowed = torch.stack([tree.ancestors for tree in trees])  # [2, 7, 7]
+    seen = visible_rows(cached, allowed, 4)
+    assert seen.shape == (2, 7, 11)
+    for b, tree in enumerate(trees):
+        assert seen[b, :, :4].equal(cached[b].expand(7, -1)) and seen[b, :, 4:].equal(tree.ancestors)
+    assert visible_rows(None, trees[0].ancestors[None], 4)[0].equal(tree_allowed(trees[0], 4))  # broadcasts
+    dense = rows_mask_for("sdpa", cached, allowed, 4)
+    assert dense.shape == (2, 1, 7, 11) and dense[~seen[:, None]].lt(0).all() and (dense[seen[:, None]] == 0).all()
+    block = rows_mask_for("flex_attention", cached, allowed, 4)
+    assert block.shape == (2, 1, 7, 11)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 7, 8, generator=gen)
+    k, v = torch.randn(2, 2, 2, 11, 8, generator=gen)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*without torch.compile")
+        out = flex_attention(q, k, v, block_mask=block)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+                               atol=1e-5, rtol=0)
+
+
 def test_reused_block_masks_equal_fresh_ones():
     # one decoding run's FlexTreeMasks against create_block_mask (tree_block_mask), across key-block boundaries
     # (block size 16 here, so a few cheap steps cross several), a tree change and the table's growth; and
