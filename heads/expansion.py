@@ -248,16 +248,16 @@ class ExpandingDrafter(Drafter):
         return Proposals.stack(proposals)
 
     @torch.no_grad()
-    def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
-        """One expansion depth as the drafter drafts (lean or not): ``n_tokens`` frontier nodes, children of the
-        root, through its model and head after ``past_len`` cached placeholder entries, attending to all of them.
-        Each call leaves the cache as it found it; ``reset()`` when done with it."""
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1):
+        """One expansion depth as the drafter drafts (lean or not): ``n_tokens`` frontier nodes per row, children
+        of the root, through its model and head after ``past_len`` cached placeholder entries, attending to all
+        of them, for ``batch`` rows. Each call leaves the cache as it found it; ``reset()`` when done with it."""
         device = self.model.device
         self.reset()
-        self._rows(1)
-        self._fill_for_timing(torch.zeros(1, past_len, dtype=torch.long, device=device))
+        self._rows(batch)
+        self._fill_for_timing(torch.zeros(batch, past_len, dtype=torch.long, device=device))
         self.slots.append(past_len)
-        tokens = torch.zeros(1, n_tokens, dtype=torch.long, device=device)  # [1, F]
+        tokens = torch.zeros(batch, n_tokens, dtype=torch.long, device=device)  # [b, F]
         mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=self.model.dtype, device=device)  # sees all
         positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
         nodes = torch.arange(1, n_tokens + 1, device=device)[None]

@@ -66,16 +66,19 @@ class DrafterKind:
         """The deepest tree it can fill (Medusa: its number of heads); None: unbounded."""
         return None
 
-    def drafting_step(self, drafter: Drafter) -> Callable[[], object] | None:
-        """A call that runs one drafting call of ``drafter`` (what ``cost`` times; ``Drafter.drafting_step``), to
-        time target passes after it; None: it has no weights to push the target's out of the caches."""
-        return drafter.drafting_step()
+    def drafting_step(self, drafter: Drafter, batch: int = 1) -> Callable[[], object] | None:
+        """A call that runs one drafting call of ``drafter`` for ``batch`` rows (what ``cost`` times;
+        ``Drafter.drafting_step``), to time target passes after it; None: it has no weights to push the target's
+        out of the caches."""
+        return drafter.drafting_step(batch=batch)
 
-    def cost(self, drafter: Drafter, before: Callable[[], object] | None = None) -> tuple[float, float]:
-        """(seconds per proposal, seconds per drafted depth) of ``drafter`` as it drafts (lean or not), for
-        predicted speedups: a drafter that fills its tree at once costs per proposal, the others per depth.
-        ``before()`` runs untimed ahead of each timed call (a target pass, as in decoding): ``bench.median_time``."""
-        step = self.drafting_step(drafter)
+    def cost(self, drafter: Drafter, before: Callable[[], object] | None = None, batch: int = 1
+             ) -> tuple[float, float]:
+        """(seconds per proposal, seconds per drafted depth) of ``drafter`` as it drafts (lean or not) for ``batch``
+        rows, for predicted speedups: a drafter that fills its tree at once costs per proposal, the others per
+        depth. ``before()`` runs untimed ahead of each timed call (a target pass, as in decoding):
+        ``bench.median_time``."""
+        step = self.drafting_step(drafter, batch)
         if step is None:
             return 0.0, 0.0
         seconds = median_time(step, before=before)

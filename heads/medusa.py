@@ -175,11 +175,11 @@ class Medusa(Drafter):
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)
         return Proposals.shared(tree, top[:, depths - 1, ranks])  # [b, n]
 
-    def drafting_step(self, past_len: int = 256, n_tokens: int = 4):
-        """One proposal's heads as the drafter runs them (lean or not): every head on one feature (it fills the
-        whole tree in one call; it keeps no cache, so the sizes do not apply)."""
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1):
+        """One proposal's heads as the drafter runs them (lean or not): every head on each row's feature (it fills
+        the whole tree in one call; it keeps no cache, so the sizes do not apply)."""
         weight = self.heads.blocks[0][0].linear.weight
-        feature = torch.randn(self.heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)  # [h]
+        feature = torch.randn(batch, self.heads.config["hidden_size"], device=weight.device, dtype=weight.dtype)
         return torch.no_grad()(lambda: self.logits(feature, self.heads.num_heads))
 
 

@@ -24,6 +24,7 @@ from treespec.train.compare import (
 )
 from treespec.train.data import own_continuations
 from treespec.train.log import RunLogger
+from treespec.train.report import rerender
 from treespec.tree import Tree
 
 from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama
@@ -121,6 +122,40 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
                 "compare/acceptance_heatmap"):
         assert wandb_run_contains(tmp_path, key), key
+
+
+def test_tiny_comparison_across_batch_sizes(tmp_path):
+    """batch_sizes: every drafter × tree at each batch size against batched vanilla and transformers' batched
+    generate, tree=auto per batch size, the batch table, csv and figure; the report re-renders from results.json."""
+    target = tiny_llama(seed=0)
+    draft = perturbed(target, 0.05)
+    windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    drafters = [DrafterSpec("draft", DraftModel(draft), draft_model_accuracy(target, draft, windows, depth=3, top_k=3),
+                            draft_cost_per_depth=1e-4),
+                DrafterSpec("prompt_lookup", PromptLookup())]
+    prompts = [torch.randint(0, 64, (1, n), generator=torch.Generator().manual_seed(n)) for n in (6, 11, 3)]
+    result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "auto", "max_nodes": 4}],
+                            prompts, max_new_tokens=5, cost_sizes=(1, 2, 4), peers=False, out_dir=tmp_path,
+                            log=lambda *_: None, batch_sizes=[1, 2], batches=2, batch_cost_sizes=(1, 2, 4))
+    section = result["batch"]
+    assert section["batch_sizes"] == [1, 2] and set(section["cost_curves"]) == {"1", "2"}
+    names = {(r["batch_size"], r["config"]) for r in section["records"]}
+    for size in (1, 2):
+        assert {(size, "vanilla"), (size, "transformers batched"), (size, "draft | chain γ=2"),
+                (size, "draft | auto"), (size, "prompt_lookup | chain γ=2")} <= names
+    assert all(len(r["runs"]["speedup"]) == 2 and len(r["runs"]["speedup_vs_transformers"]) == 2
+               for r in section["records"])
+    auto = [r for r in section["records"] if r["config"] == "draft | auto"]
+    assert all(0 <= r["nodes"] <= 4 for r in auto)  # chosen per batch size; 0 is the empty tree (vanilla)
+    assert {s["config"] for s in section["skipped"]} == {"prompt_lookup | auto"}  # no accuracies to grow from
+    md = (tmp_path / "batch.md").read_text()
+    assert "| B | drafter | best tree |" in md and "Where speculation stops paying" in md and "nan" not in md.lower()
+    assert "## Batch sizes" in (tmp_path / "results.md").read_text()
+    rows = list(csv.DictReader(open(tmp_path / "batch.csv")))
+    assert {r["batch_size"] for r in rows} == {"1", "2"} and (tmp_path / "speedup_vs_batch.png").stat().st_size > 0
+    (tmp_path / "batch.md").unlink()
+    rerender(tmp_path)
+    assert (tmp_path / "batch.md").read_text() == md
 
 
 def test_bad_tree_spec_in_config_is_named(tmp_path):

@@ -35,6 +35,7 @@ from treespec.timing import forward_step
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
+from .batch_compare import run_batch_sizes
 from .data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from .log import RunLogger
 from .report import compare_runs, rerender, save_result, write_outputs
@@ -139,11 +140,14 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                    max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, repeats: int = 1,
                    cost_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_nodes: int = 64, peers: bool = True,
                    assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
-                   stamp: dict | None = None) -> dict:
+                   stamp: dict | None = None, batch_sizes=None, batches: int = 3,
+                   batch_cost_sizes=(1, 2, 4, 8, 16, 32)) -> dict:
     """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
 
     ``stamp`` (train/stamp.py) describes the run for the report; without one a stamp is collected here from
-    what this function is given. ``bootstrap``: {samples, level, seed} for the report's intervals."""
+    what this function is given. ``bootstrap``: {samples, level, seed} for the report's intervals.
+    ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each,
+    tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens): train/batch_compare.py."""
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -244,6 +248,12 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                            for r in peer_rows if r.name.startswith("transformers ")]
         result["wall_s"] = time.perf_counter() - started
         save_result(result, out_dir)
+    if batch_sizes:
+        result["batch"] = run_batch_sizes(
+            target, drafters, [(spec_label(spec), spec) for spec in expand_specs(tree_specs)], prompts,
+            resolve=lambda spec, d, c, base: resolve_tree(spec, d, c, max_nodes, baseline=base),
+            batch_sizes=batch_sizes, batches=batches, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=top_p, cost_sizes=batch_cost_sizes, seed=seed, log=log)
     result["wall_s"] = time.perf_counter() - started
     result["complete"] = True
     write_outputs(result, out_dir, logger)
@@ -277,6 +287,9 @@ def check_config(cfg) -> None:
     for key in ("prompts", "repeats", "max_new_tokens"):
         if not (isinstance(cfg[key], int) and cfg[key] >= 1):
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    sizes = cfg.get("batch_sizes")
+    if sizes is not None and not (len(sizes) and all(isinstance(b, int) and b >= 1 for b in sizes)):
+        raise ValueError(f"batch_sizes must be a list of integers >= 1 (or null), got {sizes!r}")
     boot = bootstrap_settings(cfg)
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:
         raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
@@ -383,7 +396,9 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             temperature=cfg.temperature, top_p=cfg.top_p, repeats=cfg.repeats,
                             cost_sizes=tuple(cfg.cost_sizes), max_nodes=cfg.max_nodes, peers=cfg.peers,
                             assistant=assistant, out_dir=out_dir, logger=logger, seed=int(cfg.get("seed") or 0),
-                            bootstrap=bootstrap_settings(cfg), stamp=stamp)
+                            bootstrap=bootstrap_settings(cfg), stamp=stamp, batch_sizes=cfg.get("batch_sizes"),
+                            batches=cfg.get("batches", 3), batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or
+                                                                                  (1, 2, 4, 8, 16, 32)))
     logger.finish()
     return result
 

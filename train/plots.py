@@ -250,3 +250,46 @@ def plot(result: dict, a: dict, out_dir: Path) -> list[Path]:
     plt.close(fig)
     written.append(out_dir / "acceptance_heatmap.png")
     return written
+
+
+def plot_batch_sizes(lines: dict[str, list[dict]], out_dir: Path, *, level: str, subtitle: str,
+                     peer: str = "transformers batched") -> Path:
+    """speedup_vs_batch.png: each drafter's best measured speedup over treespec's batched vanilla decoding at
+    every batch size, with its interval over batches (``batch_report.speedup_lines``), and transformers' batched
+    generate against the same baseline; the line at 1 is batched vanilla."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drafters = [d for d in lines if d != peer]
+    colour = {**_colours(drafters), peer: "grey"}
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for d, pts in lines.items():
+        x = [p["size"] for p in pts]
+        value = [p["value"] for p in pts]
+        lo = [p["value"] if missing(p["lo"]) else p["lo"] for p in pts]
+        hi = [p["value"] if missing(p["hi"]) else p["hi"] for p in pts]
+        style = {"ls": "--", "marker": "s"} if d == peer else {"ls": "-", "marker": "o"}
+        ax.errorbar(x, value, yerr=[[v - a for v, a in zip(value, lo, strict=True)],
+                                     [b - v for v, b in zip(value, hi, strict=True)]],
+                    color=colour[d], lw=1.6, ms=5, capsize=3, label=d, **style)
+        for p in pts:
+            if d != peer:
+                ax.annotate(p["tree"], (p["size"], p["value"]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=6, color=colour[d])
+    ax.axhline(1.0, color="black", lw=1.0)
+    sizes = sorted({p["size"] for pts in lines.values() for p in pts}) or [1]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size (prompts decoded at once)")
+    ax.set_ylabel("speedup over batched vanilla decoding (×)")
+    ax.set_title(f"Speedup vs batch size: each drafter's best tree per batch size\n{subtitle}; bars: bootstrap "
+                 f"{level} over batches", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    path = out_dir / "speedup_vs_batch.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

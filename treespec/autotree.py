@@ -26,13 +26,15 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10,
-                       before=None) -> dict[int, float]:
-    """Median seconds of one target forward over N new tokens after ``past_len`` cached ones. ``before``: a
-    drafting call to run (untimed) ahead of each forward, so the curve is what verification costs while that
-    drafter alternates with the target (its weights push the target's out of the caches)."""
+                       before=None, batch: int = 1) -> dict[int, float]:
+    """Median seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for
+    ``batch`` rows (a batch's cost curve is over B × N tokens). ``before``: a drafting call to run (untimed)
+    ahead of each forward, so the curve is what verification costs while that drafter alternates with the
+    target (its weights push the target's out of the caches)."""
     # two passes, sizes up then down, and each size's faster median: a slow spell of a shared machine during one
     # pass (once a one-token forward at 5.7 ms against 4.5 ms in the same run's decoding) does not set the curve
-    passes = [{n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats, before=before) for n in order}
+    passes = [{n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats, before=before, batch=batch)
+               for n in order}
               for order in (sorted(sizes), sorted(sizes, reverse=True))]
     return {n: min(p[n] for p in passes) for n in sizes}
 

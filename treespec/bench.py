@@ -6,6 +6,7 @@ each configuration's speedup is the median over prompts of (its tokens/s ÷ vani
 prompt). τ is the mean tokens committed per verification pass, bonus included. Each row also keeps its
 per-prompt values (tokens/s, ratio to vanilla, accept lengths), for intervals over prompts; ``on_prompt``
 hands over the rows of the prompts measured so far after each prompt, so a long run can be saved as it goes.
+A "prompt" may be a batch (a list of 1-D prompts, decoded at once): its tokens/s count every row's tokens.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def rows_of(results: dict[str, list]) -> list[Row]:
 def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_new_tokens: int,
             temperature: float = 0.0, top_p: float = 1.0, eos_token_id=None, seed: int = 0,
             warmup: bool = True, progress=None, on_prompt: Callable[[list[Row]], None] | None = None) -> list[Row]:
-    """Run vanilla + every config on every prompt ([1, P] tensors); rows in config order, vanilla first.
+    """Run vanilla + every config on every prompt ([1, P] tensors, or batches: lists of 1-D prompts); rows in
+    config order, vanilla first.
 
     ``progress(name, i)`` is called after each run; ``on_prompt(rows)`` after every config has run on a prompt,
     with the rows of the prompts measured so far (their per-prompt lists hold one entry per such prompt), so a
@@ -96,7 +98,7 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
 
     if warmup:  # first calls pay for lazy initialisation (kernels, allocator): keep them out of the numbers
         for config in configs:
-            run(config, prompts[0][:, :8], -1)
+            run(config, [p[:8] for p in prompts[0]] if isinstance(prompts[0], list) else prompts[0][:, :8], -1)
     results: dict[str, list] = {c.name: [] for c in configs}
     for i, prompt in enumerate(prompts):
         for config in configs:

@@ -182,11 +182,11 @@ class Drafter:
     #: whether one drafting call fills the whole tree (Medusa's heads) rather than one depth of it
     fills_tree_at_once: bool = False
 
-    def drafting_step(self, past_len: int = 256, n_tokens: int = 4) -> Callable[[], object] | None:
+    def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1) -> Callable[[], object] | None:
         """A call that runs one of this drafter's drafting calls on placeholder inputs, as it drafts: one depth
-        of ``n_tokens`` frontier nodes after ``past_len`` cached entries, or one whole proposal for a drafter
-        that ``fills_tree_at_once``. None: it runs no model, so there is nothing to time. It may leave
-        per-sequence state behind: call ``reset()`` when done with it."""
+        of ``n_tokens`` frontier nodes per row after ``past_len`` cached entries, or one whole proposal for a
+        drafter that ``fills_tree_at_once``, for ``batch`` rows at once. None: it runs no model, so there is
+        nothing to time. It may leave per-sequence state behind: call ``reset()`` when done with it."""
         return None
 
 

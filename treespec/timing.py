@@ -83,20 +83,23 @@ def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
 
 
 def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 30, *, preallocate: bool = True,
-                 before: Callable[[], object] | None = None) -> float:
-    """Median seconds of one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, with the cache
-    generate() verifies with (``preallocate=False``: transformers' concatenating layers); ``before`` as in
-    ``median_time``."""
-    return median_time(forward_step(model, n_tokens, past_len, preallocate=preallocate), repeats, before=before)
+                 before: Callable[[], object] | None = None, batch: int = 1) -> float:
+    """Median seconds of one forward over ``n_tokens`` new tokens per row after ``past_len`` cached ones, for
+    ``batch`` rows, with the cache generate() verifies with (``preallocate=False``: transformers' concatenating
+    layers); ``before`` as in ``median_time``."""
+    return median_time(forward_step(model, n_tokens, past_len, preallocate=preallocate, batch=batch), repeats,
+                       before=before)
 
 
 @torch.no_grad()
-def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True) -> Callable[[], None]:
-    """A call that runs one forward over ``n_tokens`` new tokens after ``past_len`` cached ones, for timing."""
+def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True,
+                 batch: int = 1) -> Callable[[], None]:
+    """A call that runs one forward over ``n_tokens`` new tokens per row after ``past_len`` cached ones, for
+    ``batch`` rows, for timing."""
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, past_len), generator=gen).to(model.device)
-    new = torch.randint(0, vocab, (1, n_tokens), generator=gen).to(model.device)
+    prefix = torch.randint(0, vocab, (batch, past_len), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (batch, n_tokens), generator=gen).to(model.device)
     cache = TreeCache(model.config, preallocate=preallocate)
     model(input_ids=prefix, cache=cache, use_cache=True)
 
