@@ -17,7 +17,7 @@ from treespec.cache import TreeCache
 from treespec.drafter import CANDIDATE_MODES
 from treespec.dynamic_tree import DynamicTree
 from treespec.reference import resolve
-from treespec.rows import gather_last, gather_positions, right_aligned
+from treespec.rows import gather_last, right_aligned
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
@@ -109,24 +109,31 @@ class Eagle(ExpandingDrafter):
         slots.append(tokens.shape[1], counts)
         self._pending, self._pending_counts = None, []
         g_root = gather_last(g, counts)  # [b, h]
-        self._outputs = g_root[:, None]  # node 0, the root
+        self._keep_outputs(g_root[:, None])  # node 0, the root
         return self._logits(g_root)  # [b, V]
+
+    def _keep_outputs(self, root: torch.Tensor) -> None:
+        """A step's node outputs start with the roots' [b, 1, h], in a buffer that grows by doubling."""
+        self._outputs = root.new_empty(root.shape[0], 64, root.shape[-1])  # [b, nodes, h]
+        self._outputs[:, :1] = root
+        self._rows_index = torch.arange(root.shape[0], device=root.device)[:, None]  # [b, 1]
 
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         batch = tokens.shape[0]
-        features = gather_positions(self._outputs, parents.expand(batch, -1))  # [b, F, h]: each parent's output
+        features = self._outputs[self._rows_index, parents]  # [b, F, h]: each parent's output
         g = self._run(tokens, features, attention_mask, position_ids)  # [b, F, h]
         grown = int(nodes.max()) + 1
         if self._outputs.shape[1] < grown:  # room for this depth's nodes (grown node ids only increase)
-            self._outputs = torch.cat([self._outputs, self._outputs.new_zeros(batch, grown - self._outputs.shape[1],
-                                                                              g.shape[-1])], dim=1)
-        self._outputs[torch.arange(batch, device=g.device)[:, None], nodes.expand(batch, -1)] = g
+            more = self._outputs.new_empty(batch, max(grown, 2 * self._outputs.shape[1]), g.shape[-1])
+            more[:, : self._outputs.shape[1]] = self._outputs
+            self._outputs = more
+        self._outputs[self._rows_index, nodes] = g
         return self._logits(g)  # [b, F, V]
 
     def _fill_for_timing(self, tokens) -> None:
         h = self.model.fc.out_features
         features = torch.zeros(*tokens.shape, h, dtype=self.model.dtype, device=self.model.device)
-        self._outputs = self._run(tokens, features)[:, -1:]
+        self._keep_outputs(self._run(tokens, features)[:, -1:])
 
     @torch.no_grad()
     def accept(self, paths, features) -> None:
