@@ -208,7 +208,7 @@ def test_inputs_list_of_prompts_and_refusals(target):
 # -- sampling: each row's continuation is distributed as the target's alone --------------------------------
 VOCAB, NEW = 4, 3
 ROWS = [[1, 3, 0, 1, 3], [2], [0, 0, 1, 2, 3, 1, 0]]
-RUNS = 2000
+RUNS = 1500  # as FR-Spec's cases: the negative control still fails by a wide margin
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,24 @@ def test_greedy_equals_transformers_on_device(attn, tree_name):
     assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "flex_attention"])
+def test_batched_greedy_equals_transformers_on_device(attn):
+    """A left-padded batch (ragged rows: per-row masks, a BlockMask over the rows under flex_attention)."""
+    if attn == "flex_attention" and DEVICE == "cpu":
+        pytest.skip("flex_attention needs CUDA: torch 2.13's inductor fails on CPU (generate refuses it there)")
+    from treespec.inputs import left_padded
+
+    target = on_device(tiny_llama(seed=0, attn=attn))
+    gen = torch.Generator().manual_seed(3)
+    ids, mask = left_padded([torch.randint(0, 64, (n,), generator=gen) for n in (3, 17, 9, 1)], 0)
+    ids, mask = ids.to(DEVICE), mask.to(DEVICE)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    for drafter, tree in ((DraftModel(perturbed(target, 0.1)), Tree.full(2, 2)),
+                          (Eagle(EagleModel(target)), DynamicTree(8, 4, 3))):
+        out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=20)
+        assert torch.equal(out.sequences, expected), (type(drafter).__name__, tree)
+
+
 def test_bf16_greedy_equals_transformers_bf16():
     target = on_device(tiny_llama(seed=0), torch.bfloat16)
     prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)

@@ -6,7 +6,9 @@ speedup_vs_batch.png (train/plots.py). Rendered from results.json's "batch" sect
 
 from __future__ import annotations
 
-from .plots import level_text, missing
+from pathlib import Path
+
+from .plots import level_text, missing, plot_batch_sizes
 from .stats import Estimate, groups_of, median_interval, tau_interval
 
 DASH = "–"
@@ -130,3 +132,23 @@ def speedup_lines(b: dict) -> dict[str, list[dict]]:
     if peer:
         lines[PEER] = [{"size": size, "value": e.value, "lo": e.lo, "hi": e.hi, "tree": "vanilla"} for size, e in peer]
     return lines
+
+
+def render_batches(result: dict, a: dict, out_dir: Path, text: str, md_table, write_csv, figures: bool = True) -> str:
+    """batch.md, batch.csv and speedup_vs_batch.png when results.json has a "batch" section; returns results.md's
+    ``text`` with the batch section before the full grid (and the figure listed), else ``text`` as it is."""
+    section = result.get("batch")
+    if not (section and section.get("records")):
+        return text
+    b = analyse_batches(section, a["bootstrap"])
+    lines = batch_markdown(section, b, md_table)
+    (out_dir / "batch.md").write_text("# Speculation across batch sizes\n\n" + "\n".join(lines[2:]) + "\n")
+    write_csv(out_dir / "batch.csv", batch_csv(b))
+    text = text.replace("\n## All configurations", "\n" + "\n".join(lines) + "\n\n## All configurations", 1)
+    if figures:
+        s = result.get("settings", {})
+        sampling = "greedy" if not s.get("temperature") else f"T={s['temperature']}"
+        plot_batch_sizes(speedup_lines(b), out_dir, level=level_text(a),
+                         subtitle=f"{section['max_new_tokens']} tokens per row, {sampling}")
+        text = text.replace("## Figures\n", "## Figures\n\n![speedup vs batch size](speedup_vs_batch.png)\n", 1)
+    return text

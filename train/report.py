@@ -19,8 +19,8 @@ from pathlib import Path
 
 from treespec.io import atomic_write_json, read_json
 
-from .batch_report import analyse_batches, batch_csv, batch_markdown, speedup_lines
-from .plots import FIGURES, level_text, missing, partial, plot, plot_batch_sizes
+from .batch_report import render_batches
+from .plots import FIGURES, level_text, missing, partial, plot
 from .stamp import flatten
 from .stats import Estimate, groups_of, median_interval, tau_interval
 
@@ -321,20 +321,7 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
                                              **{f"after_{name}": round(c[n], 6)
                                                 for name, c in after.items()}}
                                             for n, t in result["cost_curve"].items()])
-    text = markdown(result, a)
-    section = result.get("batch")
-    if section and section.get("records"):  # the batch sizes (train/batch_report.py)
-        b = analyse_batches(section, a["bootstrap"])
-        lines = batch_markdown(section, b, md_table)
-        (out_dir / "batch.md").write_text("# Speculation across batch sizes\n\n" + "\n".join(lines[2:]) + "\n")
-        _write_csv(out_dir / "batch.csv", batch_csv(b))
-        text = text.replace("\n## All configurations", "\n" + "\n".join(lines) + "\n\n## All configurations", 1)
-        if figures:
-            s = result.get("settings", {})
-            plot_batch_sizes(speedup_lines(b), out_dir, level=level_text(a),
-                             subtitle=f"{section['max_new_tokens']} tokens per row, "
-                                      f"{'greedy' if not s.get('temperature') else 'T=' + str(s['temperature'])}")
-            text = text.replace("## Figures\n", "## Figures\n\n![speedup vs batch size](speedup_vs_batch.png)\n", 1)
+    text = render_batches(result, a, out_dir, markdown(result, a), md_table, _write_csv, figures)
     (out_dir / "results.md").write_text(text)
     if figures:
         plot(result, a, out_dir)
