@@ -132,6 +132,5 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-
 if __name__ == "__main__":
     main()
