@@ -29,15 +29,17 @@ def test_expected_tau_by_hand():
                                      "eval/acc_depth_1": 0.5, "eval/acc_depth_2": 0.4})
 
 
-def test_measured_tau_is_set_beside_the_expected_one_on_the_same_tree():
-    entries, line = against_measured(1.6, Tree.chain(2), ACC)
-    assert entries["expected_tau_eval_tree"] == pytest.approx(1.7)
-    assert entries["expected_tau_error"] == pytest.approx(1.6 / 1.7 - 1)
-    assert "same 2-node tree" in line and "within ~10 % on chains" in line
-    # a dynamic tree is grown per step: its budget's static accuracy tree stands for it
-    entries, line = against_measured(2.0, DynamicTree(16, 5, 4), ACC)
-    assert entries["expected_tau_eval_tree"] == pytest.approx(expected_taus(ACC)["tree16"])
-    assert "16-node accuracy tree" in line
+def test_measured_tau_is_set_beside_the_expected_one():
+    tree16 = expected_taus(ACC)["tree16"]
+    entries, lines = against_measured(ACC, 1.9, Tree.chain(2), 1.6)
+    assert entries == pytest.approx({"eval_tau_tree16": 1.9, "expected_tau_error": 1.9 / tree16 - 1,
+                                     "expected_tau_eval_tree": 1.7})
+    assert lines[0].startswith("6-node accuracy tree: measured 1.90, expected 2.05") and "within ~10 %" in lines[0]
+    assert lines[1] == "evaluation tree (2 nodes): measured 1.60, expected 1.70 (-5.9%)"
+    # a dynamic tree is grown per step: measured only
+    entries, lines = against_measured(ACC, 1.9, DynamicTree(16, 5, 4), 2.0)
+    assert "expected_tau_eval_tree" not in entries and "not predicted" in lines[1]
+    assert "not predicted" not in against_measured(ACC, 1.9, Tree.chain(3), 2.0)[1][1].split(":")[0]
 
 
 def test_duplicate_aux_layers_warn_with_the_layers_and_the_reason():
@@ -127,8 +129,11 @@ def test_training_run_logs_expected_tau_and_ends_readably(tmp_path, monkeypatch,
         assert all(0 <= a <= 1 for a in accs) and "eval/acc_depth_5" not in m
         assert 1 <= m["eval/expected_tau_chain"] <= 5 and m["eval/expected_tau_chain"] <= m["eval/expected_tau_tree16"]
     assert summary["expected_tau_tree16"] == pytest.approx(evals[-1][1]["eval/expected_tau_tree16"])
-    assert summary["expected_tau_error"] == pytest.approx(summary["eval_mean_accept_length"] /
-                                                          summary["expected_tau_eval_tree"] - 1)
+    # the end-of-run decoding on the 16-node accuracy tree of the last accuracies, beside its expected τ
+    assert 1 <= summary["eval_tau_tree16"] <= 5
+    assert summary["expected_tau_error"] == pytest.approx(summary["eval_tau_tree16"] / summary["expected_tau_tree16"]
+                                                          - 1)
+    assert "accuracy tree: measured" in out and "DynamicTree(total_tokens=16, depth=5, top_k=4)): measured" in out
     assert (run_dir / "expected_tau.png").is_file()
 
     # the decoding evaluation's acceptance lengths: scalars and a table beside the histogram

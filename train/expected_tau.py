@@ -14,7 +14,8 @@ argmax) the analysis (treespec.analysis: Medusa's estimate, depths taken as inde
 - ``eval/expected_tau_tree16``: the 16-node accuracy tree (``analysis.grow_tree``), the best static tree of that
   size under the estimate.
 
-The end of the run sets the measured τ of its decoding evaluation beside the last expected one.
+The end of the run decodes on the 16-node accuracy tree of the last accuracies too (train/train_heads.py) and
+sets its measured τ beside the expected one (``against_measured``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ STATED_ERROR_TEXT = "within ~10 % on chains; on trees the measured τ is usually
 PLOT_FILE = "expected_tau.png"
 
 
+def accuracy_tree(acc: list[list[float]]) -> Tree:
+    """The 16-node accuracy tree of acc (fewer nodes when acc holds fewer rank paths)."""
+    available = sum(math.prod(len(row) for row in acc[:k]) for k in range(1, len(acc) + 1))  # every rank path
+    return grow_tree(acc, min(TREE_NODES, available))
+
+
 def expected_taus(acc: list[list[float]]) -> dict:
     """acc[d][r] → {"chain": expected τ of the chain as deep as acc, "tree16": of the 16-node accuracy tree}."""
-    chain = expected_tree_tokens_from_rank_accuracy(Tree.chain(len(acc)), acc)
-    available = sum(math.prod(len(row) for row in acc[:k]) for k in range(1, len(acc) + 1))  # every rank path
-    tree = grow_tree(acc, min(TREE_NODES, available))
-    return {"chain": chain, "tree16": expected_tree_tokens_from_rank_accuracy(tree, acc)}
+    return {"chain": expected_tree_tokens_from_rank_accuracy(Tree.chain(len(acc)), acc),
+            "tree16": expected_tree_tokens_from_rank_accuracy(accuracy_tree(acc), acc)}
 
 
 def tau_metrics(acc: list[list[float]]) -> dict:
@@ -83,28 +88,32 @@ class ExpectedTau:
         return self.accuracy
 
 
-def against_measured(measured: float, tree, acc: list[list[float]]) -> tuple[dict, str]:
-    """The end-of-run decoding evaluation's measured τ on ``tree`` beside the τ the last accuracies ``acc``
-    predict: on that tree when it is static and within acc's depths and ranks, else (a dynamic tree, grown
-    per step) on the 16-node accuracy tree, the static tree of EAGLE-2's default budget. → (summary entries,
-    one line of text)."""
-    static = isinstance(tree, Tree)
-    if static and len(tree) and int(tree.depths.max()) <= len(acc) and \
-            int(tree.ranks.max()) < min(len(row) for row in acc):
-        expected, basis = expected_tree_tokens_from_rank_accuracy(tree, acc), f"the same {len(tree)}-node tree"
+def against_measured(acc: list[list[float]], tree16_tau: float, eval_tree, eval_tau: float) -> tuple[dict, list[str]]:
+    """The end-of-run decoding evaluation beside the τ the last accuracies ``acc`` predict: ``tree16_tau`` measured
+    on ``accuracy_tree(acc)``, and ``eval_tau`` on the evaluation's own ``eval_tree``, predicted too when it is
+    static and within acc's depths and ranks (a dynamic tree is grown per step: no prediction). → (summary
+    entries, lines of text)."""
+    expected = expected_taus(acc)["tree16"]
+    error = tree16_tau / expected - 1.0
+    entries = {"eval_tau_tree16": tree16_tau, "expected_tau_error": error}
+    lines = [f"{len(accuracy_tree(acc))}-node accuracy tree: measured {tree16_tau:.2f}, expected {expected:.2f} "
+             f"({error:+.1%}; the analysis: {STATED_ERROR_TEXT})"]
+    static = isinstance(eval_tree, Tree)
+    if static and len(eval_tree) and int(eval_tree.depths.max()) <= len(acc) and \
+            int(eval_tree.ranks.max()) < min(len(row) for row in acc):
+        predicted = entries["expected_tau_eval_tree"] = expected_tree_tokens_from_rank_accuracy(eval_tree, acc)
+        lines.append(f"evaluation tree ({len(eval_tree)} nodes): measured {eval_tau:.2f}, expected {predicted:.2f} "
+                     f"({eval_tau / predicted - 1:+.1%})")
     else:
-        why = "reaches beyond the measured depths or ranks" if static else "is dynamic, grown per step"
-        expected, basis = expected_taus(acc)["tree16"], f"the {TREE_NODES}-node accuracy tree (the evaluation's {why})"
-    error = measured / expected - 1.0
-    text = (f"measured {measured:.2f} (decoding evaluation), expected {expected:.2f} on {basis} from the last "
-            f"accuracies on the target's own continuations: {error:+.1%} (the analysis: {STATED_ERROR_TEXT})")
-    return {"expected_tau_eval_tree": expected, "expected_tau_error": error}, text
+        why = "deeper or wider than the measured accuracies" if static else "dynamic, grown per step: not predicted"
+        lines.append(f"evaluation tree ({eval_tree!r}): measured {eval_tau:.2f} ({why})")
+    return entries, lines
 
 
 def plot(run_dir, measured: float | None = None) -> Path | None:
     """Expected τ (chain, 16-node tree) and per-depth top-1 against the training step, from the run's
     metrics.jsonl, into ``<run_dir>/expected_tau.png`` (``measured``: the decoding evaluation's τ, marked at
-    the last step). None when nothing was measured yet."""
+    the last step: the end-of-run decoding on the 16-node accuracy tree). None when nothing was measured yet."""
     rows = [r for r in read_metrics(run_dir) if "eval/expected_tau_chain" in r.get("metrics", {})]
     if not rows:
         return None
@@ -121,7 +130,7 @@ def plot(run_dir, measured: float | None = None) -> Path | None:
         tau_ax.plot(steps, [r["metrics"][f"eval/expected_tau_{key}"] for r in rows], "o-", ms=3,
                     label=f"expected, {label}")
     if measured is not None:
-        tau_ax.plot([steps[-1]], [measured], "k*", ms=11, label="measured (decoding evaluation)")
+        tau_ax.plot([steps[-1]], [measured], "k*", ms=11, label=f"measured, {TREE_NODES}-node accuracy tree")
     tau_ax.set(xlabel="training step", ylabel="τ: tokens per target pass", title="expected acceptance length")
     tau_ax.legend(fontsize=8)
     for i, key in enumerate(depths):

@@ -161,18 +161,22 @@ def _first(samples, n: int):
     return samples.input_ids[:end], samples.loss_mask[:end], samples.offsets[: n + 1], samples.prompt_lens[:n]
 
 
-def decoding_eval(cfg, target, recipe, accuracy, prompts) -> tuple[dict, Row, object]:
-    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla → (metrics,
-    the drafter's row, the tree)."""
-    e, spec = cfg.eval, eval_tree_spec(cfg)
+def decoding_eval(cfg, target, recipe, accuracy, prompts, tree16=None) -> tuple[dict, Row, object, Row | None]:
+    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla, and on
+    ``tree16`` when given (the expected τ's 16-node accuracy tree) → (metrics, the drafter's row, the tree,
+    tree16's row or None)."""
+    e, spec, name = cfg.eval, eval_tree_spec(cfg), cfg.drafter.name
     choose = auto_chooser(measure_cost_curve(target)) if spec.get("kind") == "auto" else None
     tree = build_tree(spec, accuracy=accuracy, choose=choose)
-    rows = measure(target, [Config(cfg.drafter.name, recipe.drafter(), tree)], prompts,
-                   max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=cfg.seed)
-    drafter_row = rows[-1]
+    configs = [Config(name, recipe.drafter(), tree)]
+    if tree16 is not None:
+        configs.append(Config(f"{name} on the accuracy tree", recipe.drafter(), tree16))
+    rows = measure(target, configs, prompts, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                   seed=cfg.seed)
+    drafter_row = rows[1]
     return {"eval_tree_nodes": len(tree), "eval_mean_accept_length": drafter_row.tau,
             "eval_tokens_per_s": drafter_row.tokens_per_s, "eval_vanilla_tokens_per_s": rows[0].tokens_per_s,
-            "eval_speedup": drafter_row.speedup}, drafter_row, tree
+            "eval_speedup": drafter_row.speedup}, drafter_row, tree, rows[2] if tree16 is not None else None
 
 
 def log_accept_lengths(logger, row: Row, step: int) -> None:
@@ -300,7 +304,9 @@ def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: 
     d, step = cfg.drafter, result.step
     final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
     summary.update(final_metrics)
-    eval_metrics, row, tree = decoding_eval(cfg, target, recipe, accuracy, data.prompts)
+    probe_acc = probe.last() if probe is not None else None
+    tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None
+    eval_metrics, row, tree, row16 = decoding_eval(cfg, target, recipe, accuracy, data.prompts, tree16)
     summary.update(eval_metrics)
     log_accept_lengths(logger, row, step)
     logger.log({**eval_metrics, **{f"export/{k}": v for k, v in final_metrics.items()}}, step=step)
@@ -309,15 +315,13 @@ def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: 
     run_dir = cfg.run_dir
     files = "metrics.jsonl, summary.json" + (f", {expected_tau.PLOT_FILE}" if probe is not None else "")
     rows = [("outputs", [f"{cfg.export_dir} (the trained drafter, head_accuracy.json)", f"{run_dir}: {files}"])]
-    probe_acc = None
-    if probe is not None:
-        probe_acc = probe.last()
+    if probe_acc is not None:
         tau = expected_tau.expected_taus(probe_acc)
-        comparison, line = expected_tau.against_measured(row.tau, tree, probe_acc)
+        comparison, lines = expected_tau.against_measured(probe_acc, row16.tau, tree, row.tau)
         summary.update({"expected_tau_chain": tau["chain"], "expected_tau_tree16": tau["tree16"], **comparison})
-        expected_tau.plot(run_dir, measured=row.tau)
-        rows.append(("τ", [line, f"expected at the last evaluation: chain {tau['chain']:.2f}, "
-                                 f"{expected_tau.TREE_NODES}-node tree {tau['tree16']:.2f}"]))
+        logger.log({"eval/measured_tau_tree16": row16.tau}, step=step)
+        expected_tau.plot(run_dir, measured=row16.tau)
+        rows.append(("τ", [*lines, f"expected at the last evaluation, chain of {len(probe_acc)}: {tau['chain']:.2f}"]))
     else:
         rows.append(("τ", [f"measured {row.tau:.2f} (decoding evaluation; eval.expected_tau is off)"]))
     rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
