@@ -245,8 +245,8 @@ def _run(cfg, ctx) -> dict:
     total_steps = t.max_steps or math.ceil(t.epochs * data.batches.steps_per_epoch)
     n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     n_layers = target.config.num_hidden_layers
-    warnings = [w for w in [run_summary.duplicate_layers_warning(d.name, TARGET_LAYERS[d.name](d, n_layers), n_layers)]
-                if w]
+    warning = run_summary.duplicate_layers_warning(d.name, TARGET_LAYERS[d.name](d, n_layers), n_layers)
+    warnings = [warning] if warning else []
     if ctx.is_main:
         where = f", {ctx.world_size} ranks ({ctx.strategy})" if ctx.distributed else ""
         print(f"{d.name}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps"
