@@ -98,6 +98,7 @@ def train(
     grad_accum: int = 1,
     seed: int | None = None,
     dist: Context | None = None,
+    after_eval: Callable[[int, dict], None] | None = None,
 ) -> TrainResult:
     """Optimise the trainable parameters of ``module`` for ``total_steps`` steps.
 
@@ -109,6 +110,10 @@ def train(
     do not depend on the number of ranks. ``stop_after`` ends the run early after that many steps (as an
     interruption would), leaving a checkpoint to resume from. ``precision="bf16"`` runs forward passes under
     CPU/GPU autocast. Only rank 0 logs, shows progress and writes checkpoints.
+
+    ``evaluate()`` runs every ``eval_every`` steps and at the last step; its metrics are logged as ``val/<key>``,
+    keys that already name their group (``eval/expected_tau_chain``) as they are. ``after_eval(step, metrics)``
+    runs on rank 0 after they are logged (a plot of them).
     """
     ctx = dist or Context()
     if ctx.distributed and seed is None:
@@ -211,7 +216,9 @@ def train(
                 if ctx.is_main:
                     bar.write(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
                 if logger is not None:
-                    logger.log({f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
+                    logger.log({k if "/" in k else f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
+                if after_eval is not None and ctx.is_main:
+                    after_eval(step, eval_metrics)
             if step % ckpt_every == 0 or step == end:
                 write_checkpoint()
     finally:
