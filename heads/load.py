@@ -38,10 +38,12 @@ import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 
+from treespec.autotree import read_cost_curve
 from treespec.drafter import Drafter
 from treespec.io import load_safetensors, read_json
 from treespec.reference import PREFIX, resolve
 
+from .accuracy import read_accuracy
 from .eagle import Eagle, EagleModel
 from .eagle3 import Eagle3, Eagle3Model
 from .medusa import Medusa, MedusaHeads
@@ -249,5 +251,17 @@ def load(source, target, *, format: str = "auto", aux_layers=None, candidates: s
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
     convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
-    return drafter_for(load_module(source, target, format=format, aux_layers=aux_layers), candidates)
+    folder = resolve_source(source)
+    drafter = drafter_for(load_module(folder, target, format=format, aux_layers=aux_layers), candidates)
+    return with_measurements(drafter, folder)
+
+
+def with_measurements(drafter: Drafter, source) -> Drafter:
+    """``drafter`` with what its folder holds beside the weights: its measured accuracies (head_accuracy.json) and
+    this device's cost curve (cost_curve.json), so that generate() can grow ``{"kind": "accuracy"}`` and
+    ``{"kind": "auto"}`` trees for it (treespec.tree_spec)."""
+    folder = resolve_source(source)
+    drafter.accuracy = read_accuracy(folder)
+    drafter.cost_curve = read_cost_curve(folder)
+    return drafter
 

@@ -21,7 +21,7 @@ from .draft_model import DraftModel
 from .eagle import Eagle, EagleModel
 from .eagle3 import Eagle3, Eagle3Model
 from .expansion import depth_cost, depth_step
-from .load import drafter_for, load_module
+from .load import drafter_for, load_module, with_measurements
 from .medusa import Medusa, MedusaHeads
 from .prompt_lookup import PromptLookup
 from .vocab import DraftVocab
@@ -141,5 +141,7 @@ def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | 
 
 
 def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:
-    """load + make: a ready Drafter for ``target``."""
-    return make(name, load(name, target, source), candidates)
+    """load + make: a ready Drafter for ``target``, with its folder's measured accuracies and saved cost curve
+    (heads/load.py's ``with_measurements``) when it has a folder."""
+    drafter = make(name, load(name, target, source), candidates)
+    return with_measurements(drafter, source) if source is not None and get(name).load is not None else drafter

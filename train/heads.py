@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import OmegaConf
 
-from treespec.autotree import auto_chooser, measure_cost_curve
+from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
 from treespec.bench import Config, measure
 from treespec.io import weights_digest
 from treespec.reference import load_model
@@ -230,6 +230,8 @@ def _run(cfg, ctx) -> dict:
                "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
     if result.step >= total_steps:
         final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
+        # beside the accuracies, this device's cost curve: generate(tree={"kind": "auto"}) chooses with it
+        save_cost_curve(cfg.export_dir, measure_cost_curve(target), device=str(target.device))
         summary.update(final_metrics)
         eval_metrics, accept_lengths = decoding_eval(cfg, target, recipe, accuracy, data.prompts)
         summary.update(eval_metrics)

@@ -58,6 +58,12 @@ class Drafter:
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None
+    #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
+    #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
+    accuracy: list[list[float]] | None = None
+    #: this device's cost curve, as treespec.autotree.cost_curve_record holds it (cost_curve.json beside the
+    #: drafter): what tree kind "auto" chooses with; None: not measured
+    cost_curve: dict | None = None
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""

@@ -5,6 +5,10 @@ verified together with the candidates; nodes 1..n are the candidates in breadth-
 then by path). A path ``(r0, r1, ...)`` names the node reached by taking the r0-th ranked candidate at
 depth 1, then the r1-th ranked child of that, and so on (Medusa's "choices", Cai et al. 2024).
 ``len(tree)`` is n, the number of candidates; a verification pass feeds n + 1 tokens.
+
+``tree.save(path)`` writes its paths as JSON and ``Tree.load(path)`` reads them back (or the settings of a
+dynamic tree saved with treespec.tree_spec.save_tree): the comparison saves every configuration's tree
+that way, so the best one can be handed to ``generate(..., tree=Tree.load(".../best_tree.json"))``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,21 @@ class Tree:
         if width < 1 or depth < 0:
             raise ValueError(f"full tree needs width >= 1 and depth >= 0, got width={width}, depth={depth}")
         return cls([p for d in range(1, depth + 1) for p in product(range(width), repeat=d)])
+
+    # -- files ---------------------------------------------------------------------------------
+    def save(self, path, **about):
+        """Write ``{"kind": "paths", "paths": [...], "about": about}`` to ``path`` (JSON); ``about`` says where
+        the tree came from (drafter, run, measured speedup). Returns the path."""
+        from treespec.tree_spec import save_tree  # tree_spec builds trees from this module
+
+        return save_tree(self, path, **about)
+
+    @staticmethod
+    def load(path):
+        """The tree a ``save``/``save_tree`` file holds: a Tree, or a DynamicTree for saved dynamic-tree settings."""
+        from treespec.tree_spec import load_tree
+
+        return load_tree(path)
 
     # -- topology -------------------------------------------------------------------------------
     def __len__(self) -> int:
