@@ -22,7 +22,7 @@ import torch
 from treespec import reference
 from treespec.bench import Config, forward_time, measure
 from treespec.heads import registry
-from treespec.train.compare import hf_peer
+from treespec.train.harness import hf_peer
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
 
