@@ -180,8 +180,11 @@ def test_prompts_use_the_chat_template_and_generation_stops_at_its_end_tokens():
     assert torch.equal(out.sequences, hf_greedy(model, ids, 16, eos_token_id=template.end_ids))
     raw = PromptTemplate(tokenizer, "none")
     assert raw.end_ids == [256] and raw.ids(messages[1:])[0].tolist() == tokenizer("What is 2+2?").input_ids
-    with pytest.raises(ValueError, match="no chat template: set workload.template=none"):
-        PromptTemplate(tiny_tokenizer_without_template(), "auto")
+    # a base model's tokenizer has no chat template: "auto" feeds raw text, and says so
+    plain = PromptTemplate(tiny_tokenizer_without_template(), "auto")
+    assert plain.renderer is None and "has no chat template" in plain.describe()["template"]
+    with pytest.raises(ValueError, match=r"workload.template='nope.jinja' is none of auto, none, chatml"):
+        PromptTemplate(tokenizer, "nope.jinja")
 
 
 def tiny_tokenizer_without_template():

@@ -145,8 +145,10 @@ def rank_accuracy_on(kind, target, module, windows, sampling: Sampling) -> list[
     out = []
     for d, row in enumerate(tables[0][0]):
         weights = [max(1, s - 1 - d) for _, s in tables]
-        out.append([sum(t[d][r] * wt for (t, _), wt in zip(tables, weights, strict=True)) / sum(weights)
-                    for r in range(len(row))])
+        pooled = [sum(t[d][r] * wt for (t, _), wt in zip(tables, weights, strict=True)) / sum(weights)
+                  for r in range(len(row))]
+        total = sum(pooled)  # ranks are exclusive: a sum above 1 is float32 rounding in the tables
+        out.append([x / total for x in pooled] if total > 1 else pooled)
     return out
 
 

@@ -1,9 +1,10 @@
 """A workload's items as the token ids the comparison decodes: chat templates, end tokens and turns.
 
 **Templates** (``workload.template``): ``auto`` is the target tokenizer's own chat template, applied with
-the generation prompt (the assistant header) as a chat server would; ``chatml`` or a ``.jinja`` file
-replace it; ``none`` feeds the text as it is (code to continue; a second turn follows the first answer
-after a blank line). ``workload.system_prompt`` goes first when an item has no system message.
+the generation prompt (the assistant header) as a chat server would, or raw text when the tokenizer has
+none (a base or code model, such as the reference target; the stamp says so); ``chatml`` or a ``.jinja``
+file replace it; ``none`` feeds the text as it is (code to continue; a second turn follows the first
+answer after a blank line). ``workload.system_prompt`` goes first when an item has no system message.
 
 **End tokens**: generation stops at every token that ends a turn: the tokenizer's eos, the model's
 generation-config eos ids (Llama-3: ``<|eot_id|>`` and ``<|end_of_text|>``) and the template's own
@@ -55,15 +56,14 @@ class PromptTemplate:
                  extra_end_ids=()):
         self.tokenizer, self.system_prompt = tokenizer, system_prompt
         self.name = "none" if template in ("none", None) else str(template)
+        if self.name == "auto" and not getattr(tokenizer, "chat_template", None):
+            self.name = "none (auto: the target's tokenizer has no chat template)"
         self.renderer, self.text = None, ""
-        if self.name != "none":
+        if not self.name.startswith("none"):
             choice = None if self.name == "auto" else self.name
             if choice is not None and choice not in TEMPLATES and not Path(choice).is_file():
                 raise ValueError(f"workload.template={choice!r} is none of auto, none, {', '.join(TEMPLATES)} or a "
                                  "template file")
-            if choice is None and not getattr(tokenizer, "chat_template", None):
-                raise ValueError("the target's tokenizer has no chat template: set workload.template=none (raw text), "
-                                 f"{', '.join(TEMPLATES)} or a .jinja file")
             self.renderer = ChatRenderer(tokenizer, choice)
             self.text = self.renderer.template
         self.end_ids = self._end_ids(extra_end_ids)
