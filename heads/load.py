@@ -38,7 +38,7 @@ import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 
-from treespec.autotree import read_cost_curve
+from treespec.autotree import read_cost_curve, saved_chooser
 from treespec.drafter import Drafter
 from treespec.io import load_safetensors, read_json
 from treespec.reference import PREFIX, resolve
@@ -262,6 +262,7 @@ def with_measurements(drafter: Drafter, source) -> Drafter:
     ``{"kind": "auto"}`` trees for it (treespec.tree_spec)."""
     folder = resolve_source(source)
     drafter.accuracy = read_accuracy(folder)
-    drafter.cost_curve = read_cost_curve(folder)
+    curve = read_cost_curve(folder)
+    drafter.tree_chooser = saved_chooser(curve) if curve is not None else None
     return drafter
 

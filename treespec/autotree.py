@@ -141,7 +141,7 @@ def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_c
 # -- a saved cost curve (what "auto" chooses with in generate()) ------------------------------------------------
 def cost_curve_record(curve: dict[int, float], *, draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
                       baseline: float | None = None, **about) -> dict:
-    """What ``drafter.cost_curve`` holds: the curve {tree tokens: seconds}, the drafting costs (seconds per
+    """What cost_curve.json holds: the curve {tree tokens: seconds}, the drafting costs (seconds per
     proposal, per depth), vanilla's seconds per token (None: the curve's one-token cost), and ``about`` (device,
     context length) for the reader."""
     return {"curve": {int(n): float(t) for n, t in curve.items()}, "draft_cost_fixed": float(draft_cost_fixed),

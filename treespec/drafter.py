@@ -61,9 +61,9 @@ class Drafter:
     #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
     #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
     accuracy: list[list[float]] | None = None
-    #: this device's cost curve, as treespec.autotree.cost_curve_record holds it (cost_curve.json beside the
-    #: drafter): what tree kind "auto" chooses with; None: not measured
-    cost_curve: dict | None = None
+    #: (accuracy, max_nodes) → the Tree kind "auto" verifies: treespec.autotree.auto_chooser on this device's
+    #: cost curve (a trained drafter's cost_curve.json, treespec.autotree.saved_chooser); None: no curve
+    tree_chooser = None
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""

@@ -17,8 +17,8 @@ keys and bad values raise ValueError naming the spec.
 
 The accuracy kinds need the drafter's measurements. Given a ``drafter`` (generate() passes its own), they
 come from it: ``drafter.accuracy`` (a trained drafter's folder holds them, head_accuracy.json, and
-treespec.heads.load reads them) and, for "auto", ``drafter.cost_curve`` (the device's cost curve saved
-beside it, cost_curve.json: treespec.autotree.save_cost_curve).
+treespec.heads.load reads them) and, for "auto", ``drafter.tree_chooser`` (made from the device's cost
+curve saved beside it, cost_curve.json: treespec.autotree.save_cost_curve / saved_chooser).
 
 ``save_tree``/``load_tree`` (``Tree.save``/``Tree.load``) keep a resolved tree as JSON: its paths, or a
 dynamic tree's settings, so a tree chosen by a comparison run can be used elsewhere.
@@ -31,8 +31,7 @@ from pathlib import Path
 
 from treespec.analysis import grow_tree
 from treespec.dynamic_tree import DynamicTree
-from treespec.io import atomic_write_json, read_json
-from treespec.tree import Tree
+from treespec.tree import Tree, write_spec
 
 # kind → (required keys, optional keys with their defaults)
 KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
@@ -67,17 +66,14 @@ def build_tree(spec, accuracy=None, choose=None, drafter=None) -> Tree | Dynamic
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
     "accuracy" and "auto"); ``choose(accuracy, max_nodes) -> Tree`` picks the "auto" tree (it needs the
     device's cost curve, see treespec.autotree.auto_chooser). Without them, a ``drafter``'s own
-    ``accuracy`` and saved ``cost_curve`` are used (module docstring)."""
+    ``accuracy`` and ``tree_chooser`` are used (module docstring)."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
     kind = spec["kind"]
     if drafter is not None and kind in NEEDS_ACCURACY:
         accuracy = accuracy if accuracy is not None else drafter.accuracy
-        if choose is None and drafter.cost_curve is not None:
-            from treespec.autotree import saved_chooser  # autotree times generate(), which builds trees here
-
-            choose = saved_chooser(drafter.cost_curve)
+        choose = choose if choose is not None else drafter.tree_chooser
     try:
         if kind == "chain":
             return Tree.chain(_int(spec["depth"]))
@@ -95,7 +91,7 @@ def build_tree(spec, accuracy=None, choose=None, drafter=None) -> Tree | Dynamic
         if choose is None:
             raise ValueError("needs this device's cost curve to choose from: save one beside the drafter "
                              "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or set "
-                             "drafter.cost_curve = treespec.autotree.cost_curve_record(measure_cost_curve(target))")
+                             "drafter.tree_chooser = treespec.autotree.auto_chooser(measure_cost_curve(target))")
         return choose(accuracy, _int(spec["max_nodes"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad tree spec {spec}: {err}") from None
@@ -129,31 +125,24 @@ def _int(value) -> int:
 
 # -- files -------------------------------------------------------------------------------------------------
 def tree_to_spec(tree: Tree | DynamicTree) -> dict:
-    """The spec that builds ``tree`` again: its paths (a chain of depth 0 when empty), or its dynamic settings."""
+    """The spec that builds ``tree`` again: its paths (Tree.to_spec), or its dynamic settings."""
     if isinstance(tree, DynamicTree):
         return {"kind": "dynamic", "total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k}
     if not isinstance(tree, Tree):
         raise ValueError(f"only a Tree or a DynamicTree can be saved, got {type(tree).__name__}")
-    if not len(tree):  # no candidates (auto chose not to speculate): vanilla decoding
-        return {"kind": "chain", "depth": 0}
-    return {"kind": "paths", "paths": [list(p) for p in tree.paths]}
+    return tree.to_spec()
 
 
 def save_tree(tree: Tree | DynamicTree, path, **about) -> Path:
-    """``tree`` as JSON at ``path`` (``tree_to_spec``), with ``about`` (where it came from) under "about"."""
-    data = tree_to_spec(tree)
-    if about:
-        data["about"] = about
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_json(path, data, indent=1, default=str)
+    """``tree`` as JSON at ``path`` (``tree_to_spec``, the format Tree.save writes), ``about`` under "about"."""
+    return write_spec(tree_to_spec(tree), path, **about)
 
 
 def load_tree(path) -> Tree | DynamicTree:
-    """The Tree (or DynamicTree) a ``save_tree`` file holds; a file holding anything else is named."""
-    data = read_json(path, "tree file")
-    if not isinstance(data, dict):
-        raise ValueError(f"tree file {path} holds {type(data).__name__}, not a tree spec")
-    spec = {k: v for k, v in data.items() if k != "about"}
+    """The Tree or DynamicTree a ``save_tree`` file holds; a file holding anything else is named."""
+    spec = Tree.load(path)
+    if isinstance(spec, Tree):
+        return spec
     if spec.get("kind") in NEEDS_ACCURACY:
         raise ValueError(f"tree file {path} holds {spec}, which still needs a drafter's accuracies: save the tree it "
                          "resolved to (its paths)")
