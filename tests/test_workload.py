@@ -155,6 +155,28 @@ def test_over_long_prompts_are_skipped_and_counted_and_categories_filtered():
         select(items, categories=["z"])
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.max_new_tokens={math: 256}", "workload.categories=math"],
+     None),
+    (["workload=dataset", "workload.name=/data/set", "workload.columns.turns=prompt"], None),
+    (["workload=texts", "workload.path=/src", "workload.pattern=*.py"], None),
+    (["workload=reference", "prompts=null"], None),
+    (["workload=jsonl"], r"workload=jsonl needs workload.path="),
+    (["workload=dataset"], r"workload=dataset needs workload.name="),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.per_category=0"], r"workload.per_category must be"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.held_out=-1"], r"workload.held_out must be"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.max_new_tokens={math: 0}"],
+     r"workload.max_new_tokens.math must be"),
+])
+def test_every_workload_config_passes_or_fails_the_start_up_check(overrides, message):
+    cfg = compose_cfg("compare", ["logger=none", *overrides])
+    if message is None:
+        compare.check_config(cfg)
+    else:
+        with pytest.raises(ValueError, match=message):
+            compare.check_config(cfg)
+
+
 def test_reference_workload_has_code_categories():
     cfg = compose_cfg("compare", [])
     w = load_workload(cfg.workload, prompts=cfg.prompts)

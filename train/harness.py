@@ -270,7 +270,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
             whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
                                                          baseline) for p in prompt_info) if pred else None
-            save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, spec=spec_label(spec),
+            save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, tree=spec_label(spec),
                       **{"load": d.entry} if d.entry else {})
             meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                           "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),

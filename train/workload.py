@@ -296,7 +296,7 @@ def select(items: list[Item], *, per_category: int | None = None, categories=Non
     for item in items:
         by_category.setdefault(item.category, []).append(item)
     if categories:
-        wanted = [str(c) for c in categories]
+        wanted = [categories] if isinstance(categories, str) else [str(c) for c in categories]
         unknown = [c for c in wanted if c not in by_category]
         if unknown:
             raise ValueError(f"workload.categories: {unknown} not found; the workload's categories are "

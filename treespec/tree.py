@@ -77,7 +77,7 @@ class Tree:
             return {"kind": "chain", "depth": 0}
         return {"kind": "paths", "paths": [list(p) for p in self.paths]}
 
-    def save(self, path, **about) -> Path:
+    def save(self, path, /, **about) -> Path:
         """Write ``{"kind": "paths", "paths": [...], "about": about}`` to ``path`` (JSON); ``about`` says where
         the tree came from (drafter, run, measured speedup). Returns the path."""
         return write_spec(self.to_spec(), path, **about)
@@ -206,7 +206,7 @@ class Tree:
         return ks
 
 
-def write_spec(spec: dict, path, **about) -> Path:
+def write_spec(spec: dict, path, /, **about) -> Path:
     """A tree-spec dict as JSON at ``path`` (folders made), ``about`` under "about"."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path, {**spec, **({"about": about} if about else {})}, default=str)

@@ -133,7 +133,7 @@ def tree_to_spec(tree: Tree | DynamicTree) -> dict:
     return tree.to_spec()
 
 
-def save_tree(tree: Tree | DynamicTree, path, **about) -> Path:
+def save_tree(tree: Tree | DynamicTree, path, /, **about) -> Path:
     """``tree`` as JSON at ``path`` (``tree_to_spec``, the format Tree.save writes), ``about`` under "about"."""
     return write_spec(tree_to_spec(tree), path, **about)
 
