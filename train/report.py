@@ -1,9 +1,10 @@
-"""The comparison's report, from the harness's measurements (train/compare.py): results.md (stamp, summary,
-peers, the full grid), results.csv, summary.csv, cost_curve.csv, the figures (train/plots.py) and the wandb run.
-Nothing here measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a
-run's report (``python scripts/compare_trees.py report=PATH``) and ``compare_runs([A, B])`` sets runs side by
-side. A results.json saved while the run was still measuring (``"complete": false``) renders what it holds,
-marked as a partial run at the top of results.md.
+"""The comparison's report, from the harness's measurements (train/harness.py): results.md (stamp, summary,
+peers, results by category, the full grid, how to use the best tree), results.csv, summary.csv,
+by_category.csv, cost_curve.csv, best_tree.json, the figures (train/plots.py) and the wandb run. Nothing here
+measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a run's report
+(``python scripts/compare_trees.py report=PATH``); train/side_by_side.py sets runs side by side. A results.json
+saved while the run was still measuring (``"complete": false``) renders what it holds, marked as a partial
+run at the top of results.md; one from before workloads renders without categories.
 
 Uncertainty: per configuration the median speedup (per-prompt ratios to vanilla) and τ, each with a
 bootstrap interval over prompts (train/stats.py). A configuration whose speedup interval overlaps the best
