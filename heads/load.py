@@ -40,11 +40,13 @@ import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 
+from treespec.autotree import read_cost_curve, saved_chooser
 from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.io import load_safetensors, read_json
 from treespec.reference import PREFIX, resolve
 
 from . import eagle, eagle3, medusa
+from .accuracy import read_accuracy
 from .eagle3_model import Eagle3Model
 from .eagle_model import EagleModel
 from .kind import DrafterKind
@@ -263,4 +265,17 @@ def load(source, target, *, format: str = "auto", aux_layers=None, candidates: s
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
     convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
-    return AUTO.make(AUTO.load(source, target, format=format, aux_layers=aux_layers), candidates)
+    return with_measurements(AUTO.make(AUTO.load(source, target, format=format, aux_layers=aux_layers), candidates),
+                             source)
+
+
+def with_measurements(drafter: Drafter, source) -> Drafter:
+    """``drafter`` with what its folder holds beside the weights: its measured accuracies (head_accuracy.json) and
+    this device's cost curve (cost_curve.json), so that generate() can grow ``{"kind": "accuracy"}`` and
+    ``{"kind": "auto"}`` trees for it (treespec.tree_spec)."""
+    folder = resolve_source(source)
+    drafter.accuracy = read_accuracy(folder)
+    curve = read_cost_curve(folder)
+    drafter.tree_chooser = saved_chooser(curve) if curve is not None else None
+    return drafter
+

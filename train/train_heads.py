@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import OmegaConf
 
-from treespec.autotree import auto_chooser, measure_cost_curve
+from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
 from treespec.bench import Config, Row, measure
 from treespec.heads.export import formats as export_formats
 from treespec.io import weights_digest
@@ -303,6 +303,8 @@ def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: 
     the summary's text."""
     d, step = cfg.drafter, result.step
     final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
+    # beside the accuracies, this device's cost curve: generate(tree={"kind": "auto"}) chooses with it
+    save_cost_curve(cfg.export_dir, measure_cost_curve(target), device=str(target.device))
     summary.update(final_metrics)
     probe_acc = probe.last() if probe is not None else None
     tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None

@@ -59,6 +59,12 @@ class Drafter:
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None
+    #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
+    #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
+    accuracy: list[list[float]] | None = None
+    #: (accuracy, max_nodes) → the Tree kind "auto" verifies: treespec.autotree.auto_chooser on this device's
+    #: cost curve (a trained drafter's cost_curve.json, treespec.autotree.saved_chooser); None: no curve
+    tree_chooser = None
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""

@@ -122,7 +122,7 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
-        tree = build_tree(tree)
+        tree = build_tree(tree, drafter=drafter)  # accuracy kinds use the drafter's own measurements
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if isinstance(tree, DynamicTree) and not drafter.grows_dynamic_trees:
