@@ -39,7 +39,7 @@ from pathlib import Path
 
 from treespec import reference
 
-from .chat import ROLES, BadRow, load_rows
+from .conversations import ROLES, BadRow, load_rows
 
 DEFAULT_CATEGORY = "all"
 FORMATS = {"turns": "spec-bench", "messages": "openai", "conversations": "sharegpt", "prompt": "prompt",
