@@ -265,8 +265,9 @@ def load(source, target, *, format: str = "auto", aux_layers=None, candidates: s
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
     convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
-    return with_measurements(AUTO.make(AUTO.load(source, target, format=format, aux_layers=aux_layers), candidates),
-                             source)
+    folder = resolve_source(source)  # a Hub id is fetched once
+    return with_measurements(AUTO.make(AUTO.load(folder, target, format=format, aux_layers=aux_layers), candidates),
+                             folder)
 
 
 def with_measurements(drafter: Drafter, source) -> Drafter:

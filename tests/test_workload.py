@@ -297,6 +297,6 @@ def test_a_drafter_trained_for_another_target_names_its_entry_and_the_fix(chat_m
 
     target, _ = reference.load_model(cfg.target)
     with pytest.raises(ValueError, match=r"drafters: 'medusa' \(available.medusa.source=reference:medusa\) cannot "
-                                         r"serve the target .*hidden size 384.*drafters=\[...\] without medusa.*"
+                                         r"serve the target .*hidden.size 384.*drafters=\[...\] without medusa.*"
                                          r"train_heads.py target="):
         compare.load_drafters(cfg, target, lambda: None, None)
