@@ -123,7 +123,7 @@ def checkpoint_folders(run_dir: str | os.PathLike) -> list[Path]:
     pointer = run_dir / LATEST
     if pointer.is_file():
         try:
-            names = read_json(pointer, "checkpoint pointer")["checkpoints"]
+            names = read_json(pointer, "checkpoint pointer", dict)["checkpoints"]
             if not isinstance(names, list) or not all(map(_is_checkpoint_name, names)):
                 raise ValueError(f"checkpoint pointer {pointer} does not list ckpt-<step> folders: {names!r}")
             return [run_dir / n for n in names]
@@ -141,7 +141,7 @@ def read_checkpoint(folder: str | os.PathLike, fingerprint: dict) -> dict:
     folder = Path(folder)
     meta_path, tensor_path = folder / META, folder / TENSORS
     try:
-        meta = read_json(meta_path, "checkpoint metadata")
+        meta = read_json(meta_path, "checkpoint metadata", dict)
     except FileNotFoundError as err:
         raise ValueError(str(err)) from None
     try:
