@@ -74,8 +74,9 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
         model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)
     except pickle.UnpicklingError:
-        raise ValueError(f"the pickled weights in {folder} hold objects other than tensors: refused unopened "
-                         "(torch.load(weights_only=True) ran nothing); convert trusted weights to safetensors") from None
+        raise ValueError(f"the pickled weights in {folder} hold objects other than tensors: refused "
+                         "(torch.load(weights_only=True) ran nothing); convert trusted weights to safetensors"
+                         ) from None
     except Exception as err:  # a config field of the wrong type, an unknown model type, ...
         raise ValueError(f"cannot load the model in {folder}: {type(err).__name__}: {brief(err)}") from None
     owned = {name for name, _ in model.named_parameters()}  # a tied copy (lm_head = embeddings) is not its own
