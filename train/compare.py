@@ -35,6 +35,7 @@ from treespec.timing import forward_step
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, check_tree_spec
 
+from . import config_checks
 from .data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from .log import RunLogger
 from .report import compare_runs, rerender, save_result, write_outputs
@@ -274,15 +275,37 @@ def check_config(cfg) -> None:
             raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
         if entry.get("candidates", "topk") not in kind.candidate_modes:
             raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
-    for key in ("prompts", "repeats", "max_new_tokens"):
-        if not (isinstance(cfg[key], int) and cfg[key] >= 1):
-            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    for key in ("prompts", "repeats", "max_new_tokens", "max_nodes", "accuracy_windows"):
+        config_checks.integer(cfg.get(key, 1), key)
+    config_checks.number(cfg.temperature, "temperature", 0)
+    config_checks.number(cfg.top_p, "top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.get("threads"), "threads", optional=True)
+    config_checks.integer(cfg.get("seed") or 0, "seed", 0)
+    config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.integers(cfg.cost_sizes, "cost_sizes")
+    if min(cfg.cost_sizes) < 1:
+        raise ValueError(f"cost_sizes must be tree sizes >= 1 (tokens per target forward), got {list(cfg.cost_sizes)}")
+    check_device(cfg.get("device") or "cpu")
     boot = bootstrap_settings(cfg)
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:
         raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
     available = len(reference.prompts())
     if cfg.prompts > available:
         raise ValueError(f"prompts={cfg.prompts}: only {available} held-out prompts are shipped")
+
+
+def check_device(name) -> None:
+    """``device``: a torch device this build and machine have (cuda needs a CUDA build and a GPU)."""
+    try:
+        device = torch.device(str(name))
+    except RuntimeError:
+        raise ValueError(f"device must be a torch device (cpu, cuda, cuda:1), got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}, but this torch build or machine has no CUDA device: use device=cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}: the comparison runs on cpu or cuda")
 
 
 def drafter_checksum(entry, module) -> dict:
