@@ -30,6 +30,7 @@ from treespec.bench import Config, measure
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
+from treespec.inputs import max_positions
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.tree import Tree
@@ -294,6 +295,23 @@ def check_config(cfg) -> None:
         raise ValueError(f"prompts={cfg.prompts}: only {available} held-out prompts are shipped")
 
 
+def fit_prompts(prompts: list[torch.Tensor], target, max_new_tokens: int, log=print) -> list[torch.Tensor]:
+    """Prompts [1, P] cut to their last tokens where prompt + max_new_tokens would pass the target's positions
+    (a small target's context is shorter than the shipped prompts); the cut is announced."""
+    limit = max_positions(target.config)
+    if limit is None:
+        return prompts
+    keep = limit - max_new_tokens
+    if keep < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the target's {limit} "
+                         "positions")
+    cut = sum(p.shape[1] > keep for p in prompts)
+    if cut:
+        log(f"{cut} of {len(prompts)} prompts keep their last {keep} tokens (the target has {limit} positions, "
+            f"{max_new_tokens} of them for new tokens)")
+    return [p[:, -keep:] for p in prompts]
+
+
 def check_device(name) -> None:
     """``device``: a torch device this build and machine have (cuda needs a CUDA build and a GPU)."""
     try:
@@ -371,7 +389,8 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     device = torch.device(cfg.get("device") or "cpu")
     target = target.to(device)  # drafters load onto the target's device (heads/registry.py)
     assistant = assistant.to(device) if assistant is not None else None
-    prompts = [tokenizer(t, return_tensors="pt").input_ids.to(device) for t in reference.prompts()[: cfg.prompts]]
+    prompts = fit_prompts([tokenizer(t, return_tensors="pt").input_ids.to(device)
+                           for t in reference.prompts()[: cfg.prompts]], target, cfg.max_new_tokens)
 
     @functools.cache
     def windows() -> torch.Tensor:  # [accuracy_windows, 144], made once, only if a drafter needs them
