@@ -80,6 +80,9 @@ def _short(value) -> str:
 def check_input_ids(input_ids, target) -> torch.Tensor:
     if isinstance(input_ids, np.ndarray) and input_ids.dtype != object:
         input_ids = torch.as_tensor(input_ids)
+    if isinstance(input_ids, (set, frozenset, Mapping)):
+        raise ValueError(f"input_ids must be ordered token ids (a list, a tuple or a tensor), got a "
+                         f"{type(input_ids).__name__}")
     if not isinstance(input_ids, torch.Tensor):
         rows = [input_ids]
         if isinstance(input_ids, Sequence) and input_ids and all(isinstance(r, Sequence) for r in input_ids):
@@ -88,7 +91,7 @@ def check_input_ids(input_ids, target) -> torch.Tensor:
             raise ValueError(f"input_ids holds {len(rows)} prompts: batches are not supported yet, treespec decodes "
                              "one sequence at a time (call generate once per prompt)")
         input_ids = torch.tensor(token_ids(rows[0], "input_ids"), dtype=torch.long)[None]
-    elif input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+    elif input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
@@ -161,16 +164,17 @@ def check_target(target) -> None:
 
 
 def check_tree(tree, drafter) -> Tree | DynamicTree:
-    if drafter is None:
-        tree = build_tree(tree) if isinstance(tree, Mapping) else tree
-        if tree is not None and len(tree) > 0:
-            raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
+    if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
         tree = build_tree(tree)
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
+    if drafter is None:
+        if len(tree) > 0:
+            raise ValueError(f"tree {tree!r} has candidates but no drafter was given to propose them")
+        return Tree.chain(0)
     if isinstance(tree, DynamicTree) and not drafter.grows_dynamic_trees:
         raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
     return tree
@@ -192,6 +196,9 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     sampling = check_sampling(temperature, top_p)
     eos = frozenset(token_ids(eos_token_id, "eos_token_id")) if eos_token_id is not None else frozenset()
     input_ids = check_input_ids(input_ids, target)
+    outside = sorted(i for i in eos if not 0 <= i < vocab_size(target))
+    if outside:  # an id no step can emit would never stop decoding
+        raise ValueError(f"eos_token_id must lie in [0, {vocab_size(target)}) (the target's vocabulary), got {outside}")
     tree = check_tree(tree, drafter)
     check_target(target)
     vocab = vocab_size(target)

@@ -44,8 +44,11 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     if sampling.greedy:
         return torch.nn.functional.one_hot(argmax(logits, check_finite=True), logits.shape[-1]).float()
     # Subtract the max before dividing: logits / T overflows to inf (then NaN) for tiny T, while the shifted
-    # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared).
-    p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / sampling.temperature, dim=-1)
+    # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared). T below float32's
+    # smallest normal number would round to 0 in the division (0 / 0 = NaN): it divides as that number, which
+    # already sends every logit difference a float32 can hold to -inf.
+    temperature = max(sampling.temperature, torch.finfo(torch.float32).tiny)
+    p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / temperature, dim=-1)
     if sampling.top_p < 1.0:
         p = nucleus(p, sampling.top_p)
     return p
