@@ -217,6 +217,9 @@ def test_pickle_payload_in_a_model_folder_is_refused_unrun(model_folder, tmp_pat
     folder, _ = model_folder
     (folder / "model.safetensors").unlink()
     torch.save({Q: Plant(tmp_path / "pwned")}, folder / "pytorch_model.bin")
+    torch.load(folder / "pytorch_model.bin", weights_only=False)  # the plant works: unpickling runs it
+    assert (tmp_path / "pwned").exists()
+    (tmp_path / "pwned").unlink()
     with pytest.raises(ValueError, match=r"pickled weights in .* hold objects other than tensors: refused"):
         load_model(folder)
     assert not (tmp_path / "pwned").exists()
