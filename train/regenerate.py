@@ -20,7 +20,7 @@ from tqdm import tqdm
 from treespec.io import atomic_write
 from treespec.reference import load_model
 
-from . import distributed
+from . import config_checks, distributed
 from .chat import ChatRenderer, chat_settings
 from .conversations import BadRow, load_rows, normalize
 
@@ -135,6 +135,11 @@ def run(cfg) -> dict:
         raise ValueError("regenerate needs data=chat and data.chat.source=<conversations>")
     if not r.get("out"):
         raise ValueError("regenerate needs data.regenerate.out=<the JSONL file to write>")
+    for key in ("batch_size", "max_new_tokens"):
+        config_checks.integer(r.get(key, 1), f"data.regenerate.{key}")
+    config_checks.number(r.get("temperature", 0.0), "data.regenerate.temperature", 0)
+    config_checks.number(r.get("top_p", 1.0), "data.regenerate.top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.trainer.get("threads"), "trainer.threads", optional=True)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
