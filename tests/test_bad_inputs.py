@@ -1,5 +1,7 @@
-"""Every bad input found by the reliability probe fails at the door with a message naming the problem, or
-works as a user would expect; plus a fuzz test over random trees, prompts and sampling settings."""
+"""Every bad argument of generate() found by the reliability probes fails at the door with a message naming
+the problem, or works as a user would expect; plus fuzz tests: any value for one argument (a named error or a
+well-formed result), and random trees, prompts and sampling settings (greedy equals transformers). Bad files:
+tests/test_bad_files.py; bad job settings and resumes: tests/test_bad_configs.py."""
 
 import threading
 

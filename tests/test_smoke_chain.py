@@ -5,10 +5,13 @@ the end of one (rank accuracies a hair above 1 once refused every accuracy-grown
 
 import json
 
+import pytest
+
 from treespec.analysis import grow_tree
 from treespec.heads.accuracy import RankHits
 from treespec.sampling import GREEDY
 from treespec.train import compare, data, lm, train_heads
+from treespec.train.checkpoint import CheckpointMismatch
 
 from .tiny_models import compose_cfg
 
@@ -48,6 +51,10 @@ def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch):
         accuracy = json.loads((tmp_path / name / "final" / "head_accuracy.json").read_text())
         assert all(0 <= sum(row) <= 1 for row in accuracy), name
         assert summary["eval_mean_accept_length"] >= 1.0
+    # a resume on other self-distillation data is another run: refused, naming the setting
+    with pytest.raises(CheckpointMismatch, match=r"data.self_distill.prompts differs \(.*saved 8, now 4\)"):
+        train_heads.run(compose_cfg("train_heads", [*small, "drafter=medusa", f"run_dir={tmp_path / 'medusa'}",
+                                                    "resume=true", "data.self_distill.prompts=4"]))
 
     cfg = compose_cfg("compare", [
         f"target={target}", f"drafters=[{','.join(DRAFTERS)}]", "logger=none", "prompts=1", "max_new_tokens=8",
