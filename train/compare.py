@@ -286,7 +286,7 @@ def check_config(cfg) -> None:
     config_checks.integers(cfg.cost_sizes, "cost_sizes")
     if min(cfg.cost_sizes) < 1:
         raise ValueError(f"cost_sizes must be tree sizes >= 1 (tokens per target forward), got {list(cfg.cost_sizes)}")
-    check_device(cfg.get("device") or "cpu")
+    config_checks.device(cfg.get("device") or "cpu")
     boot = bootstrap_settings(cfg)
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:
         raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
@@ -310,20 +310,6 @@ def fit_prompts(prompts: list[torch.Tensor], target, max_new_tokens: int, log=pr
         log(f"{cut} of {len(prompts)} prompts keep their last {keep} tokens (the target has {limit} positions, "
             f"{max_new_tokens} of them for new tokens)")
     return [p[:, -keep:] for p in prompts]
-
-
-def check_device(name) -> None:
-    """``device``: a torch device this build and machine have (cuda needs a CUDA build and a GPU)."""
-    try:
-        device = torch.device(str(name))
-    except RuntimeError:
-        raise ValueError(f"device must be a torch device (cpu, cuda, cuda:1), got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}, but this torch build or machine has no CUDA device: use device=cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={name!r}: the comparison runs on cpu or cuda")
 
 
 def drafter_checksum(entry, module) -> dict:

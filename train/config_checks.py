@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
 from omegaconf import OmegaConf
 
 from treespec.heads.eagle_model import VARIANTS
@@ -67,6 +68,20 @@ def integers(value, key: str, *, optional: bool = False) -> None:
     if not isinstance(items, (list, tuple)) or not items or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in items):
         raise ValueError(f"{key} must be a non-empty list of integers{' or null' if optional else ''}, got {value!r}")
+
+
+def device(name) -> None:
+    """``device``: a torch device this build and machine have (cuda needs a CUDA build and a GPU)."""
+    try:
+        parsed = torch.device(str(name))
+    except RuntimeError:
+        raise ValueError(f"device must be a torch device (cpu, cuda, cuda:1), got {name!r}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}, but this torch build or machine has no CUDA device: use device=cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}: the comparison runs on cpu or cuda")
 
 
 # -- a training job's sections ----------------------------------------------------------------------------------
