@@ -29,6 +29,7 @@ from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.tree_spec import check_tree_spec
 
+from . import config_checks
 from .data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from .harness import DrafterSpec, expand_specs, run_comparison
 from .log import RunLogger
@@ -115,8 +116,17 @@ def check_config(cfg) -> None:
             raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
         if entry.get("candidates", "topk") not in kind.candidate_modes:
             raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
-    for key in ("repeats", "max_new_tokens"):
-        _positive(cfg[key], key)
+    for key in ("repeats", "max_new_tokens", "max_nodes"):
+        config_checks.integer(cfg.get(key, 1), key)
+    config_checks.number(cfg.temperature, "temperature", 0)
+    config_checks.number(cfg.top_p, "top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.get("threads"), "threads", optional=True)
+    config_checks.integer(cfg.get("seed") or 0, "seed", 0)
+    config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.integers(cfg.cost_sizes, "cost_sizes")
+    if min(cfg.cost_sizes) < 1:
+        raise ValueError(f"cost_sizes must be tree sizes >= 1 (tokens per target forward), got {list(cfg.cost_sizes)}")
+    config_checks.device(cfg.get("device") or "cpu")
     boot = bootstrap_settings(cfg)
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:
         raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")

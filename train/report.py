@@ -355,11 +355,38 @@ def load_result(path: str | Path) -> tuple[dict, Path]:
     file = path / "results.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
-    result = read_json(file, "results.json")
+    result = read_json(file, "results.json", dict)
+    check_result(result, file)
     result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
     result["cost_curves_after_drafting"] = {name: {int(n): t for n, t in c.items()} for name, c in
                                             (result.get("cost_curves_after_drafting") or {}).items()}
     return result, file.parent
+
+
+def check_result(result: dict, file) -> None:
+    """What rendering relies on in a results.json, checked before anything is rendered: a ValueError naming
+    the file and the first thing that does not hold."""
+    def bad(problem: str):
+        return ValueError(f"results.json {file}: {problem}; not a comparison's results.json, or edited since")
+
+    records, curve, settings = result.get("records"), result.get("cost_curve"), result.get("settings", {})
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "config" in r for r in records):
+        raise bad("'records' must be a non-empty list of configurations (each with a 'config')")
+    if not isinstance(curve, dict) or not curve:
+        raise bad("'cost_curve' must map tree sizes to seconds")
+    if not isinstance(settings, dict):
+        raise bad("'settings' must be a JSON object")
+    runs_of = {r["config"]: (r.get("runs") or {}).get("speedup") for r in records}
+    prompt_of_run = result.get("prompt_of_run")
+    planned = int(settings.get("prompts", 0) or 0) * int(settings.get("repeats", 1) or 1)
+    if prompt_of_run is not None and result.get("complete", True) and planned and len(prompt_of_run) != planned:
+        raise bad(f"settings give {planned} prompt runs (prompts × repeats) but prompt_of_run lists "
+                  f"{len(prompt_of_run)}")
+    cut = partial(result)
+    expected = None if prompt_of_run is None else len(prompt_of_run[: cut[0] if cut else None])
+    for config, runs in runs_of.items():
+        if runs and expected is not None and len(runs) != expected:
+            raise bad(f"configuration {config!r} holds {len(runs)} prompt runs, prompt_of_run {expected}")
 
 
 def rerender(path: str | Path, out_dir: str | Path | None = None, figures: bool = True) -> Path:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from treespec.generate import generate
+from treespec.inputs import max_positions
 
 from .chat import TEMPLATES, ChatRenderer
 from .workload import Item
@@ -125,14 +126,18 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
     ``max_prompt_tokens`` is skipped (with the turns after it) and counted in ``skipped``."""
     out = []
     device = target.device
+    positions = max_positions(target.config)  # a small target's context can be shorter than a prompt + answer
     for item in items:
         answers: list[str] = []
         budget = int(max_new_tokens_of(item.category))
         for turn in range(1, len(item.turns) + 1):
             ids = template.ids(template.messages(item, turn, answers))
-            if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens:
+            reason = ("over max_prompt_tokens" if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens
+                      else "past the target's positions" if positions is not None and ids.shape[1] + budget > positions
+                      else None)
+            if reason is not None:
                 if skipped is not None:
-                    skipped["over max_prompt_tokens"] += len(item.turns) - turn + 1
+                    skipped[reason] += len(item.turns) - turn + 1
                 break
             greedy = generate(target, ids.to(device), max_new_tokens=budget, eos_token_id=template.end_ids or None)
             new = greedy.sequences[0, ids.shape[1]:].cpu()

@@ -26,7 +26,7 @@ from treespec.io import weights_digest
 from treespec.reference import load_model
 from treespec.tree_spec import build_tree, check_tree_spec
 
-from . import distributed, eagle, eagle3, expected_tau, medusa, run_summary
+from . import config_checks, distributed, eagle, eagle3, expected_tau, medusa, run_summary
 from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .distributed import record
@@ -53,7 +53,9 @@ def check_config(cfg) -> None:
     if spec is None:
         raise ValueError("no evaluation tree: set tree=... or the drafter's eval_tree")
     check_tree_spec(spec)
-    distributed.check_trainer(cfg.trainer)
+    config_checks.check_job(cfg)
+    config_checks.check_drafter(cfg.drafter)
+    config_checks.check_eval(cfg.eval)
     chat = cfg.data.get("chat")
     if chat is not None and not chat.get("source"):
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
@@ -267,7 +269,8 @@ def _run(cfg, ctx) -> dict:
     result = train(
         module, recipe.loss, data.batches.batch,
         total_steps=total_steps, optim=OptimConfig(**cfg.optim), run_dir=cfg.run_dir,
-        fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed},
+        fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed,
+                     "data": data_settings(cfg)},  # a resume on other data (corpus, self-distillation, chat): refused
         evaluate=evaluate, after_eval=(lambda step, metrics: expected_tau.plot(cfg.run_dir)) if probe else None,
         eval_every=t.eval_every, ckpt_every=t.ckpt_every, log_every=t.log_every, resume=cfg.resume,
         logger=logger, progress=t.progress, stop_after=t.stop_after, precision=t.precision,

@@ -24,7 +24,7 @@ import torch
 
 from treespec.attention import TreeAttention
 from treespec.cache import TreeCache, check_filled, keep_tree_path
-from treespec.drafter import Drafter, Proposal, stack_features
+from treespec.drafter import Drafter, Proposal, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import check_inputs
 from treespec.sampling import Sampling, argmax, probs, sample
@@ -137,13 +137,14 @@ def generate(
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
               feature_layers=tuple(inputs.drafter.feature_layers) if uses_features else ())
     start = clock(observer)
-    state = prefill(run, inputs.input_ids, inputs.max_new_tokens)
-    while state.root not in run.eos and state.length < state.end:
-        step_tree = run.tree.truncate(state.end - state.length - 1)  # deeper nodes could never be committed
-        if run.drafter is None or len(step_tree) == 0:
-            plain_step(run, state, step_tree)
-        else:
-            speculative_step(run, state, step_tree)
+    with in_use(run.drafter):  # one generation at a time per drafter (it holds the sequence's state)
+        state = prefill(run, inputs.input_ids, inputs.max_new_tokens)
+        while state.root not in run.eos and state.length < state.end:
+            step_tree = run.tree.truncate(state.end - state.length - 1)  # deeper nodes could never be committed
+            if run.drafter is None or len(step_tree) == 0:
+                plain_step(run, state, step_tree)
+            else:
+                speculative_step(run, state, step_tree)
     wall_time = clock(observer) - start
     spent = {} if observer is None else observer.seconds
     return GenerationResult(sequences=state.sequence[:, : state.length], prompt_length=inputs.input_ids.shape[1],

@@ -14,6 +14,7 @@ comparison saves every configuration's tree that way, so the best one can be han
 
 from __future__ import annotations
 
+import numbers
 from functools import cached_property
 from itertools import product
 from pathlib import Path
@@ -23,11 +24,20 @@ import torch
 from treespec.io import atomic_write_json, read_json
 
 
+def whole(value, what: str) -> int:
+    """``value`` as an int when it is an integer (int, numpy integer); anything else (4.7, "4", True) is a
+    ValueError naming ``what``: a tree size is never rounded silently."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value)
+
+
 class Tree:
     """An immutable token-tree topology. All tensors index nodes 0..n (0 = root)."""
 
     def __init__(self, paths):
-        paths = [tuple(int(r) for r in p) for p in paths]
+        paths = [p if type(p) is tuple and all(type(r) is int for r in p) else  # ints already: the per-step fast path
+                 tuple(whole(r, f"tree path {tuple(p)!r}: a rank") for r in p) for p in paths]
         seen = set()
         for p in paths:
             if len(p) == 0:
@@ -59,6 +69,7 @@ class Tree:
     @classmethod
     def chain(cls, depth: int) -> Tree:
         """γ = depth top-1 candidates in a line: classic (chain) speculative decoding."""
+        depth = whole(depth, "chain depth")
         if depth < 0:
             raise ValueError(f"chain depth must be >= 0, got {depth}")
         return cls([(0,) * d for d in range(1, depth + 1)])
@@ -66,6 +77,7 @@ class Tree:
     @classmethod
     def full(cls, width: int, depth: int) -> Tree:
         """Every node has ``width`` children down to ``depth``: width + width² + ... nodes."""
+        width, depth = whole(width, "full tree width"), whole(depth, "full tree depth")
         if width < 1 or depth < 0:
             raise ValueError(f"full tree needs width >= 1 and depth >= 0, got width={width}, depth={depth}")
         return cls([p for d in range(1, depth + 1) for p in product(range(width), repeat=d)])
