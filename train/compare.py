@@ -238,7 +238,8 @@ def workload_prompts(cfg, target, tokenizer, log=print):
     workload = load_workload(w, prompts=cfg.prompts, length=template.first_turn_tokens, cache_dir=cfg.paths.data)
     budgets = {str(k): int(v) for k, v in (w.get("max_new_tokens") or {}).items()}
     prompts = timed_prompts(target, template, workload.timed, lambda c: budgets.get(c, cfg.max_new_tokens),
-                            max_prompt_tokens=w.get("max_prompt_tokens"), skipped=workload.skipped, log=log)
+                            max_prompt_tokens=w.get("max_prompt_tokens"), skipped=workload.skipped,
+                            cut_to_fit=w.source == "reference", log=log)
     seed = int(cfg.get("seed") or 0)
     device = target.device
 

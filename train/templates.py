@@ -120,7 +120,8 @@ class PromptTemplate:
 
 
 def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_tokens_of, *,
-                  max_prompt_tokens: int | None = None, skipped=None, log=print) -> list[TimedPrompt]:
+                  max_prompt_tokens: int | None = None, skipped=None, cut_to_fit: bool = False,
+                  log=print) -> list[TimedPrompt]:
     """Every turn of every item as a TimedPrompt, turn k holding the target's greedy answers to turns 1..k-1
     (module docstring). ``max_new_tokens_of(category)``: the generation budget. A later turn that grows past
     ``max_prompt_tokens`` is skipped (with the turns after it) and counted in ``skipped``."""
@@ -132,6 +133,10 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
         budget = int(max_new_tokens_of(item.category))
         for turn in range(1, len(item.turns) + 1):
             ids = template.ids(template.messages(item, turn, answers))
+            if cut_to_fit and positions is not None and ids.shape[1] + budget > positions > budget:
+                log(f"{item.id}: keeps its last {positions - budget} of {ids.shape[1]} tokens (the target has "
+                    f"{positions} positions, {budget} of them for new tokens)")
+                ids = ids[:, -(positions - budget):]
             reason = ("over max_prompt_tokens" if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens
                       else "past the target's positions" if positions is not None and ids.shape[1] + budget > positions
                       else None)
@@ -146,6 +151,9 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
                                    turn, budget, answer_tokens=int(new.numel())))
     log(f"workload: {len(out)} timed prompts from {len(items)} items, each turn's prompt holding the target's own "
         "greedy answers to the turns before it")
+    if not out:
+        raise ValueError(f"no timed prompt: all {len(items)} selected items were skipped ({dict(skipped or {})}); "
+                         "raise workload.max_prompt_tokens, lower max_new_tokens, or pick shorter prompts")
     return out
 
 
