@@ -22,18 +22,27 @@ ACCURACY_FILE = "head_accuracy.json"
 
 
 class RankHits:
-    """Accumulates acc[d][r] over batches: ``add(d, candidates [..., R], target_logits [..., V])``."""
+    """Accumulates acc[d][r] over batches: ``add(d, candidates [..., R], target_logits [..., V])``.
+
+    Counts are float64: in float32, 247/248 + 1/248 sums to 1 + 4e-9 and a depth whose top-k covers every
+    position would break ranks' mutual exclusivity (analysis.grow_tree refuses a row summing above 1)."""
 
     def __init__(self, depth: int, top_k: int, sampling: Sampling):
-        self.hits, self.counts, self.sampling = torch.zeros(depth, top_k), torch.zeros(depth), sampling
+        self.hits = torch.zeros(depth, top_k, dtype=torch.float64)  # [D, R]
+        self.counts = torch.zeros(depth, dtype=torch.float64)       # [D]
+        self.sampling = sampling
 
     def add(self, depth: int, candidates: torch.Tensor, target_logits: torch.Tensor) -> None:
         accepted = rank_acceptance(candidates, target_logits, self.sampling)  # [..., R]
-        self.hits[depth] += accepted.reshape(-1, accepted.shape[-1]).sum(0).cpu()
+        self.hits[depth] += accepted.reshape(-1, accepted.shape[-1]).double().sum(0).cpu()
         self.counts[depth] += accepted.numel() // accepted.shape[-1]
 
     def table(self) -> list[list[float]]:
-        return (self.hits / self.counts.clamp(min=1)[:, None]).tolist()
+        """acc[d][r], each in [0, 1] and each depth's ranks summing to at most 1: sampled acceptances are
+        float32 probabilities of distinct tokens, whose sum may pass 1 by rounding, so such a row is scaled
+        back to 1."""
+        acc = (self.hits / self.counts.clamp(min=1)[:, None]).clamp(0.0, 1.0)  # [D, R]
+        return (acc / acc.sum(-1, keepdim=True).clamp(min=1.0)).tolist()
 
 
 def write_accuracy(folder, accuracy: list[list[float]]) -> None:
@@ -45,7 +54,7 @@ def read_accuracy(folder) -> list[list[float]] | None:
     path = Path(folder) / ACCURACY_FILE
     if not path.is_file():
         return None
-    acc = read_json(path, "accuracy file")
+    acc = read_json(path, "accuracy file", list)
     if not (isinstance(acc, list) and acc and all(isinstance(row, list) and row for row in acc)):
         raise ValueError(f"accuracy file {path} must hold a non-empty list of per-depth lists of rank accuracies")
     return acc

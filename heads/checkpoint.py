@@ -71,7 +71,7 @@ def load_drafter(folder, kind: str) -> tuple[dict, dict]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"drafter folder {folder} does not exist")
-    config = read_json(folder / f"{kind}_config.json", f"{kind} drafter config")
+    config = read_json(folder / f"{kind}_config.json", f"{kind} drafter config", dict)
     if config.pop("drafter", kind) != kind:
         raise ValueError(f"{folder} does not hold a {kind} drafter")
     return config, load_safetensors(folder / f"{kind}.safetensors", f"{kind} drafter weights")

@@ -46,6 +46,8 @@ import copy
 import torch
 from torch import nn
 
+from treespec.io import check_float_weights
+
 from .checkpoint import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from .eagle_model import one_layer_config
 from .lean import LeanProjection, causal_mask
@@ -250,6 +252,7 @@ class Eagle3Model(nn.Module):
         try:
             model = cls(target, aux_layers=config["eagle_aux_hidden_state_layer_ids"],
                         vocab_map=(weights["d2t"], weights["t2d"]))
+            check_float_weights(weights, model, f"EAGLE-3 weights in {folder}")
             model.load_state_dict(weights)  # copied into our device and dtype
         except (KeyError, RuntimeError, ValueError) as err:  # a broken map; missing, unexpected or mis-shaped tensors
             raise ValueError(f"EAGLE-3 weights in {folder} do not fit the drafter: {err}") from None

@@ -36,6 +36,7 @@ import copy
 import torch
 from torch import nn
 
+from treespec.io import check_float_weights
 from treespec.masks import DENSE_MASK_ATTENTION
 
 from .checkpoint import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
@@ -216,6 +217,7 @@ class EagleModel(nn.Module):
             raise ValueError(f"EAGLE config in {folder}: {err}") from None
         if variant != "treespec":  # an upstream checkpoint's biases are whatever it holds
             conform_linear_biases(model, weights)
+        check_float_weights(weights, model, f"EAGLE weights in {folder}")
         try:
             model.load_state_dict(weights)  # copied into our device and dtype
         except RuntimeError as err:  # missing, unexpected or mis-shaped tensors

@@ -83,6 +83,19 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
     return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
 
 
+def formats(drafter_or_module, target) -> dict[str, str | None]:
+    """Each consumer → None when ``export`` can write this drafter for ``target`` in its layout, else the reason
+    it refuses (the training job's end-of-run summary lists them)."""
+    reasons = {}
+    for to in CONSUMERS:
+        try:
+            convert(drafter_or_module, target, to)
+            reasons[to] = None
+        except ValueError as err:  # Refused, or a drafter that does not fit the target
+            reasons[to] = str(err)
+    return reasons
+
+
 def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None = None,
            speculative_tokens: int = 3) -> Path:
     """Write ``drafter_or_module`` (a Drafter or its module) for ``target`` into ``out_dir`` in consumer ``to``'s

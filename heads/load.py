@@ -40,11 +40,13 @@ import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 
+from treespec.autotree import read_cost_curve, saved_chooser
 from treespec.drafter import CANDIDATE_MODES, Drafter
-from treespec.io import load_safetensors, read_json
+from treespec.io import index_shards, load_safetensors, read_json
 from treespec.reference import PREFIX, resolve
 
 from . import eagle, eagle3, medusa
+from .accuracy import read_accuracy
 from .eagle3_model import Eagle3Model
 from .eagle_model import EagleModel
 from .kind import DrafterKind
@@ -118,10 +120,7 @@ def read_weights(folder: Path) -> tuple[dict, list[str]]:
         if not path.is_file():
             continue
         if name.endswith(".index.json"):
-            index = read_json(path, "weight index")
-            if not isinstance(index.get("weight_map"), dict) or not index["weight_map"]:
-                raise ValueError(f"weight index {path} has no weight_map")
-            shards = sorted(set(index["weight_map"].values()))
+            shards = index_shards(path)
             absent = [s for s in shards if not (folder / s).is_file()]
             if absent:
                 raise ValueError(f"weight index {path} names shards that do not exist: {', '.join(absent)}")
@@ -160,10 +159,10 @@ def detect(folder, format: str = "auto") -> Found:
     if kinds:
         if len(kinds) > 1:
             raise ValueError(f"{folder} holds treespec configs of several drafters ({', '.join(kinds)}): ambiguous")
-        found = Found(folder, "treespec", kinds[0], read_json(folder / f"{kinds[0]}_config.json", "drafter config"),
-                      files=[f"{kinds[0]}.safetensors"])
+        config = read_json(folder / f"{kinds[0]}_config.json", "drafter config", dict)
+        found = Found(folder, "treespec", kinds[0], config, files=[f"{kinds[0]}.safetensors"])
         return _agree(found, format)
-    config = read_json(folder / "config.json", "drafter config") if (folder / "config.json").is_file() else {}
+    config = read_json(folder / "config.json", "drafter config", dict) if (folder / "config.json").is_file() else {}
     if not isinstance(config, dict):
         raise ValueError(f"drafter config {folder / 'config.json'} is not a JSON object")
     weights, files = read_weights(folder)
@@ -263,4 +262,18 @@ def load(source, target, *, format: str = "auto", aux_layers=None, candidates: s
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
     convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
-    return AUTO.make(AUTO.load(source, target, format=format, aux_layers=aux_layers), candidates)
+    folder = resolve_source(source)  # a Hub id is fetched once
+    return with_measurements(AUTO.make(AUTO.load(folder, target, format=format, aux_layers=aux_layers), candidates),
+                             folder)
+
+
+def with_measurements(drafter: Drafter, source) -> Drafter:
+    """``drafter`` with what its folder holds beside the weights: its measured accuracies (head_accuracy.json) and
+    this device's cost curve (cost_curve.json), so that generate() can grow ``{"kind": "accuracy"}`` and
+    ``{"kind": "auto"}`` trees for it (treespec.tree_spec)."""
+    folder = resolve_source(source)
+    drafter.accuracy = read_accuracy(folder)
+    curve = read_cost_curve(folder)
+    drafter.tree_chooser = saved_chooser(curve) if curve is not None else None
+    return drafter
+

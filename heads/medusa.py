@@ -20,6 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from treespec.drafter import Drafter, Proposals
+from treespec.io import check_float_weights
 from treespec.reference import resolve
 from treespec.sampling import GREEDY, Sampling, top_k
 from treespec.tree import Tree
@@ -105,6 +106,7 @@ class MedusaHeads(nn.Module):
         check_config(config, folder)
         fits(config, target)
         heads = cls(**config, lm_head=target.get_output_embeddings())
+        check_float_weights(weights, heads, f"Medusa weights in {folder}")
         try:
             heads.load_state_dict(weights)
         except RuntimeError as err:  # missing, unexpected or mis-shaped tensors

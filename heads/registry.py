@@ -14,7 +14,7 @@ from treespec.drafter import Drafter
 
 from . import draft_model, eagle, eagle3, medusa, prompt_lookup
 from .kind import DrafterKind
-from .load import AUTO
+from .load import AUTO, with_measurements
 from .vocab import DraftVocab
 
 #: every kind, in the order the comparison lists them; "auto" is any checkpoint treespec.heads.load reads
@@ -48,5 +48,7 @@ def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | 
 
 
 def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:
-    """load + make: a ready Drafter for ``target``."""
-    return make(name, load(name, target, source), candidates)
+    """load + make: a ready Drafter for ``target``, with its folder's measured accuracies and saved cost curve
+    (heads/load.py's ``with_measurements``) when it has a folder."""
+    drafter = make(name, load(name, target, source), candidates)
+    return with_measurements(drafter, source) if source is not None and get(name).has_weights else drafter

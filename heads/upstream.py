@@ -11,6 +11,8 @@ import re
 import torch
 from torch import nn
 
+from treespec.io import check_float_weights
+
 from .checkpoint import vocab_size_of
 from .eagle_model import one_layer_config
 
@@ -128,6 +130,7 @@ def own_embeddings(weights: dict, target, where: str) -> bool:
 
 
 def load_state(model: nn.Module, state: dict, where: str):
+    check_float_weights(state, model, where)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:

@@ -25,6 +25,8 @@ import re
 
 import torch
 
+from treespec.io import check_float_weights
+
 from .checkpoint import vocab_size_of
 from .medusa import MedusaHeads
 from .upstream import Refused, dtype_name
@@ -138,6 +140,7 @@ def medusa_from_upstream(weights: dict, config: dict, target, where: str) -> Med
         state[f"blocks.{head}.{layer}.linear.bias"] = tensors.get("bias", torch.zeros(h, dtype=tensors["weight"].dtype))
     if not share:
         state.update({f"projections.{head}.weight": w for head, w in heads.items()})
+    check_float_weights(state, model, where)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:

@@ -1,10 +1,13 @@
-"""Compare drafters × trees on the reference models (see conf/compare.yaml).
+"""Compare drafters × trees on a target and a workload (see conf/compare.yaml, conf/workload/, docs/workloads.md).
 
     python scripts/compare_trees.py                                  # the small default budget (< 3 min)
     python scripts/compare_trees.py experiment=compare_full          # the README's full table
     python scripts/compare_trees.py -m tree=chain,full,accuracy      # one run per tree config
     python scripts/compare_trees.py 'trees=[{kind: chain, depth: [1,2,3]}]' drafters=[draft]
     python scripts/compare_trees.py drafters=[eagle,eagle_sample] temperature=1.0   # conf/drafter/ entries
+    python scripts/compare_trees.py workload=jsonl workload.path=question.jsonl drafters=[eagle,prompt_lookup]
+    python scripts/compare_trees.py target=/models/chat available.upstream.source=/models/head  # your own pair
+    python scripts/compare_trees.py workload=dataset workload.name=/data/gsm8k workload.columns.prompt=question
     python scripts/compare_trees.py report=runs/compare/RUN          # re-render a run's report, no measuring
     python scripts/compare_trees.py compare=runs/compare/A,runs/compare/B   # two (or more) runs side by side
 """

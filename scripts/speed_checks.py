@@ -23,7 +23,7 @@ from treespec import reference
 from treespec.bench import Config, measure
 from treespec.heads import registry
 from treespec.timing import forward_time
-from treespec.train.compare import hf_peer
+from treespec.train.harness import hf_peer
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
 

@@ -1,19 +1,22 @@
-"""Every bad input found by the reliability probe fails at the door with a message naming the problem, or
-works as a user would expect; plus a fuzz test over random trees, prompts and sampling settings."""
+"""Every bad argument of generate() found by the reliability probes fails at the door with a message naming
+the problem, or works as a user would expect; plus fuzz tests: any value for one argument (a named error or a
+well-formed result), and random trees, prompts and sampling settings (greedy equals transformers). Bad files:
+tests/test_bad_files.py; bad job settings and resumes: tests/test_bad_configs.py."""
 
-import json
+import threading
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
 
 from treespec import Tree, generate
+from treespec.drafter import Proposal
+from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, Medusa, MedusaHeads, PromptLookup
-from treespec.heads.eagle import EagleModel
-from treespec.reference import load_model
+from treespec.sampling import GREEDY
+from treespec.verify import walk
 
 from .tiny_models import hf_greedy, perturbed, tiny_llama
 
@@ -26,7 +29,7 @@ def target():
 
 
 @pytest.mark.parametrize("form", [int, np.int64, torch.tensor, lambda t: torch.tensor([t]), lambda t: [t],
-                                  lambda t: (63 - t, t)])
+                                  lambda t: (63 - t, t), lambda t: {t, 63 - t}, lambda t: frozenset([t])])
 def test_eos_in_every_reasonable_form_stops_decoding(target, form):
     full = generate(target, PROMPT, max_new_tokens=30).sequences[0, PROMPT.shape[1]:].tolist()
     eos = full[3]  # a token greedy decoding emits, so stopping is observable
@@ -69,6 +72,105 @@ def test_list_and_1d_input_ids_are_normalised(target):
     expected = generate(target, PROMPT, max_new_tokens=6).sequences
     assert torch.equal(generate(target, PROMPT[0].tolist(), max_new_tokens=6).sequences, expected)
     assert torch.equal(generate(target, PROMPT[0], max_new_tokens=6).sequences, expected)
+    assert torch.equal(generate(target, PROMPT.tolist(), max_new_tokens=6).sequences, expected)  # [[...]]: one row
+    assert torch.equal(generate(target, PROMPT.numpy(), max_new_tokens=6).sequences, expected)
+
+
+def test_several_prompts_are_a_batch_not_concatenated(target):
+    """A list of prompts once decoded as their concatenation; it is a batch, each row decoded as if alone."""
+    out = generate(target, [[3, 7, 1], [9, 4, 2]], max_new_tokens=4)
+    assert out.sequences.shape == (2, 3 + 4)
+    for row, prompt in zip(out.sequences, ([3, 7, 1], [9, 4, 2]), strict=True):
+        assert torch.equal(row, generate(target, prompt, max_new_tokens=4).sequences[0])
+    with pytest.raises(ValueError, match=r"input_ids must be a flat sequence of token ids, got a nested one"):
+        generate(target, [3, [7, 1]], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("drafter", [None, "draft"])
+def test_greedy_decoding_of_nan_logits_is_an_error(drafter):
+    """Greedy decoding once one-hot encoded the argmax of NaN logits and emitted token 0; sampling raised."""
+    model = tiny_llama(seed=0)
+    with torch.no_grad():
+        model.lm_head.weight[5, 0] = float("nan")  # every position's logit of token 5 is NaN
+    draft = DraftModel(tiny_llama(seed=1)) if drafter else None
+    with pytest.raises(ValueError, match=r"cannot decode greedily: the target's logits hold NaN or infinite"):
+        generate(model, PROMPT, drafter=draft, tree=Tree.full(2, 2) if draft else None, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_greedy_walk_refuses_non_finite_logits(bad):
+    tree = Tree.full(2, 1)
+    logits = torch.randn(tree.num_nodes, 8)
+    logits[1] = -float("inf") if bad == -float("inf") else logits[1]  # a row of -inf only has no argmax
+    logits[1, 3] = bad
+    with pytest.raises(ValueError, match=r"cannot decode greedily"):
+        walk(logits, Proposal(tree, torch.tensor([1, 2])), GREEDY)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Tree.chain(2.5), r"chain depth must be an integer, got 2.5"),
+    (lambda: Tree.full(2, 2.0), r"full tree depth must be an integer, got 2.0"),
+    (lambda: Tree([(0,), (0, 0.5)]), r"tree path \(0, 0.5\): a rank must be an integer"),
+    (lambda: DynamicTree("4", 2, 2), r"dynamic tree total_tokens must be an integer, got '4'"),
+    (lambda: DynamicTree(4.7, 2.9, 2.2), r"dynamic tree total_tokens must be an integer, got 4.7"),
+    (lambda: DynamicTree(4, 2, True), r"dynamic tree top_k must be an integer, got True"),
+])
+def test_tree_sizes_are_integers_never_rounded(make, message):
+    """DynamicTree(4.7, 2.9, 2.2) once became (4, 2, 2) without a word."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def alibi_models():
+    from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM
+
+    return [BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=2)).eval(),
+            FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           alibi=True)).eval()]
+
+
+def test_alibi_models_are_refused_at_the_door():
+    for model in alibi_models():
+        with pytest.raises(ValueError, match=r"uses ALiBi position biases, which treespec's tree masks do not carry"):
+            generate(model, PROMPT, drafter=PromptLookup(), tree=Tree.full(2, 2), max_new_tokens=4)
+
+
+def test_a_target_without_lm_head_or_config_is_named():
+    from transformers import LlamaConfig, LlamaModel
+
+    base = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2)).eval()
+    with pytest.raises(ValueError, match=r"target LlamaModel has no LM head .* AutoModelForCausalLM"):
+        generate(base, PROMPT, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"target must be a transformers causal LM .* got Linear"):
+        generate(torch.nn.Linear(4, 4), PROMPT, max_new_tokens=4)
+
+
+def test_a_drafter_serves_one_generation_at_a_time(target):
+    """Two threads sharing one drafter once failed inside torch (a size mismatch, KeyError: 0); the second is now
+    refused while the first decodes, and the drafter is free again afterwards."""
+    drafter = DraftModel(perturbed(target, 0.1))
+    inside, release = threading.Event(), threading.Event()
+    propose = drafter.propose
+
+    def slow_propose(*args, **kwargs):
+        inside.set()
+        release.wait(10)
+        return propose(*args, **kwargs)
+
+    drafter.propose = slow_propose
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(out=generate(target, PROMPT, drafter=drafter,
+                                                                       max_new_tokens=6)))
+    thread.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match=r"already decoding in another generate\(\) call.* one generation at a time"):
+        generate(target, PROMPT, drafter=drafter, max_new_tokens=6)
+    release.set()
+    thread.join(10)
+    expected = hf_greedy(target, PROMPT, 6)
+    assert torch.equal(first["out"].sequences, expected)
+    assert torch.equal(generate(target, PROMPT, drafter=drafter, max_new_tokens=6).sequences, expected)
 
 
 def test_tree_spec_dict_is_accepted_wherever_a_tree_is(target):
@@ -78,9 +180,12 @@ def test_tree_spec_dict_is_accepted_wherever_a_tree_is(target):
     assert torch.equal(a.sequences, b.sequences) and a.accept_lengths == b.accept_lengths
 
 
-def test_tiny_temperature_is_the_greedy_limit(target):
-    """temperature=1e-38 used to overflow logits / T to inf and emit garbage; now it is argmax decoding."""
-    out = generate(target, PROMPT, max_new_tokens=12, temperature=1e-38, generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("temperature", [1e-38, 5e-172, 5e-324])
+def test_tiny_temperature_is_the_greedy_limit(target, temperature):
+    """temperature=1e-38 used to overflow logits / T to inf and emit garbage, and one below float32's range to
+    divide by 0; now both are argmax decoding."""
+    out = generate(target, PROMPT, max_new_tokens=12, temperature=temperature,
+                   generator=torch.Generator().manual_seed(0))
     assert torch.equal(out.sequences, hf_greedy(target, PROMPT, 12))
 
 
@@ -112,78 +217,6 @@ def test_medusa_heads_follow_the_target_dtype():
     assert out.sequences.shape == (1, PROMPT.shape[1] + 6)
 
 
-# -- loading: files are named, corrupt weights refused --------------------------------------------------
-@pytest.fixture
-def medusa_folder(tmp_path):
-    target = tiny_llama(seed=0)
-    MedusaHeads(32, 64, num_heads=2, lm_head=target.get_output_embeddings()).save_pretrained(tmp_path)
-    return target, tmp_path
-
-
-def test_corrupt_medusa_weights_are_refused(medusa_folder):
-    target, folder = medusa_folder
-    path = folder / "medusa.safetensors"
-    weights = dict(__import__("safetensors.torch", fromlist=["load_file"]).load_file(path))
-    name = next(iter(weights))
-    weights[name][..., 0] = float("nan")
-    save_file(weights, path)
-    with pytest.raises(ValueError, match=rf"medusa.safetensors.*{name}.*non-finite"):
-        MedusaHeads.from_pretrained(folder, target)
-
-
-def test_truncated_weights_name_the_file(medusa_folder):
-    target, folder = medusa_folder
-    path = folder / "medusa.safetensors"
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(ValueError, match=r"medusa.safetensors cannot be read"):
-        MedusaHeads.from_pretrained(folder, target)
-
-
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.pop("num_heads"), r"missing num_heads"),
-    (lambda c: c.update(dropout=0.1), r"unknown dropout"),
-    (lambda c: c.update(hidden_size="32"), r"bad hidden_size='32' \(expected int\)"),
-])
-def test_bad_medusa_config_is_named(medusa_folder, edit, message):
-    target, folder = medusa_folder
-    path = folder / "medusa_config.json"
-    config = json.loads(path.read_text())
-    edit(config)
-    path.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=message):
-        MedusaHeads.from_pretrained(folder, target)
-
-
-def test_broken_json_names_the_file(medusa_folder):
-    target, folder = medusa_folder
-    (folder / "medusa_config.json").write_text('{"drafter": "medusa", "hidden')
-    with pytest.raises(ValueError, match=r"medusa_config.json is not valid JSON"):
-        MedusaHeads.from_pretrained(folder, target)
-
-
-def test_eagle_config_without_fields_is_named(tmp_path):
-    target = tiny_llama(seed=0)
-    EagleModel(target).save_pretrained(tmp_path)
-    (tmp_path / "eagle_config.json").write_text(json.dumps({"drafter": "eagle"}))
-    with pytest.raises(ValueError, match=r"EAGLE config in .* needs 'feature_layers'"):
-        EagleModel.from_pretrained(tmp_path, target)
-
-
-def test_model_folder_with_nan_weights_is_refused(tmp_path):
-    model = tiny_llama(seed=0)
-    with torch.no_grad():
-        model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
-    model.save_pretrained(tmp_path)
-    (tmp_path / "tokenizer_config.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"hold NaN or infinite values"):
-        load_model(tmp_path)
-
-
-def test_missing_model_folder_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no folder at .*nowhere"):
-        load_model(tmp_path / "nowhere")
-
-
 # -- fuzz: random trees, prompts and sampling settings ---------------------------------------------------
 @st.composite
 def random_trees(draw):
@@ -211,3 +244,41 @@ def test_fuzz_generate(target, tree, prompt, new, temperature, top_p, seed):
     assert int(out.sequences.min()) >= 0 and int(out.sequences.max()) < 64
     if temperature == 0:
         assert torch.equal(out.sequences, hf_greedy(target, torch.tensor([prompt]), new))
+
+
+# -- fuzz: anything at the door of generate() -------------------------------------------------------------------
+VALID = {"input_ids": PROMPT, "max_new_tokens": 4, "temperature": 0.0, "top_p": 1.0, "eos_token_id": None,
+         "tree": None, "acceptance": "rejection"}
+# what an error about each argument names
+NAMED = {"input_ids": ("input_ids", "prompt"), "max_new_tokens": ("max_new_tokens",), "temperature": ("temperature",),
+         "top_p": ("top_p",), "eos_token_id": ("eos_token_id",), "acceptance": ("acceptance",),
+         "tree": ("tree", "Tree", "spec", "depth", "width", "rank", "paths", "nodes", "total_tokens", "top_k")}
+ANYTHING = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 80), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4), st.lists(st.integers(-2, 70), max_size=4), st.sets(st.integers(0, 70), max_size=3),
+    st.lists(st.lists(st.integers(0, 63), max_size=3), max_size=3), st.lists(st.floats(0, 10), max_size=3),
+    st.builds(torch.tensor, st.lists(st.integers(0, 63), min_size=1, max_size=4)),
+    st.builds(lambda v: torch.tensor(v).float(), st.lists(st.integers(0, 63), min_size=1, max_size=4)),
+    st.fixed_dictionaries({"kind": st.sampled_from(["chain", "full", "dynamic", "paths", "auto", "bogus"]),
+                           "depth": st.one_of(st.integers(-1, 3), st.floats(0, 3), st.text(max_size=2))}),
+    st.builds(Tree.chain, st.integers(0, 3)), st.builds(DynamicTree, st.integers(1, 6), st.integers(1, 3),
+                                                         st.integers(1, 2)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argument=st.sampled_from(sorted(VALID)), value=ANYTHING, drafted=st.booleans())
+def test_fuzz_the_door_of_generate(target, argument, value, drafted):
+    """One argument replaced by anything: a ValueError that names that argument, or a well-formed result."""
+    kwargs = {**VALID, argument: value}
+    drafter = DraftModel(target) if drafted else None  # the target as its own draft: every candidate accepted
+    try:
+        out = generate(target, kwargs.pop("input_ids"), drafter=drafter, **kwargs)
+    except ValueError as err:
+        assert any(word in str(err) for word in NAMED[argument]), (argument, value, str(err))
+        return
+    prompt = out.prompt_length
+    assert out.sequences.dtype == torch.long and out.sequences.shape[0] == len(out.rows) >= 1  # a list: a batch
+    for row in out.rows:
+        assert 1 <= row.new_tokens <= kwargs["max_new_tokens"] and sum(row.accept_lengths) == row.new_tokens - 1
+    assert int(out.sequences.min()) >= 0 and int(out.sequences.max()) < 64 and prompt >= 1

@@ -162,7 +162,8 @@ def test_pickle_disguised_as_the_tensor_file_is_refused(tmp_path, forbid_unpickl
     tensor_file = tmp_path / "ckpt-4" / "state.safetensors"
     plant_pickle(tensor_file, marker)
     meta = json.loads((tmp_path / "ckpt-4" / "meta.json").read_text())
-    meta["tensors_sha1"] = checkpoint.file_digest(tensor_file)  # even with a matching digest
+    meta["tensors_sha1"] = checkpoint.file_digest(tensor_file)  # even with matching digests
+    meta["meta_sha1"] = checkpoint.meta_digest(meta)
     (tmp_path / "ckpt-4" / "meta.json").write_text(json.dumps(meta))
     forbid_unpickling()
     with pytest.warns(UserWarning, match="ckpt-4/state.safetensors"), \
@@ -190,6 +191,7 @@ def corrupt(folder: Path, how: str) -> str:
         save_file(state, tensors)
         info = json.loads(meta.read_text())
         info["tensors_sha1"] = checkpoint.file_digest(tensors)
+        info["meta_sha1"] = checkpoint.meta_digest(info)
         meta.write_text(json.dumps(info))
         return "model.out.bias"
     return (meta if "meta" in how else tensors).relative_to(folder.parent).as_posix()

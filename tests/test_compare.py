@@ -8,24 +8,20 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict
+from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict, predict_generation
 from treespec.bench import Config, measure
 from treespec.heads import DraftModel, PromptLookup, registry
 from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
 from treespec.timing import median_time
-from treespec.train.compare import (
-    DrafterSpec,
-    expand_specs,
-    run_comparison,
-    run_from_config,
-    run_job,
-)
+from treespec.train.compare import run_from_config, run_job
 from treespec.train.data import own_continuations
+from treespec.train.harness import DrafterSpec, expand_specs, run_comparison
 from treespec.train.log import RunLogger
 from treespec.train.report import rerender
 from treespec.tree import Tree
+from treespec.tree_spec import build_tree
 
 from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama
 from .wandb_files import wandb_run_contains
@@ -109,7 +105,19 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     record = next(r for r in saved["records"] if r["config"] == "eagle | chain γ=2")
     expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], after, drafters[2].draft_cost_per_depth,
                        baseline=saved["cost_curve"]["1"])
-    assert record["predicted_speedup"] == pytest.approx(expected.speedup)
+    assert record["predicted_decode_speedup"] == pytest.approx(expected.speedup)
+    # the prediction beside a measured speedup is of whole generations: the prefill at each prompt's length
+    # (interpolated on the measured prefill curve) and its generation length (6 tokens: no end tokens here), which
+    # speculation does not shorten: it pulls the prediction towards 1
+    prefill = {int(n): t for n, t in saved["prefill_curve"].items()}
+    assert set(prefill) == {10}
+    whole = predict_generation(expected, 10, 6, prefill, saved["cost_curve"]["1"])
+    assert record["predicted_speedup"] == pytest.approx(whole) and abs(whole - 1) < abs(expected.speedup - 1)
+    # every configuration's tree is saved, the best one as best_tree.json, and results.md says how to use it
+    for rec in saved["records"][1:]:
+        assert Tree.load(tmp_path / rec["tree_file"]) == build_tree(rec["tree_spec"])
+    best = next(r for r in saved["records"] if r["config"] == saved["best"])
+    assert Tree.load(tmp_path / "best_tree.json") == Tree.load(tmp_path / best["tree_file"])
     assert list(csv.DictReader(open(tmp_path / "cost_curve.csv")))[0].keys() == {"tree_tokens", "seconds",
                                                                                  "after_eagle"}
     stamp = saved["stamp"]
@@ -118,6 +126,7 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     md = (tmp_path / "results.md").read_text()
     assert "nan" not in md.lower() and "## Summary" in md and stamp["target"]["weights_sha1"][:12] in md
     assert "partial run" not in md and "| draft ms/depth | c |" in md
+    assert "## By category" in md and "| all speedup | all τ |" in md and "best_tree.json" in md
     assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
     for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
                 "compare/acceptance_heatmap"):
@@ -167,7 +176,7 @@ def test_bad_tree_spec_in_config_is_named(tmp_path):
 
 
 def test_sampled_candidates_skip_dynamic_trees():
-    from treespec.train.compare import resolve_tree
+    from treespec.train.harness import resolve_tree
 
     target = tiny_llama(seed=0)
     sampled = DrafterSpec("eagle:sample", Eagle(EagleModel(target), candidates="sample"))

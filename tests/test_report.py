@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from treespec.train import plots, report
+from treespec.train import plots, report, side_by_side
 from treespec.train.compare import run_job
 from treespec.train.stamp import collect, flatten, prompts_digest
 from treespec.train.stats import Estimate, groups_of, median_interval, tau_interval
@@ -313,9 +313,9 @@ def test_partial_results_json_renders_what_it_holds_and_says_so(rendered, tmp_pa
         e = a["configs"][rec["config"]]["speedup_est"]
         assert e.n == 3 and e.value == pytest.approx(statistics.median(rec["runs"]["speedup"]))
     # set beside the complete run, the partial one is flagged
-    side_by_side = report.compare_runs([out, tmp_path])
-    assert "| A |" in side_by_side and "| complete |" in side_by_side
-    assert "**partial: 3 of 10 prompt runs**" in side_by_side
+    both = side_by_side.compare_runs([out, tmp_path])
+    assert "| A |" in both and "| complete |" in both
+    assert "**partial: 3 of 10 prompt runs**" in both
     # a results.json whose prompt_of_run still lists every planned run: the same analysis
     other = report.analyse(truncated(result, 3, prompt_of_run_too=False))
     assert {k: c["speedup_est"] for k, c in other["configs"].items()} == \
@@ -400,3 +400,75 @@ def test_stamp_names_code_versions_device_weights_and_prompts():
     assert stamp["prompts"]["token_ids_sha1"] == prompts_digest(prompts) != prompts_digest(prompts[::-1])
     json.dumps(stamp)
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": "1", "a.c": "[1, 2]", "d": "{}"}
+
+
+# ------------------------------------------------------------------------------------------- categories
+
+def with_categories(result: dict) -> dict:
+    """The synthetic run as a workload run: prompts 0, 2, 4 are "code", 1 and 3 "chat"."""
+    result = copy.deepcopy(result)
+    result["prompt_info"] = [{"id": str(p), "category": "code" if p % 2 == 0 else "chat", "turn": 1,
+                              "prompt_tokens": 40 + 30 * p, "max_new_tokens": 16, "answer_tokens": 16}
+                             for p in range(result["settings"]["prompts"])]
+    result["settings"]["held_out"] = "the target's own continuations of 2 held-out prompts"
+    return result
+
+
+def test_category_table_holds_each_categorys_medians_and_intervals(tmp_path):
+    from treespec.train import categories
+
+    result = with_categories(synthetic_result())
+    a = report.analyse(result)
+    table = categories.category_table(result, a)
+    assert table["categories"] == ["code", "chat"] and table["prompts"] == {"code": 3, "chat": 2}
+    assert [r["name"] for r in table["rows"]] == [*PLAN, *PEERS]
+    cat_of_run = [result["prompt_info"][p]["category"] for p in result["prompt_of_run"]]
+    for row in table["rows"]:
+        runs = next(r["runs"] for r in result["records"] + result["peers"] if r.get("config", r.get("name")) ==
+                    row["config"])
+        for cat in ("code", "chat"):
+            cell = row["cells"][cat]
+            values = [v for v, c in zip(runs["speedup"], cat_of_run, strict=True) if c == cat]
+            assert cell["speedup"].value == pytest.approx(statistics.median(values))
+            assert cell["speedup"].lo <= cell["speedup"].value <= cell["speedup"].hi and cell["prompts"] == \
+                table["prompts"][cat]
+            if row["kind"] == "drafter":
+                lengths = [n for run, c in zip(runs["accept_lengths"], cat_of_run, strict=True) if c == cat
+                           for n in run]
+                assert cell["tau"].value == pytest.approx(sum(lengths) / len(lengths))
+            else:
+                assert "tau" not in cell
+    # each drafter's best configuration within each category is the one with the highest category median
+    best = categories.best_per_category(result, a)
+    for drafter, at in best.items():
+        for cat, pick in at.items():
+            medians = {c["config"]: statistics.median(v for v, k in zip(c["runs"]["speedup"], cat_of_run, strict=True)
+                                                      if k == cat)
+                       for c in result["records"] if c["drafter"] == drafter}
+            assert pick["config"] == max(medians, key=medians.get)
+    # acceptance by position and by context: every pass counted once, the bins' τ averaging to the overall τ
+    for drafter, by in categories.acceptance_by_position(result, a).items():
+        c = a["bests"][drafter]
+        passes = [n for run in c["runs"]["accept_lengths"] for n in run]
+        for what in ("position", "context"):
+            assert sum(b["passes"] for b in by[what]) == len(passes)
+            assert sum(b["tau"] * b["passes"] for b in by[what]) == pytest.approx(sum(passes))
+            assert all(b["lo"] & (b["lo"] - 1) == 0 for b in by[what])  # powers of two
+    rows = categories.category_rows(result, a)
+    assert {r["category"] for r in rows} == {"code", "chat", "overall"} and len(rows) == 3 * len(table["rows"])
+    report.write_outputs(result, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert "| code speedup | code τ | chat speedup | chat τ | overall speedup (95% CI) | overall τ |" in md
+    assert "Prompts per category: code: 3, chat: 2" in md and "held-out prompts" in md
+    assert "nan" not in (tmp_path / "by_category.csv").read_text().lower()
+
+
+def test_a_run_from_before_categories_says_so():
+    from treespec.train import categories
+
+    result = synthetic_result()
+    a = report.analyse(result)
+    assert categories.category_table(result, a) is None and categories.best_per_category(result, a) is None
+    assert categories.category_rows(result, a) == []
+    assert "predates workload categories" in report.markdown(result, a)
+    assert all(by["context"] == [] for by in categories.acceptance_by_position(result, a).values())

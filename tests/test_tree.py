@@ -1,6 +1,8 @@
-"""treespec.tree.Tree: constructors, topology invariants (hypothesis over random trees), bad input."""
+"""treespec.tree.Tree: constructors, topology invariants (hypothesis over random trees), bad input, files."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -125,3 +127,36 @@ def test_bad_shapes_raise(make):
 def test_levels_group_nodes_by_depth():
     tree = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
     assert tree.levels == [[0], [1, 2], [3, 4], [5]]
+
+
+def test_save_and_load_round_trip(tmp_path):
+    from treespec.dynamic_tree import DynamicTree
+
+    tree = Tree.from_paths(MEDUSA_LIKE)
+    path = tree.save(tmp_path / "t" / "best_tree.json", drafter="eagle", speedup=1.5)
+    assert Tree.load(path) == tree
+    assert json.loads(path.read_text())["about"] == {"drafter": "eagle", "speedup": 1.5}
+    assert Tree.load(Tree.chain(0).save(tmp_path / "empty.json")) == Tree.chain(0)  # auto's "no speculation"
+    from treespec.tree_spec import load_tree, save_tree
+
+    # a dynamic tree's settings come back as the spec dict generate() takes (tree_spec.load_tree builds it)
+    path = save_tree(DynamicTree(16, 5, 4), tmp_path / "dynamic.json", drafter="eagle")
+    assert Tree.load(path) == {"kind": "dynamic", "total_tokens": 16, "depth": 5, "top_k": 4}
+    loaded = load_tree(path)
+    assert isinstance(loaded, DynamicTree) and (loaded.total_tokens, loaded.depth, loaded.top_k) == (16, 5, 4)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"kind": "accuracy", "nodes": 4}', r"still needs a drafter's accuracies"),
+    ('{"kind": "paths", "paths": [[0, 1]]}', r"tree file .*has no parent"),
+    ("[1, 2]", r"not a tree spec"),
+    ('{"kind": "paths"', r"not valid JSON"),
+    ('{"kind": "dynamic", "total_tokens": 4}', r"tree file .*lacks depth, top_k"),
+])
+def test_bad_tree_files_are_named(tmp_path, content, message):
+    from treespec.tree_spec import load_tree
+
+    path = tmp_path / "tree.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_tree(path)

@@ -60,3 +60,38 @@ def test_auto_uses_the_chooser():
     tree = build_tree({"kind": "auto", "max_nodes": 2}, accuracy=acc,
                       choose=lambda a, n: chosen.append((a, n)) or Tree.chain(n))
     assert tree == Tree.chain(2) and chosen == [(acc, 2)]
+
+
+def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
+    """A trained drafter's folder holds its accuracies and the device's cost curve: generate() grows both kinds."""
+    import torch
+
+    from treespec import generate
+    from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
+    from treespec.heads import load, registry
+    from treespec.heads.accuracy import write_accuracy
+    from treespec.heads.eagle import EagleModel
+
+    from .tiny_models import tiny_llama
+
+    target = tiny_llama(seed=0)
+    torch.manual_seed(0)
+    EagleModel(target).eval().save_pretrained(tmp_path)
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2], [0.4]]
+    write_accuracy(tmp_path, acc)
+    prompt = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    vanilla = generate(target, prompt, max_new_tokens=8)
+    drafter = load(tmp_path, target)
+    assert drafter.accuracy == acc and drafter.tree_chooser is None
+    out = generate(target, prompt, drafter=drafter, tree={"kind": "accuracy", "nodes": 4}, max_new_tokens=8)
+    assert torch.equal(out.sequences, vanilla.sequences)
+    with pytest.raises(ValueError, match=r"needs this device's cost curve.*save_cost_curve"):
+        generate(target, prompt, drafter=drafter, tree={"kind": "auto"}, max_new_tokens=8)
+    save_cost_curve(tmp_path, measure_cost_curve(target, (1, 2, 4, 8), past_len=8, repeats=2))
+    for drafter in (load(tmp_path, target), registry.build("eagle", target, str(tmp_path))):
+        assert drafter.tree_chooser is not None
+        out = generate(target, prompt, drafter=drafter, tree={"kind": "auto", "max_nodes": 6}, max_new_tokens=8)
+        assert torch.equal(out.sequences, vanilla.sequences)
+    # a flat curve (verifying more tokens is free) makes auto take every node it may
+    drafter.tree_chooser = auto_chooser({1: 1.0, 8: 1.0})
+    assert len(build_tree({"kind": "auto", "max_nodes": 6}, drafter=drafter)) == 6

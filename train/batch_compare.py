@@ -42,9 +42,15 @@ def prompt_batches(prompts: list[torch.Tensor], size: int, count: int) -> list[l
     return [[prompts[(i * size + j) % len(prompts)][0] for j in range(size)] for i in range(count)]
 
 
-def batched_peer(target, pad_token_id: int = 0):
-    """A bench.Config runner for transformers' batched ``generate`` on the same left-padded batch, every row
-    generating the whole budget (as treespec's rows do without an eos)."""
+def batched_peer(target, pad_token_id: int = 0, eos_token_id=None):
+    """A bench.Config runner for transformers' batched ``generate`` on the same left-padded batch. With
+    ``eos_token_id`` each row stops where treespec's does (its end tokens; a row's tokens counted up to its
+    first); without, every row generates the whole budget."""
+    ends = set(eos_token_id or ())
+    stop = {"eos_token_id": list(ends)} if ends else {"eos_token_id": None}
+
+    def generated(row: list[int]) -> int:
+        return next((i + 1 for i, token in enumerate(row) if token in ends), len(row))
 
     def run(batch, max_new_tokens, temperature, top_p, generator):
         ids, mask = left_padded(batch, pad_token_id)
@@ -53,10 +59,12 @@ def batched_peer(target, pad_token_id: int = 0):
             {"do_sample": False}
         torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
         t0 = time.perf_counter()
-        seq = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                              pad_token_id=pad_token_id, eos_token_id=None, **sampling)
+        budget = {} if ends else {"min_new_tokens": max_new_tokens}
+        seq = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                              **budget, **stop, **sampling)
         wall = time.perf_counter() - t0
-        rows = [RowResult(len(row), seq.shape[1] - ids.shape[1]) for row in batch]
+        rows = [RowResult(len(row), generated(new)) for row, new in zip(batch, seq[:, ids.shape[1]:].tolist(),
+                                                                         strict=True)]
         return GenerationResult(sequences=seq, prompt_length=ids.shape[1], wall_time=wall, rows=rows)
 
     return run
@@ -84,8 +92,8 @@ def _finite(x):
 
 def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], prompts: list[torch.Tensor], *,
                     resolve: Callable, batch_sizes, batches: int, max_new_tokens: int, temperature: float = 0.0,
-                    top_p: float = 1.0, cost_sizes=(1, 2, 4, 8, 16, 32), pad_token_id: int = 0, seed: int = 0,
-                    log=print) -> dict:
+                    top_p: float = 1.0, eos_token_id=None, cost_sizes=(1, 2, 4, 8, 16, 32), past_len: int = 256,
+                    pad_token_id: int = 0, seed: int = 0, log=print) -> dict:
     """Measure every drafter × tree at every batch size (module docstring) → results.json's "batch" section:
     {batch_sizes, batches, cost_curves {B: {N: s}}, draft_costs {drafter: {B: [fixed, per depth]}}, records}.
 
@@ -96,10 +104,10 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
            "cost_curves": {}, "draft_costs": {}, "records": [], "skipped": []}
     for size in batch_sizes:
         log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
-        curve = measure_cost_curve(target, cost_sizes, batch=size, repeats=5)
+        curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
         out["cost_curves"][str(size)] = curve
         baseline = cost_at(curve, 1)  # a vanilla step at this batch size
-        target_step = forward_step(target, 1, batch=size)
+        target_step = forward_step(target, 1, past_len, batch=size)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
         for d in drafters:
             fixed, per_depth = drafting_costs(d.drafter, target_step, size)
@@ -116,10 +124,10 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
                     if d.accuracy is not None and isinstance(tree, Tree) else None
                 meta[name] = {"drafter": d.name, "tree": label, "nodes": len(tree),
                               "predicted_speedup": pred.speedup if pred else None}
-        configs.append(Config(TRANSFORMERS, run=batched_peer(target, pad_token_id)))
+        configs.append(Config(TRANSFORMERS, run=batched_peer(target, pad_token_id, eos_token_id)))
         meta[TRANSFORMERS] = {"drafter": "transformers", "tree": "vanilla", "nodes": 0, "predicted_speedup": None}
         rows = measure(target, configs, prompt_batches(prompts, size, batches), max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_p=top_p, seed=seed,
+                       temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
                        progress=lambda name, i, size=size: log(f"  [B={size}, batch {i + 1}/{batches}] {name}"))
         peer = next(r for r in rows if r.name == TRANSFORMERS).prompt_tokens_per_s
         for row in rows:

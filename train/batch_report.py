@@ -8,19 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plots import level_text, missing, plot_batch_sizes
+from .plots import level_text, plot_batch_sizes
 from .stats import Estimate, groups_of, median_interval, tau_interval
+from .tables import DASH, md_table, with_interval
 
-DASH = "–"
 PEER = "transformers batched"
-
-
-def _fmt(e: Estimate | None, fmt: str = ".2f", suffix: str = "") -> str:
-    if e is None or missing(e.value):
-        return DASH
-    if not e.has_interval:
-        return f"{e.value:{fmt}}{suffix}"
-    return f"{e.value:{fmt}}{suffix} ({e.lo:{fmt}}–{e.hi:{fmt}})"
 
 
 def analyse_batches(section: dict, bootstrap: dict) -> dict:
@@ -76,21 +68,21 @@ def batch_table(b: dict) -> tuple[list[str], list[list]]:
             if name in by_name:
                 c = by_name[name]
                 rows.append([size, "vanilla (treespec)" if name == "vanilla" else name, DASH, DASH,
-                             _fmt(c["tokens_est"], ".1f"), _fmt(c["speedup_est"], suffix="×"),
-                             _fmt(c["peer_est"], suffix="×") if name == "vanilla" else DASH, DASH, DASH])
+                             with_interval(c["tokens_est"], ".1f"), with_interval(c["speedup_est"], suffix="×"),
+                             with_interval(c["peer_est"], suffix="×") if name == "vanilla" else DASH, DASH, DASH])
         for drafter, by_size in b["bests"].items():
             if size not in by_size:
                 continue
             c = by_size[size]
             auto = b["auto"].get(drafter, {}).get(size)
-            rows.append([size, drafter, c["tree"], _fmt(c["tau_est"]), _fmt(c["tokens_est"], ".1f"),
-                         _fmt(c["speedup_est"], suffix="×"), _fmt(c["peer_est"], suffix="×"),
+            rows.append([size, drafter, c["tree"], with_interval(c["tau_est"]), with_interval(c["tokens_est"], ".1f"),
+                         with_interval(c["speedup_est"], suffix="×"), with_interval(c["peer_est"], suffix="×"),
                          DASH if auto is None else (auto["nodes"] or "0 (vanilla)"),
-                         DASH if auto is None else _fmt(auto["speedup_est"], suffix="×")])
+                         DASH if auto is None else with_interval(auto["speedup_est"], suffix="×")])
     return header, rows
 
 
-def batch_markdown(section: dict, b: dict, md_table) -> list[str]:
+def batch_markdown(section: dict, b: dict) -> list[str]:
     """results.md's section (and batch.md's body): the table, how to read it, where speculation stops paying."""
     lines = ["## Batch sizes", ""] + md_table(*batch_table(b))
     lines += ["", f"{section['batches']} batches of B held-out prompts per batch size, {section['max_new_tokens']} "
@@ -134,14 +126,14 @@ def speedup_lines(b: dict) -> dict[str, list[dict]]:
     return lines
 
 
-def render_batches(result: dict, a: dict, out_dir: Path, text: str, md_table, write_csv, figures: bool = True) -> str:
+def render_batches(result: dict, a: dict, out_dir: Path, text: str, write_csv, figures: bool = True) -> str:
     """batch.md, batch.csv and speedup_vs_batch.png when results.json has a "batch" section; returns results.md's
     ``text`` with the batch section before the full grid (and the figure listed), else ``text`` as it is."""
     section = result.get("batch")
     if not (section and section.get("records")):
         return text
     b = analyse_batches(section, a["bootstrap"])
-    lines = batch_markdown(section, b, md_table)
+    lines = batch_markdown(section, b)
     (out_dir / "batch.md").write_text("# Speculation across batch sizes\n\n" + "\n".join(lines[2:]) + "\n")
     write_csv(out_dir / "batch.csv", batch_csv(b))
     text = text.replace("\n## All configurations", "\n" + "\n".join(lines) + "\n\n## All configurations", 1)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,17 @@ def resolve_template(tokenizer, template: str | None) -> str:
     return own
 
 
+def warn_split_markers(tokenizer, markers) -> None:
+    """Warn when a named template's markers are not tokens of ``tokenizer``: each is then split into ordinary
+    tokens (``<|im_start|>`` into six or so), which lengthens every row and trains on marker pieces."""
+    vocab = tokenizer.get_vocab()
+    missing = [m for m in markers if m not in vocab]
+    if missing:
+        warnings.warn(f"data.chat.template=chatml, but the tokenizer has no {', '.join(missing)} token(s): they are "
+                      "split into ordinary tokens; use the tokenizer's own chat template (data.chat.template=null) "
+                      "or add them as special tokens", stacklevel=3)
+
+
 class ChatRenderer:
     """Renders conversations with one chat template and finds the assistant spans (module docstring)."""
 
@@ -84,6 +96,8 @@ class ChatRenderer:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("chat data needs a fast (Rust) tokenizer for character offsets")
         self.tokenizer, self.template = tokenizer, resolve_template(tokenizer, template)
+        if template == "chatml":
+            warn_split_markers(tokenizer, ("<|im_start|>", "<|im_end|>"))
         self.reasoning, self.tags = reasoning, tuple(reasoning_tags or ())
         user = [{"role": "user", "content": "Hi"}]
         try:

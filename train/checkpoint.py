@@ -5,9 +5,15 @@ Checkpoints hold no pickle (loading one never runs code). A run directory holds:
 
     latest.json              {"format", "checkpoints": ["ckpt-200", "ckpt-100"]}, newest first
     ckpt-200/state.safetensors   model.<param>, optimizer.state.<i>.<key>, rng.cpu (uint8), rng.cuda.<i>
-    ckpt-200/meta.json           step, tokens_seen, wall_time, fingerprint, optimizer param groups,
-                                 tensors_sha1 (the sha1 of state.safetensors)
+    ckpt-200/meta.json           step, tokens_seen, wall_time, fingerprint, settings, optimizer param groups,
+                                 tensors_sha1 (the sha1 of state.safetensors), meta_sha1 (of the rest)
     ckpt-100/...                 the previous checkpoint, the fallback when the newest is unreadable
+
+What a resume checks: the fingerprint (architecture, data settings, batch shape, seed: anything that would make
+the run another run) must equal the current one, or the resume is refused naming each differing setting; the
+meta's own sha1 and the tensors' sha1 must hold (an edited step or a corrupt file falls back to the previous
+checkpoint, naming it); ``settings`` (learning rate and schedule, total steps) may change, and the training
+loop says which did.
 
 A folder is written under a temporary name and renamed whole before ``latest.json`` is replaced,
 so a crash at any point leaves a consistent pair of checkpoints. The format is the same whatever the
@@ -16,6 +22,7 @@ distribution strategy (an FSDP run's checkpoint holds whole tensors; train/distr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -43,10 +50,29 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _flat(settings: dict, prefix: str = "") -> dict:
+    """Nested dicts as one dict with dotted keys ({"data": {"corpus": {"max_files": 5}}} → {"data.corpus.max_files":
+    5}), so a difference names the setting, not the whole section."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def fingerprint_diff(saved: dict, now: dict) -> dict:
-    """{field: (saved value, current value)} for every field that differs (absent fields read as None)."""
-    saved, now = _jsonable(saved or {}), _jsonable(now or {})
+    """{setting: (saved value, current value)} for every setting that differs, nested ones by their dotted path
+    (absent settings read as None)."""
+    saved, now = _flat(_jsonable(saved or {})), _flat(_jsonable(now or {}))
     return {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+
+
+def meta_digest(meta: dict) -> str:
+    """sha1 of a checkpoint's metadata without its ``meta_sha1``: an edited field (the step) is detected."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha1"}
+    return hashlib.sha1(json.dumps(_jsonable(body), sort_keys=True).encode()).hexdigest()
 
 
 def _cpu_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -69,14 +95,15 @@ def _is_checkpoint_name(name) -> bool:
 def save_checkpoint(
     run_dir: str | os.PathLike, *, step: int, model: dict[str, torch.Tensor], optimizer: dict,
     rng: dict[str, torch.Tensor], fingerprint: dict, tokens_seen: int = 0, wall_time: float = 0.0,
-    keep: list[str] | tuple[str, ...] = (),
+    keep: list[str] | tuple[str, ...] = (), settings: dict | None = None,
 ) -> Path:
     """Write ``<run_dir>/ckpt-<step>/`` and then point ``<run_dir>/latest.json`` at it.
 
     The folder holds ``state.safetensors`` (tensors named ``model.<param>``, ``optimizer.state.<i>.<key>``,
-    ``rng.<device>``) and ``meta.json`` (step, counters, fingerprint, the optimizer's param groups and
-    non-tensor state, the sha1 of the tensor file). It is written under a temporary name and renamed
-    whole, so a crash at any moment leaves the previous ``latest.json`` valid. ``latest.json`` lists the
+    ``rng.<device>``) and ``meta.json`` (step, counters, fingerprint, ``settings`` a resume may change, the
+    optimizer's param groups and non-tensor state, the sha1 of the tensor file, the sha1 of the rest). It is
+    written under a temporary name and renamed whole, so a crash at any moment leaves the previous
+    ``latest.json`` valid. ``latest.json`` lists the
     new folder, then the folders in ``keep`` (the previous checkpoint); every other ``ckpt-*`` folder is
     then deleted. ``optimizer`` is a ``torch.optim.Optimizer.state_dict()``."""
     run_dir = Path(run_dir)
@@ -96,10 +123,11 @@ def save_checkpoint(
         tensor_file = atomic_write(tmp / TENSORS, lambda p: save_file(_cpu_tensors(tensors), str(p)))
         meta = {
             "format": FORMAT, "step": step, "tokens_seen": tokens_seen, "wall_time": wall_time,
-            "fingerprint": _jsonable(fingerprint),
+            "fingerprint": _jsonable(fingerprint), "settings": _jsonable(settings or {}),
             "optimizer": {"param_groups": optimizer["param_groups"], "state": extra_state},
             "tensors_sha1": file_digest(tensor_file),
         }
+        meta["meta_sha1"] = meta_digest(meta)
         atomic_write_json(tmp / META, meta, indent=1, default=str)
         final = run_dir / name
         if final.exists():
@@ -123,7 +151,7 @@ def checkpoint_folders(run_dir: str | os.PathLike) -> list[Path]:
     pointer = run_dir / LATEST
     if pointer.is_file():
         try:
-            names = read_json(pointer, "checkpoint pointer")["checkpoints"]
+            names = read_json(pointer, "checkpoint pointer", dict)["checkpoints"]
             if not isinstance(names, list) or not all(map(_is_checkpoint_name, names)):
                 raise ValueError(f"checkpoint pointer {pointer} does not list ckpt-<step> folders: {names!r}")
             return [run_dir / n for n in names]
@@ -134,20 +162,32 @@ def checkpoint_folders(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def read_checkpoint(folder: str | os.PathLike, fingerprint: dict) -> dict:
-    """One checkpoint folder as {"step", "tokens_seen", "wall_time", "model", "optimizer", "rng", "path"}.
+    """One checkpoint folder as {"step", "tokens_seen", "wall_time", "settings", "model", "optimizer", "rng",
+    "path"}.
 
     The fingerprint is compared before any tensor is read: a difference raises ``CheckpointMismatch``
-    naming the differing fields. A missing, truncated or corrupt file raises ValueError naming it."""
+    naming the differing settings. A missing, truncated, corrupt or edited file (metadata that no longer
+    matches its sha1) raises ValueError naming it. A fingerprint section the checkpoint predates (written
+    before treespec recorded it) cannot be compared: a warning says so."""
     folder = Path(folder)
     meta_path, tensor_path = folder / META, folder / TENSORS
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint {folder} is listed in {folder.parent / LATEST} but does not exist (deleted?)")
     try:
-        meta = read_json(meta_path, "checkpoint metadata")
+        meta = read_json(meta_path, "checkpoint metadata", dict)
     except FileNotFoundError as err:
         raise ValueError(str(err)) from None
+    if "meta_sha1" in meta and meta["meta_sha1"] != meta_digest(meta):  # older checkpoints have none
+        raise ValueError(f"checkpoint metadata {meta_path} does not match the meta_sha1 it was written with: edited "
+                         "(its step, counters or fingerprint) or corrupt")
     try:
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        diff = fingerprint_diff(meta["fingerprint"], fingerprint)
+        predates = sorted(set(fingerprint) - set(meta["fingerprint"]))
+        if predates:
+            warnings.warn(f"checkpoint {meta_path} predates treespec recording {', '.join(predates)} in its "
+                          "fingerprint: those settings cannot be compared on this resume", stacklevel=3)
+        diff = fingerprint_diff(meta["fingerprint"], {k: v for k, v in fingerprint.items() if k not in predates})
         step, tokens_seen, wall_time = int(meta["step"]), int(meta["tokens_seen"]), float(meta["wall_time"])
         groups, extra_state = meta["optimizer"]["param_groups"], meta["optimizer"]["state"]
         digest = meta["tensors_sha1"]
@@ -156,8 +196,10 @@ def read_checkpoint(folder: str | os.PathLike, fingerprint: dict) -> dict:
     if diff:
         fields = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointMismatch(
-            f"checkpoint {meta_path} was written for a different configuration: {', '.join(diff)} differ "
-            f"({fields})"
+            f"checkpoint {meta_path} was written for a different configuration: {', '.join(diff)} "
+            f"{'differs' if len(diff) == 1 else 'differ'} "
+            f"({fields}); resume=true continues that run: set these back, or train afresh (resume=false or "
+            "another run_dir)"
         )
     if not tensor_path.is_file():
         raise ValueError(f"checkpoint tensors {tensor_path} do not exist")
@@ -178,7 +220,8 @@ def read_checkpoint(folder: str | os.PathLike, fingerprint: dict) -> dict:
             state.setdefault(int(pid), {})[name] = t
         else:
             raise ValueError(f"checkpoint tensors {tensor_path}: unexpected tensor {key!r}")
-    return {"step": step, "tokens_seen": tokens_seen, "wall_time": wall_time, "model": model,
+    return {"step": step, "tokens_seen": tokens_seen, "wall_time": wall_time, "settings": meta.get("settings", {}),
+            "model": model,
             "optimizer": {"state": state, "param_groups": groups}, "rng": rng, "path": folder}
 
 

@@ -264,7 +264,7 @@ class FeatureStore:
         if not index_path.is_file():
             raise ValueError(f"{index_path} does not exist: {self.folder} is not a finished features folder "
                              "(run scripts/prepare_features.py with the same overrides; it resumes where it stopped)")
-        self.index = read_json(index_path, "features index")
+        self.index = read_json(index_path, "features index", dict)
         if self.index.get("format") != FORMAT:
             raise ValueError(f"{index_path}: format {self.index.get('format')!r}, expected {FORMAT!r}")
         self.layers = list(self.index["layers"])

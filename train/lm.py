@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from . import distributed
+from . import config_checks, distributed
 from .data import TokenBatches, eval_windows, prepare_tokens
 from .distributed import record
 from .log import RunLogger
@@ -71,10 +71,12 @@ def fingerprint(model) -> dict:
 
 def check_config(cfg) -> None:
     """What can be wrong in the config, raised before any data is tokenised or model built."""
+    config_checks.check_job(cfg)
+    config_checks.check_model(cfg.model)
+    config_checks.check_export_dtype(cfg.export_dtype)
     if cfg.trainer.seq_len > cfg.model.max_position_embeddings:
         raise ValueError(f"trainer.seq_len={cfg.trainer.seq_len} exceeds model.max_position_embeddings="
                          f"{cfg.model.max_position_embeddings}")
-    distributed.check_trainer(cfg.trainer)
 
 
 @record
@@ -115,7 +117,8 @@ def _run(cfg, ctx) -> dict:
     result = train(
         model, lambda batch: lm_loss(forward, batch), batches.batch,
         total_steps=total_steps, optim=OptimConfig(**cfg.optim), run_dir=cfg.run_dir,
-        fingerprint={**fingerprint(model), "seq_len": t.seq_len, "batch_size": t.batch_size, "seed": cfg.seed},
+        fingerprint={**fingerprint(model), "seq_len": t.seq_len, "batch_size": t.batch_size, "seed": cfg.seed,
+                     "data": {"corpus": corpus_cfg, "vocab_size": cfg.data.vocab_size}},  # other data: no resume
         evaluate=lambda: evaluate_lm(forward, val), eval_every=t.eval_every, ckpt_every=t.ckpt_every,
         log_every=t.log_every, resume=cfg.resume, logger=logger, progress=t.progress,
         stop_after=t.stop_after, precision=t.precision, grad_accum=t.get("grad_accum", 1), seed=cfg.seed, dist=ctx,

@@ -1,8 +1,8 @@
 """Run logging: a local JSONL file always, wandb when asked (offline when no credentials are set).
 
 The local file means a run can be read without wandb: every ``log`` call appends one JSON line
-``{"step": ..., "metrics": {...}}`` to ``<run_dir>/metrics.jsonl``; ``summary`` writes
-``<run_dir>/summary.json``.
+``{"step": ..., "metrics": {...}}`` to ``<run_dir>/metrics.jsonl`` (``histogram`` and ``table`` lines carry
+``"histogram"`` / ``"table"`` instead of ``"metrics"``); ``summary`` writes ``<run_dir>/summary.json``.
 
 wandb never blocks or ends a run: ``wandb.init`` runs with a bounded timeout in a helper thread; when
 it fails or times out the logger retries in offline mode, then goes on without wandb, printing a
@@ -143,6 +143,17 @@ class RunLogger:
             import wandb
 
             self._wandb_call(lambda run: run.log({name: wandb.Histogram(values)}, step=step))
+
+    def table(self, name: str, columns: list[str], rows: list[list], step: int | None = None) -> None:
+        """A table: one metrics.jsonl line ``{"step", "table": {name: {"columns", "data"}}}``, and a wandb.Table
+        (which an offline run also keeps as JSON: ``wandb/*run-*/files/media/table/<name>_<step>_*.table.json``)."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "table": {name: {"columns": columns, "data": rows}}}, default=float)
+                    + "\n")
+        if self.wandb is not None:
+            import wandb
+
+            self._wandb_call(lambda run: run.log({name: wandb.Table(columns=columns, data=rows)}, step=step))
 
     def summary(self, metrics: dict) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=float))

@@ -18,16 +18,26 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import clear_checkpoints, load_latest_checkpoint, restore, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    clear_checkpoints,
+    fingerprint_diff,
+    load_latest_checkpoint,
+    restore,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .data import batch_rows, batch_size_of, batch_to, batch_tokens
 from .distributed import Context
+
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -47,6 +57,17 @@ def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def changed_settings(saved: dict, now: dict, step: int) -> list[str]:
+    """What a resume announces: each optimiser setting or step count that differs from the checkpoint's. They are
+    allowed (the schedule is a pure function of the step, so it continues from ``step`` with the new values)."""
+    lines = [f"resume: {k} was {a!r} in the checkpoint, now {b!r} (the schedule continues from step {step} with "
+             "the new value)" for k, (a, b) in fingerprint_diff(saved, now).items() if a is not None]
+    if now["total_steps"] <= step:
+        lines.append(f"resume: the checkpoint is at step {step}, total steps are {now['total_steps']}: nothing left "
+                     "to train")
+    return lines
 
 
 def make_optimizer(params, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -98,6 +119,7 @@ def train(
     grad_accum: int = 1,
     seed: int | None = None,
     dist: Context | None = None,
+    after_eval: Callable[[int, dict], None] | None = None,
 ) -> TrainResult:
     """Optimise the trainable parameters of ``module`` for ``total_steps`` steps.
 
@@ -109,13 +131,24 @@ def train(
     do not depend on the number of ranks. ``stop_after`` ends the run early after that many steps (as an
     interruption would), leaving a checkpoint to resume from. ``precision="bf16"`` runs forward passes under
     CPU/GPU autocast. Only rank 0 logs, shows progress and writes checkpoints.
+
+    ``evaluate()`` runs every ``eval_every`` steps and at the last step; its metrics are logged as ``val/<key>``,
+    keys that already name their group (``eval/expected_tau_chain``) as they are. ``after_eval(step, metrics)``
+    runs on rank 0 after they are logged (a plot of them).
     """
     ctx = dist or Context()
     if ctx.distributed and seed is None:
         raise ValueError("distributed training needs a seed (random draws are reseeded per micro-batch)")
     if not (isinstance(grad_accum, int) and grad_accum >= 1):
         raise ValueError(f"grad_accum must be an integer >= 1, got {grad_accum!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    for name, value in (("total_steps", total_steps), ("ckpt_every", ckpt_every), ("eval_every", eval_every),
+                        ("log_every", log_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     run_dir = Path(run_dir)
+    settings = {"optim": {**asdict(optim), "betas": list(optim.betas)}, "total_steps": total_steps}  # may change
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     wrapped = distributed.wrap(module, loss_fn, ctx)
     opt = make_optimizer(module.parameters(), optim)  # after wrapping: FSDP replaces parameters by DTensors
@@ -133,6 +166,8 @@ def train(
             step, tokens_seen, elapsed = ckpt["step"], ckpt["tokens_seen"], ckpt["wall_time"]
             previous = [ckpt["path"].name]
             say(f"resuming from {ckpt['path']} at step {step}")
+            for line in changed_settings(ckpt["settings"], settings, step):
+                say(line)
         else:
             say(f"resume=true but no checkpoint in {run_dir}: starting from step 0")
         if logger is not None and hasattr(logger, "truncate"):
@@ -146,7 +181,7 @@ def train(
         if ctx.is_main:
             folder = save_checkpoint(
                 run_dir, step=step, model=state, optimizer=optimizer_state, rng=rng_state(),
-                fingerprint=fingerprint, tokens_seen=tokens_seen, wall_time=elapsed, keep=previous,
+                fingerprint=fingerprint, tokens_seen=tokens_seen, wall_time=elapsed, keep=previous, settings=settings,
             )
             previous[:] = [folder.name]
 
@@ -211,7 +246,9 @@ def train(
                 if ctx.is_main:
                     bar.write(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
                 if logger is not None:
-                    logger.log({f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
+                    logger.log({k if "/" in k else f"val/{k}": v for k, v in eval_metrics.items()}, step=step)
+                if after_eval is not None and ctx.is_main:
+                    after_eval(step, eval_metrics)
             if step % ckpt_every == 0 or step == end:
                 write_checkpoint()
     finally:

@@ -1,9 +1,10 @@
 """The comparison's figures (train/report.py renders them with the tables): speedup and τ against tree size
 per drafter with bootstrap bands, predictions and reference lines; acceptance-length histograms of each
-drafter's best configuration; the measured acceptance heat map by depth × sibling rank. Everything is drawn
-from results.json's contents and report.analyse's analysis; the figure data (``frontier``, ``reference_lines``,
-``accept_length_distributions``, ``acceptance_grids``) is kept apart from the drawing so it can be tested.
-report.py imports this module (never the reverse), so the few helpers both need live here.
+drafter's best configuration; the measured acceptance heat map by depth × sibling rank; per-category speedup
+with intervals and τ by context length and by position in the generation (data: train/categories.py).
+Everything is drawn from results.json's contents and report.analyse's analysis; the figure data
+(``frontier``, ``reference_lines``, ``accept_length_distributions``, ``acceptance_grids``) is kept apart from
+the drawing so it can be tested. report.py imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-FIGURES = ("speedup_vs_nodes.png", "tau_vs_nodes.png", "accept_length_hist.png", "acceptance_heatmap.png")
+from .categories import acceptance_by_position, category_table
+from .tables import missing
+
+FIGURES = ("speedup_vs_nodes.png", "tau_vs_nodes.png", "accept_length_hist.png", "acceptance_heatmap.png",
+           "speedup_by_category.png", "acceptance_by_position.png")
 
 
 # ---------------------------------------------------------------------------- shared with the tables (report.py)
-
-def missing(x) -> bool:
-    """Whether a value does not apply: None, NaN or infinite."""
-    return x is None or (isinstance(x, float) and not math.isfinite(x))
-
 
 def level_text(a: dict) -> str:
     """The intervals' level as printed: "95%"."""
@@ -249,7 +249,57 @@ def plot(result: dict, a: dict, out_dir: Path) -> list[Path]:
     fig.savefig(out_dir / "acceptance_heatmap.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     written.append(out_dir / "acceptance_heatmap.png")
+    written += plot_categories(result, a, out_dir, plt, colour)
     return written
+
+
+def plot_categories(result: dict, a: dict, out_dir: Path, plt, colour: dict) -> list[Path]:
+    """speedup_by_category.png (bars per drafter and peer, intervals as error bars) and
+    acceptance_by_position.png (τ by context length and by position in the generation)."""
+    table = category_table(result, a)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(table["categories"]) + 3) if table else 6.0, 4.4))
+    if table and table["rows"]:
+        cats, rows = table["categories"], table["rows"]
+        width = 0.8 / len(rows)
+        for j, row in enumerate(rows):
+            ests = [row["cells"][c]["speedup"] for c in cats]
+            xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(cats))]
+            values = [e.value for e in ests]
+            err = [[e.value - e.lo if e.has_interval else 0 for e in ests],
+                   [e.hi - e.value if e.has_interval else 0 for e in ests]]
+            ax.bar(xs, values, width, yerr=err, capsize=2, label=f"{row['name']} ({row['tree']})"
+                   if row["kind"] == "drafter" else row["name"], color=colour.get(row["name"], None),
+                   alpha=1.0 if row["kind"] == "drafter" else 0.45)
+        ax.axhline(1.0, color="black", lw=0.9)
+        ax.set_xticks(range(len(cats)), [f"{c}\n({table['prompts'][c]} prompts)" for c in cats], fontsize=8)
+        ax.set_ylabel("speedup over vanilla decoding (×)")
+        ax.legend(fontsize=7, frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no categories in this run", ha="center", va="center")
+        ax.set_axis_off()
+    ax.set_title(f"Speedup by category: each drafter's best configuration\n{_subtitle(result, a)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup_by_category.png", dpi=120)
+    plt.close(fig)
+
+    by = acceptance_by_position(result, a)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, what, label in ((axes[0], "context", "context before the pass (prompt + generated tokens)"),
+                            (axes[1], "position", "tokens generated before the pass")):
+        for d, bins in by.items():
+            pts = bins[what]
+            if pts:
+                ax.plot([p["lo"] for p in pts], [p["tau"] for p in pts], "o-", color=colour.get(d, "grey"), label=d)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"{label}, power-of-two bins", fontsize=8)
+    axes[0].set_ylabel("τ: tokens committed per pass")
+    if by:
+        axes[1].legend(fontsize=7, frameon=False)
+    fig.suptitle("Acceptance by context length and by position in the generation (each drafter's best)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "acceptance_by_position.png", dpi=120)
+    plt.close(fig)
+    return [out_dir / "speedup_by_category.png", out_dir / "acceptance_by_position.png"]
 
 
 def plot_batch_sizes(lines: dict[str, list[dict]], out_dir: Path, *, level: str, subtitle: str,

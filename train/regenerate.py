@@ -20,7 +20,7 @@ from tqdm import tqdm
 from treespec.io import atomic_write
 from treespec.reference import load_model
 
-from . import distributed
+from . import config_checks, distributed
 from .chat import ChatRenderer, chat_settings
 from .conversations import BadRow, load_rows, normalize
 
@@ -74,6 +74,7 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", dynamic_ncols=True)
+    turns = empty = 0
     try:
         with open(out, "a", encoding="utf-8") as f:
             for b in range(0, len(todo), batch_size):
@@ -101,6 +102,7 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
                         if renderer.end_marker and renderer.end_marker in text:
                             text = text.split(renderer.end_marker)[0]
                         convs[c][j] = {"role": "assistant", "content": text.strip()}
+                        turns, empty = turns + 1, empty + (not text.strip())
                 for (i, _), msgs in zip(chunk, convs, strict=True):
                     f.write(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n")
                 f.flush()
@@ -109,7 +111,19 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
     finally:
         tokenizer.padding_side = padding_side
         bar.close()
-    return {"written": len(todo), "bad_rows": dict(bad), "already_done": len(done), "out": str(out)}
+    return {"written": len(todo), "bad_rows": dict(bad), "already_done": len(done), "out": str(out),
+            "turns": turns, "empty_turns": empty}
+
+
+def check_responses(counts: dict, template) -> None:
+    """A regeneration whose every response is empty failed, whatever it wrote: the target ended each one at
+    once (end of text straight after the assistant header), so there is nothing to train on."""
+    if counts["turns"] and counts["empty_turns"] == counts["turns"]:
+        used = template or "the tokenizer's own"
+        raise ValueError(f"regeneration failed: all {counts['turns']} regenerated assistant turns are empty (the "
+                         "target emitted end of text straight after the assistant header); check that "
+                         f"data.chat.template ({used}) is the target's chat format and that the target answers chats; "
+                         f"{counts['out']} holds the empty rows: delete it before rerunning")
 
 
 def run(cfg) -> dict:
@@ -121,6 +135,11 @@ def run(cfg) -> dict:
         raise ValueError("regenerate needs data=chat and data.chat.source=<conversations>")
     if not r.get("out"):
         raise ValueError("regenerate needs data.regenerate.out=<the JSONL file to write>")
+    for key in ("batch_size", "max_new_tokens"):
+        config_checks.integer(r.get(key, 1), f"data.regenerate.{key}")
+    config_checks.number(r.get("temperature", 0.0), "data.regenerate.temperature", 0)
+    config_checks.number(r.get("top_p", 1.0), "data.regenerate.top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.trainer.get("threads"), "trainer.threads", optional=True)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
@@ -132,6 +151,7 @@ def run(cfg) -> dict:
                             max_new_tokens=r.get("max_new_tokens", 512), temperature=r.get("temperature", 0.0),
                             top_p=r.get("top_p", 1.0), seed=cfg.seed, cache_dir=cfg.data.cache_dir, rank=ctx.rank,
                             world_size=ctx.world_size, progress=ctx.is_main)
+        check_responses(counts, cfg.data.chat.get("template"))
         distributed.barrier(ctx)
         if ctx.distributed and ctx.is_main:
             rows = []

@@ -1,9 +1,10 @@
-"""The comparison's report, from the harness's measurements (train/compare.py): results.md (stamp, summary,
-peers, the full grid), results.csv, summary.csv, cost_curve.csv, the figures (train/plots.py) and the wandb run.
-Nothing here measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a
-run's report (``python scripts/compare_trees.py report=PATH``) and ``compare_runs([A, B])`` sets runs side by
-side. A results.json saved while the run was still measuring (``"complete": false``) renders what it holds,
-marked as a partial run at the top of results.md.
+"""The comparison's report, from the harness's measurements (train/harness.py): results.md (stamp, summary,
+peers, results by category, the full grid, how to use the best tree), results.csv, summary.csv,
+by_category.csv, cost_curve.csv, best_tree.json, the figures (train/plots.py) and the wandb run. Nothing here
+measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a run's report
+(``python scripts/compare_trees.py report=PATH``); train/side_by_side.py sets runs side by side. A results.json
+saved while the run was still measuring (``"complete": false``) renders what it holds, marked as a partial
+run at the top of results.md; one from before workloads renders without categories.
 
 Uncertainty: per configuration the median speedup (per-prompt ratios to vanilla) and τ, each with a
 bootstrap interval over prompts (train/stats.py). A configuration whose speedup interval overlaps the best
@@ -18,39 +19,15 @@ import math
 from pathlib import Path
 
 from treespec.io import atomic_write_json, read_json
+from treespec.tree_spec import build_tree, save_tree
 
 from .batch_report import render_batches
-from .plots import FIGURES, level_text, missing, partial, plot
-from .stamp import flatten
+from .categories import category_markdown, category_rows, run_rows, usage_lines
+from .plots import FIGURES, level_text, partial, plot
 from .stats import Estimate, groups_of, median_interval, tau_interval
+from .tables import DASH, md_table, missing, num, with_interval
 
-DASH = "–"
 BOOTSTRAP = {"samples": 2000, "level": 0.95, "seed": 0}
-
-
-# ---------------------------------------------------------------------------------------------- formatting
-
-def num(x, fmt: str = ".2f", suffix: str = "") -> str:
-    """``x`` formatted, or "–" when it does not apply (None, NaN, inf)."""
-    return DASH if missing(x) else f"{x:{fmt}}{suffix}"
-
-
-def with_interval(e: Estimate | None, fmt: str = ".2f", suffix: str = "") -> str:
-    """"1.51× (1.40–1.62)"; the point alone without an interval; "–" without a value."""
-    if e is None or missing(e.value):
-        return DASH
-    if not e.has_interval:
-        return num(e.value, fmt, suffix)
-    return f"{e.value:{fmt}}{suffix} ({e.lo:{fmt}}–{e.hi:{fmt}})"
-
-
-def md_cell(text) -> str:
-    return str(text).replace("|", "/")
-
-
-def md_table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
 
 
 # ---------------------------------------------------------------------------------------------- analysis
@@ -226,8 +203,11 @@ def stamp_lines(stamp: dict, result: dict, a: dict) -> list[str]:
         "- **drafters**: " + ("; ".join(f"{name}: {_model_line(m)}"
                                         for name, m in (stamp.get("drafters") or {}).items()) or DASH),
         f"- **prompts**: {pr.get('set', DASH)}: {s.get('prompts', DASH)} × {s.get('repeats', DASH)} repeat(s), "
-        f"{s.get('max_new_tokens', DASH)} new tokens each, token ids sha1 {_short(pr.get('token_ids_sha1'))}; "
-        f"{sampling}; seed {s.get('seed', stamp.get('seed', DASH))}",
+        + (f"up to {s.get('max_new_tokens', DASH)} new tokens each, stopping at end tokens {s['end_token_ids']}"
+           if s.get("end_token_ids") else f"{s.get('max_new_tokens', DASH)} new tokens each")
+        + f", token ids sha1 {_short(pr.get('token_ids_sha1'))}; {sampling}; "
+        f"seed {s.get('seed', stamp.get('seed', DASH))}",
+        *workload_lines(stamp),
         f"- **intervals**: bootstrap {level_text(a)} over prompts ({b['samples']} resamples, seed {b['seed']}); "
         "a configuration whose speedup interval overlaps the best one's is *indistinguishable from the best in "
         "this run*",
@@ -238,7 +218,27 @@ def stamp_lines(stamp: dict, result: dict, a: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- markdown
 
-def markdown(result: dict, a: dict) -> str:
+def workload_lines(stamp: dict) -> list[str]:
+    """The stamp's workload and assisted-peer lines (none for a run from before workloads)."""
+    w, peer = stamp.get("workload"), stamp.get("assistant")
+    lines = []
+    if w:
+        sel = ", ".join(f"{k} {v}" for k, v in (w.get("selection") or {}).items() if v not in (None, {}, []))
+        lines.append(f"- **workload**: {w.get('source', DASH)}, selected prompts sha1 {_short(w.get('selected_sha1'))}"
+                     f" ({w.get('timed_items', DASH)} timed items → {w.get('timed_prompts', DASH)} prompt turns, "
+                     f"{w.get('held_out_items', DASH)} held out); template {w.get('template', DASH)}"
+                     + (f" (sha1 {_short(w.get('template_sha1'))})" if w.get("template_sha1") else "")
+                     + (f", system prompt {w['system_prompt']!r}" if w.get("system_prompt") else "")
+                     + f"; selection: {sel or 'defaults'}"
+                     + (f"; skipped: {w['skipped']}" if w.get("skipped") else "")
+                     + (f"; row formats: {w['formats']}" if w.get("formats") else ""))
+    if peer:
+        lines.append(f"- **assisted-generation peer**: {peer.get('source')}: "
+                     + ("measured" if peer.get("used") else f"not measured ({peer.get('reason')})"))
+    return lines
+
+
+def markdown(result: dict, a: dict, folder=None) -> str:
     stamp = result.get("stamp") or {}
     s = result.get("settings", {})
     lines = ["# Which tree should I use here? Drafters × trees", ""]
@@ -271,11 +271,13 @@ def markdown(result: dict, a: dict) -> str:
                   "because prompts differ. Rerun on an idle machine for tighter numbers."]
     if a["peers"]:
         lines += ["", "## Peers", ""] + md_table(*peer_table(a))
+    lines += [""] + category_markdown(result, a)
     lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
     if result.get("skipped"):
         lines += ["", "Not measured (the drafter cannot fill the tree): "
                   + "; ".join(f"{k['config']} ({k['reason']})" for k in result["skipped"]) + "."]
-    lines += ["", "## Figures", ""]
+    usage = usage_lines(result, a, folder)
+    lines += ([""] + usage if usage else []) + ["", "## Figures", ""]
     lines += [f"![{name[:-4].replace('_', ' ')}]({name})" for name in FIGURES]
     config = stamp.get("config")
     if config:
@@ -321,7 +323,13 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
                                              **{f"after_{name}": round(c[n], 6)
                                                 for name, c in after.items()}}
                                             for n, t in result["cost_curve"].items()])
-    text = render_batches(result, a, out_dir, markdown(result, a), md_table, _write_csv, figures)
+    _write_csv(out_dir / "by_category.csv", category_rows(result, a))
+    best = a.get("best")
+    if best and best.get("tree_spec"):  # the best configuration's tree, for generate(tree=Tree.load(...))
+        save_tree(build_tree(best["tree_spec"]), out_dir / "best_tree.json", config=best["config"],
+                  drafter=best["drafter"], speedup=best["speedup_est"].value,
+                  load=(result.get("drafter_entries") or {}).get(best["drafter"]))
+    text = render_batches(result, a, out_dir, markdown(result, a, out_dir), _write_csv, figures)
     (out_dir / "results.md").write_text(text)
     if figures:
         plot(result, a, out_dir)
@@ -349,11 +357,38 @@ def load_result(path: str | Path) -> tuple[dict, Path]:
     file = path / "results.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
-    result = read_json(file, "results.json")
+    result = read_json(file, "results.json", dict)
+    check_result(result, file)
     result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
     result["cost_curves_after_drafting"] = {name: {int(n): t for n, t in c.items()} for name, c in
                                             (result.get("cost_curves_after_drafting") or {}).items()}
     return result, file.parent
+
+
+def check_result(result: dict, file) -> None:
+    """What rendering relies on in a results.json, checked before anything is rendered: a ValueError naming
+    the file and the first thing that does not hold."""
+    def bad(problem: str):
+        return ValueError(f"results.json {file}: {problem}; not a comparison's results.json, or edited since")
+
+    records, curve, settings = result.get("records"), result.get("cost_curve"), result.get("settings", {})
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "config" in r for r in records):
+        raise bad("'records' must be a non-empty list of configurations (each with a 'config')")
+    if not isinstance(curve, dict) or not curve:
+        raise bad("'cost_curve' must map tree sizes to seconds")
+    if not isinstance(settings, dict):
+        raise bad("'settings' must be a JSON object")
+    runs_of = {r["config"]: (r.get("runs") or {}).get("speedup") for r in records}
+    prompt_of_run = result.get("prompt_of_run")
+    planned = int(settings.get("prompts", 0) or 0) * int(settings.get("repeats", 1) or 1)
+    if prompt_of_run is not None and result.get("complete", True) and planned and len(prompt_of_run) != planned:
+        raise bad(f"settings give {planned} prompt runs (prompts × repeats) but prompt_of_run lists "
+                  f"{len(prompt_of_run)}")
+    cut = partial(result)
+    expected = None if prompt_of_run is None else len(prompt_of_run[: cut[0] if cut else None])
+    for config, runs in runs_of.items():
+        if runs and expected is not None and len(runs) != expected:
+            raise bad(f"configuration {config!r} holds {len(runs)} prompt runs, prompt_of_run {expected}")
 
 
 def rerender(path: str | Path, out_dir: str | Path | None = None, figures: bool = True) -> Path:
@@ -364,66 +399,6 @@ def rerender(path: str | Path, out_dir: str | Path | None = None, figures: bool 
     out.mkdir(parents=True, exist_ok=True)
     render(result, out, figures)
     return out
-
-
-def compare_runs(paths: list[str | Path]) -> str:
-    """Markdown setting two or more runs side by side: where their stamps differ, each drafter's best, and
-    every configuration present in all of them (speedup with interval, and whether the intervals overlap)."""
-    if len(paths) < 2:
-        raise ValueError(f"compare needs at least two runs, got {len(paths)}")
-    runs = []
-    for p in paths:
-        result, folder = load_result(p)
-        runs.append((str(folder), result, analyse(result)))
-    tags = [chr(ord("A") + i) for i in range(len(runs))]
-    lines = ["# Comparison runs side by side", ""]
-    def measured(result) -> str:
-        cut = partial(result)
-        return "complete" if cut is None else f"**partial: {cut[0]} of {cut[1]} prompt runs**"
-
-    lines += md_table(["run", "folder", "command", "started", "measured", "best configuration"],
-                      [[t, f"`{f}`", f"`{r.get('stamp', {}).get('command', DASH)}`", r.get("stamp", {}).get("started",
-                        DASH), measured(r), r.get("best", DASH)] for t, (f, r, _) in zip(tags, runs, strict=True)])
-    flat = [flatten(r.get("stamp") or {}) for _, r, _ in runs]
-    flat = [{**f, **flatten(r.get("settings") or {}, "settings")} for f, (_, r, _) in zip(flat, runs, strict=True)]
-    keys = sorted(set().union(*flat))
-    differ = [k for k in keys if len({f.get(k, DASH) for f in flat}) > 1 and k != "started"]
-    lines += ["", "## Where the stamps differ", ""]
-    if differ:
-        lines += md_table(["key", *tags], [[k, *(_clip(f.get(k, DASH)) for f in flat)] for k in differ])
-    else:
-        lines += ["Nothing but the start time: same command, config, code, versions, device, weights and prompts."]
-    lines += ["", "## Each drafter's best configuration", ""]
-    drafters = list(dict.fromkeys(d for _, _, a in runs for d in a["bests"]))
-    header = ["drafter"] + [h for t in tags for h in (f"{t}: best tree", f"{t}: τ", f"{t}: speedup")]
-    rows = []
-    for d in drafters:
-        row = [d]
-        for _, _, a in runs:
-            c = a["bests"].get(d)
-            row += [c["tree"], with_interval(c["tau_est"]), with_interval(c["speedup_est"], suffix="×")] if c \
-                else [DASH] * 3
-        rows.append(row)
-    lines += md_table(header, rows)
-    common = [name for name in runs[0][2]["configs"] if all(name in a["configs"] for _, _, a in runs[1:])]
-    lines += ["", "## Configurations measured in every run", ""]
-    header = ["config"] + [f"{t}: speedup" for t in tags] + [f"{t} ÷ A" for t in tags[1:]] + ["intervals overlap"]
-    rows = []
-    for name in common:
-        ests = [a["configs"][name]["speedup_est"] for _, _, a in runs]
-        ratios = [num(e.value / ests[0].value if ests[0].value else math.nan, ".2f") for e in ests[1:]]
-        overlap = all(e.overlaps(ests[0]) for e in ests[1:])
-        rows.append([name, *(with_interval(e, suffix="×") for e in ests), *ratios, "yes" if overlap else "**no**"])
-    lines += md_table(header, rows)
-    lines += ["", "Intervals: each run's own bootstrap over its prompts. Non-overlapping intervals on the same "
-              "prompts, code and device point to a real change; on different devices or thread counts they "
-              "need not."]
-    return "\n".join(lines) + "\n"
-
-
-def _clip(text: str, n: int = 70) -> str:
-    text = str(text)
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 # ---------------------------------------------------------------------------------------------- wandb
@@ -443,6 +418,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
 
     grid = csv_rows(a)
     peer_header, peer_rows = peer_table(a)
+    by_category, prompt_runs = category_rows(result, a), run_rows(result)  # each with a category column
     stamp = {k: v for k, v in (result.get("stamp") or {}).items() if k != "config"}
 
     def send(run):
@@ -452,6 +428,8 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
             "compare/results": _table(grid),
             **({"compare/peers": wandb.Table(columns=peer_header, data=[[str(c) for c in r] for r in peer_rows])}
                if peer_rows else {}),
+            **({"compare/by_category": _table(by_category)} if by_category else {}),
+            **({"compare/prompt_runs": _table(prompt_runs)} if prompt_runs else {}),
             **{f"compare/{name[:-4]}": wandb.Image(str(out_dir / name)) for name in FIGURES
                if (out_dir / name).is_file()},
         })

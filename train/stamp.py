@@ -1,6 +1,8 @@
 """The reproducibility stamp of a comparison run (results.md header, results.json, the wandb config): the
 command line and resolved config, git commit and dirty state, package versions, device and threads,
-checksums of the target's and the drafters' weights, the prompt set and the seed."""
+checksums of the target's and the drafters' weights, the prompt set and the seed; for a workload run also
+the workload (its source, a sha1 of the selected prompts, the template, the selection settings) and
+whether the assisted-generation peer ran (it needs the target's vocabulary)."""
 
 from __future__ import annotations
 
@@ -107,8 +109,9 @@ def prompts_digest(prompts: list[torch.Tensor]) -> str:
 
 def collect(*, target, target_source: str | None = None, target_folder=None, drafters: dict | None = None,
             prompts: list[torch.Tensor], prompt_set: str, command: str | None = None, config: dict | None = None,
-            seed: int = 0) -> dict:
-    """Everything needed to tell whether two runs measured the same thing the same way."""
+            seed: int = 0, workload: dict | None = None, assistant: dict | None = None) -> dict:
+    """Everything needed to tell whether two runs measured the same thing the same way; ``workload`` and
+    ``assistant`` as train/compare.py records them."""
     device = next(target.parameters()).device
     return {
         "command": command if command is not None else command_line(),
@@ -120,6 +123,8 @@ def collect(*, target, target_source: str | None = None, target_folder=None, dra
         "drafters": drafters or {},
         "prompts": {"set": prompt_set, "count": len(prompts), "token_ids_sha1": prompts_digest(prompts)},
         "seed": seed,
+        **({"workload": workload} if workload is not None else {}),
+        **({"assistant": assistant} if assistant is not None else {}),
         "config": config,
     }
 

@@ -1,29 +1,32 @@
 """The drafter-training job (``scripts/train_heads.py drafter=medusa|eagle|eagle3``): data (self-distilled
 corpus text by default, ``data=chat`` conversations, or stored target features ``data.features=DIR``), the
-training loop (one process, or several under torchrun: train/distributed.py), export with per-depth rank
-accuracies, and an end-of-run decoding evaluation whose per-step acceptance lengths are logged (histogram +
-mean) with tokens/s against vanilla decoding. ``prepare_features`` is ``scripts/prepare_features.py``.
+training loop (one process, or several under torchrun: train/distributed.py) with the expected τ measured at
+every evaluation (train/expected_tau.py), export with per-depth rank accuracies, an end-of-run decoding
+evaluation whose per-step acceptance lengths are logged (scalars, a table, a histogram) with tokens/s against
+vanilla decoding, and a summary a researcher reads (train/run_summary.py). ``prepare_features`` is
+``scripts/prepare_features.py``.
 
 What differs per drafter is its ``Recipe`` (train/recipe.py), found by the drafter's registry name.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from omegaconf import OmegaConf
 
-from treespec.autotree import auto_chooser, measure_cost_curve
-from treespec.bench import Config, measure
+from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
+from treespec.bench import Config, Row, measure
+from treespec.heads.export import formats as export_formats
 from treespec.io import weights_digest
 from treespec.reference import load_model
 from treespec.tree_spec import build_tree, check_tree_spec
 
-from . import distributed, eagle, eagle3, medusa
+from . import config_checks, distributed, eagle, eagle3, expected_tau, medusa, run_summary
 from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .distributed import record
@@ -50,7 +53,9 @@ def check_config(cfg) -> None:
     if spec is None:
         raise ValueError("no evaluation tree: set tree=... or the drafter's eval_tree")
     check_tree_spec(spec)
-    distributed.check_trainer(cfg.trainer)
+    config_checks.check_job(cfg)
+    config_checks.check_drafter(cfg.drafter)
+    config_checks.check_eval(cfg.eval)
     chat = cfg.data.get("chat")
     if chat is not None and not chat.get("source"):
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
@@ -158,17 +163,57 @@ def _first(samples, n: int):
     return samples.input_ids[:end], samples.loss_mask[:end], samples.offsets[: n + 1], samples.prompt_lens[:n]
 
 
-def decoding_eval(cfg, target, recipe, accuracy, prompts) -> tuple[dict, list[int]]:
-    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla."""
-    e, spec = cfg.eval, eval_tree_spec(cfg)
+def decoding_eval(cfg, target, recipe, accuracy, prompts, tree16=None) -> tuple[dict, Row, object, Row | None]:
+    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla, and on
+    ``tree16`` when given (the expected τ's 16-node accuracy tree) → (metrics, the drafter's row, the tree,
+    tree16's row or None)."""
+    e, spec, name = cfg.eval, eval_tree_spec(cfg), cfg.drafter.name
     choose = auto_chooser(measure_cost_curve(target)) if spec.get("kind") == "auto" else None
     tree = build_tree(spec, accuracy=accuracy, choose=choose)
-    rows = measure(target, [Config(cfg.drafter.name, recipe.drafter(), tree)], prompts,
-                   max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=cfg.seed)
-    drafter_row = rows[-1]
+    configs = [Config(name, recipe.drafter(), tree)]
+    if tree16 is not None:
+        configs.append(Config(f"{name} on the accuracy tree", recipe.drafter(), tree16))
+    rows = measure(target, configs, prompts, max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                   seed=cfg.seed)
+    drafter_row = rows[1]
     return {"eval_tree_nodes": len(tree), "eval_mean_accept_length": drafter_row.tau,
             "eval_tokens_per_s": drafter_row.tokens_per_s, "eval_vanilla_tokens_per_s": rows[0].tokens_per_s,
-            "eval_speedup": drafter_row.speedup}, drafter_row.accept_lengths
+            "eval_speedup": drafter_row.speedup}, drafter_row, tree, rows[2] if tree16 is not None else None
+
+
+def log_accept_lengths(logger, row: Row, step: int) -> None:
+    """The decoding evaluation's acceptance lengths (tokens committed per verification pass), where an offline
+    reader finds them: scalars ``eval/measured_tau``, ``eval/verification_passes`` and
+    ``eval/accept_length_share_<n>`` (the share of passes committing n tokens); the table ``eval/accept_lengths``
+    (prompt, pass, accept_length: every pass); and the histogram ``eval/accept_length``."""
+    lengths = [int(n) for n in row.accept_lengths]
+    if not lengths:
+        return
+    counts = Counter(lengths)
+    logger.histogram("eval/accept_length", lengths, step=step)
+    logger.log({"eval/measured_tau": row.tau, "eval/verification_passes": len(lengths),
+                **{f"eval/accept_length_share_{n}": counts[n] / len(lengths) for n in range(1, max(lengths) + 1)}},
+               step=step)
+    table = [[p, i, int(n)] for p, passes in enumerate(row.prompt_accept_lengths) for i, n in enumerate(passes)]
+    logger.table("eval/accept_lengths", ["prompt", "pass", "accept_length"], table, step=step)
+
+
+def tau_probe(cfg, target, recipe, data: TrainingData, say=print) -> expected_tau.ExpectedTau | None:
+    """The in-training τ probe on the target's own continuations of the run's held-out windows
+    (``eval.expected_tau``; null: off). Off with stored features unless asked: it runs the target."""
+    e = cfg.eval.get("expected_tau")
+    if not e:
+        return None
+    if cfg.data.get("features") and not e.get("with_features"):
+        say("expected τ: off with data.features (it runs the target; eval.expected_tau.with_features=true turns it "
+            "on); the end-of-run decoding evaluation measures τ")
+        return None
+    t0 = time.time()
+    probe = expected_tau.ExpectedTau.prepare(target, data.val_windows, recipe.rank_accuracy, windows=e.windows,
+                                             context=e.context, new_tokens=e.new_tokens, lead=e.lead, seed=cfg.seed)
+    say(f"expected τ: {len(probe.windows)} continuations of {probe.windows.shape[1]} tokens by the target "
+          f"({time.time() - t0:.0f} s), measured every {cfg.trainer.eval_every} steps")
+    return probe
 
 
 def load_target(cfg, ctx):
@@ -201,20 +246,32 @@ def _run(cfg, ctx) -> dict:
     module = recipe.module
     total_steps = t.max_steps or math.ceil(t.epochs * data.batches.steps_per_epoch)
     n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    n_layers = target.config.num_hidden_layers
+    warning = run_summary.duplicate_layers_warning(d.name, TARGET_LAYERS[d.name](d, n_layers), n_layers)
+    warnings = [warning] if warning else []
     if ctx.is_main:
         where = f", {ctx.world_size} ranks ({ctx.strategy})" if ctx.distributed else ""
         print(f"{d.name}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps"
               f"{where}")
+        for warning in warnings:
+            print(warning)
+    probe = tau_probe(cfg, target, recipe, data, say=print if ctx.is_main else lambda *a: None)
 
     logger = None
     if ctx.is_main:
         logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
                            name=f"heads-{d.name}", config=OmegaConf.to_container(cfg, resolve=True), resume=cfg.resume)
+
+    def evaluate() -> dict:
+        metrics = recipe.evaluate(data.val)
+        return {**metrics, **probe()} if probe is not None else metrics
+
     result = train(
         module, recipe.loss, data.batches.batch,
         total_steps=total_steps, optim=OptimConfig(**cfg.optim), run_dir=cfg.run_dir,
-        fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed},
-        evaluate=lambda: recipe.evaluate(data.val),
+        fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed,
+                     "data": data_settings(cfg)},  # a resume on other data (corpus, self-distillation, chat): refused
+        evaluate=evaluate, after_eval=(lambda step, metrics: expected_tau.plot(cfg.run_dir)) if probe else None,
         eval_every=t.eval_every, ckpt_every=t.ckpt_every, log_every=t.log_every, resume=cfg.resume,
         logger=logger, progress=t.progress, stop_after=t.stop_after, precision=t.precision,
         grad_accum=t.get("grad_accum", 1), seed=cfg.seed, dist=ctx,
@@ -225,20 +282,61 @@ def _run(cfg, ctx) -> dict:
         torch.manual_seed(cfg.seed)
         recipe = RECIPES[d.name](cfg, target, data.stats_tokens)
         recipe.module.load_state_dict(result.full_state, strict=False)
+        if probe is not None:
+            probe.rank_accuracy = recipe.rank_accuracy
     summary = {"drafter": d.name, "trainable_parameters": n_params, "steps": result.step,
                "tokens_seen": result.tokens_seen, "train_wall_time_s": result.wall_time,
                "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
+    if warnings:
+        summary["warnings"] = warnings
     if result.step >= total_steps:
-        final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
-        summary.update(final_metrics)
-        eval_metrics, accept_lengths = decoding_eval(cfg, target, recipe, accuracy, data.prompts)
-        summary.update(eval_metrics)
-        logger.histogram("eval/accept_length", accept_lengths, step=result.step)
-        logger.log({**eval_metrics, **final_metrics}, step=result.step)
-        print(json.dumps({k: v for k, v in summary.items() if k.startswith("eval_") or "_top" in k}, indent=1))
+        print(end_of_run(cfg, target, recipe, probe, data, result, summary, logger))
+    else:
+        resume = run_summary.resume_command(run_summary.hydra_overrides(), cfg.run_dir, ctx.world_size)
+        print(run_summary.text([("resume", [resume])],
+                               f"{d.name} run stopped at step {result.step} of {total_steps} (trainer.stop_after="
+                               f"{t.stop_after}); its checkpoint is in {cfg.run_dir}. To continue it:"))
     logger.summary(summary)
     logger.finish()
     return summary
+
+
+def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: dict, logger) -> str:
+    """Export, the decoding evaluation beside the expected τ, and the run's summary (updates ``summary``) →
+    the summary's text."""
+    d, step = cfg.drafter, result.step
+    final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
+    # beside the accuracies, this device's cost curve: generate(tree={"kind": "auto"}) chooses with it
+    save_cost_curve(cfg.export_dir, measure_cost_curve(target), device=str(target.device))
+    summary.update(final_metrics)
+    probe_acc = probe.last() if probe is not None else None
+    tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None
+    eval_metrics, row, tree, row16 = decoding_eval(cfg, target, recipe, accuracy, data.prompts, tree16)
+    summary.update(eval_metrics)
+    log_accept_lengths(logger, row, step)
+    logger.log({**eval_metrics, **{f"export/{k}": v for k, v in final_metrics.items()}}, step=step)
+    formats = export_formats(recipe.module, target)
+    summary["export_formats"] = {to: reason or "ok" for to, reason in formats.items()}
+    run_dir = cfg.run_dir
+    files = "metrics.jsonl, summary.json" + (f", {expected_tau.PLOT_FILE}" if probe is not None else "")
+    rows = [("outputs", [f"{cfg.export_dir} (the trained drafter, head_accuracy.json)", f"{run_dir}: {files}"])]
+    if probe_acc is not None:
+        tau = expected_tau.expected_taus(probe_acc)
+        comparison, lines = expected_tau.against_measured(probe_acc, row16.tau, tree, row.tau)
+        summary.update({"expected_tau_chain": tau["chain"], "expected_tau_tree16": tau["tree16"], **comparison})
+        logger.log({"eval/measured_tau_tree16": row16.tau}, step=step)
+        expected_tau.plot(run_dir, measured=row16.tau)
+        rows.append(("τ", [*lines, f"expected at the last evaluation, chain of {len(probe_acc)}: {tau['chain']:.2f}"]))
+    else:
+        rows.append(("τ", [f"measured {row.tau:.2f} (decoding evaluation; eval.expected_tau is off)"]))
+    rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
+    rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, str(cfg.target))))
+    rows.append(("compare", [run_summary.compare_command(d.name, cfg.export_dir, str(cfg.target))]))
+    if summary.get("warnings"):
+        rows.append(("warnings", summary["warnings"]))
+    title = (f"{d.name} run finished: {step} steps, {result.tokens_seen:,} tokens, {result.wall_time:.0f} s of "
+             f"training; speedup {eval_metrics['eval_speedup']:.2f}x over vanilla decoding")
+    return run_summary.text(rows, title)
 
 
 # -- offline target features (scripts/prepare_features.py) ------------------------------------------------

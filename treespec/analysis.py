@@ -24,6 +24,10 @@ import torch
 
 from treespec.tree import Tree
 
+# Rounding allowed in probabilities read from files or measured in float32: a rank-accuracy row that sums
+# to 1 + 4e-9 (247/248 + 1/248 in float32) is a row whose ranks cover every position, not an error.
+ROUNDING = 1e-6
+
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     """E[T] = (1 − α^(γ+1)) / (1 − α): tokens committed per target pass by a γ-token chain (γ + 1 at α = 1)."""
@@ -77,24 +81,28 @@ def expected_tree_tokens(tree: Tree, accept_prob) -> float:
     """
     p = _per_node(tree, accept_prob)  # [N]
     sibling_sum = torch.zeros_like(p).index_add_(0, tree.parents[1:], p[1:])  # [N]: Σ over each node's children
-    if bool((sibling_sum > 1 + 1e-9).any()):
+    if bool((sibling_sum > 1 + ROUNDING).any()):
         raise ValueError("children's acceptance probabilities sum above 1 at some node; at most one child can "
                          "be accepted, so they must be mutually exclusive")
     return float(path_probabilities(tree, p).sum())  # the root's term (1) is the bonus token
 
 
 def _rank_table(acc: Sequence[Sequence[float]]) -> torch.Tensor:
-    """Ragged acc[d][r] → float64 Tensor [D, R], zero-padded; checks each depth's ranks sum to <= 1."""
+    """Ragged acc[d][r] → float64 Tensor [D, R], zero-padded; checks each depth's ranks sum to <= 1 (up to
+    ``ROUNDING``, which is scaled away: entries clamped to [0, 1], a row over 1 divided by its sum)."""
     depths = len(acc)
     width = max((len(row) for row in acc), default=0)
     table = torch.zeros(depths, width, dtype=torch.float64)  # [D, R]
     for d, row in enumerate(acc):
         table[d, : len(row)] = torch.as_tensor(list(row), dtype=torch.float64)
-    if bool(((table < 0) | (table > 1)).any()):
+    if not bool(torch.isfinite(table).all()) or bool(((table < -ROUNDING) | (table > 1 + ROUNDING)).any()):
         raise ValueError("rank accuracies must be probabilities in [0, 1]")
-    if bool((table.sum(dim=1) > 1 + 1e-9).any()):
-        raise ValueError("rank accuracies at one depth must sum to <= 1 (at most one rank is the accepted token)")
-    return table
+    sums = table.sum(dim=1)  # [D]
+    if bool((sums > 1 + ROUNDING).any()):
+        raise ValueError(f"rank accuracies at one depth must sum to <= 1 (at most one rank is the accepted token), "
+                         f"got sums {[round(float(x), 6) for x in sums]}")
+    table = table.clamp(0.0, 1.0)
+    return table / table.sum(dim=1, keepdim=True).clamp(min=1.0)
 
 
 def expected_tree_tokens_from_rank_accuracy(tree: Tree, acc: Sequence[Sequence[float]]) -> float:

@@ -11,18 +11,30 @@ with τ from the drafter's measured per-depth top-k accuracies (analysis.expecte
 _accuracy), cost(N) from the measured cost curve, and candidate trees grown greedily by accuracy
 (analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
 al. 2024, optimises the same trade-off with a hardware-aware search).
+
+A whole generation also pays the prefill, which speculation does not shorten: ``predict_generation``
+turns a per-step prediction into the speedup of one prompt's generation (its prompt length, its number
+of new tokens), which is what a measured speedup is. The cost curve a drafter's "auto" tree is chosen
+with in generate() is saved beside the drafter (``save_cost_curve``, cost_curve.json).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
-from treespec.timing import forward_time
+from treespec.cache import TreeCache
+from treespec.generate import prefill_kwargs
+from treespec.io import atomic_write_json, read_json
+from treespec.timing import forward_time, median_time
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+COST_CURVE_FILE = "cost_curve.json"
 
 
 def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10,
@@ -37,6 +49,24 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
                for n in order}
               for order in (sorted(sizes), sorted(sizes, reverse=True))]
     return {n: min(p[n] for p in passes) for n in sizes}
+
+
+def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:
+    """Median seconds of generate()'s prefill over a prompt of ``n_tokens`` (a fresh cache, the last logits)."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, max(1, n_tokens)), generator=torch.Generator().manual_seed(0)).to(model.device)
+    kwargs = prefill_kwargs(model)
+
+    @torch.no_grad()
+    def run():
+        model(input_ids=ids, cache=TreeCache(model.config), use_cache=True, **kwargs)
+
+    return median_time(run, repeats, warmup=1)
+
+
+def measure_prefill_curve(model, lengths, repeats: int = 5) -> dict[int, float]:
+    """{prompt tokens: seconds} of the prefill at each length (``cost_at`` interpolates between them)."""
+    return {int(n): prefill_time(model, int(n), repeats) for n in sorted(set(lengths))}
 
 
 def cost_at(curve: dict[int, float], n: int) -> float:
@@ -73,6 +103,19 @@ def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth:
     return Prediction(tree, tau, step, tau * baseline / step)
 
 
+def predict_generation(pred: Prediction, prompt_tokens: int, new_tokens: int, prefill_curve: dict[int, float] | None,
+                       baseline: float) -> float:
+    """Predicted speedup of one whole generation: the prefill (``cost_at(prefill_curve, prompt_tokens)``; none
+    without a curve) commits the first token in both cases, then vanilla decoding pays ``baseline`` per token
+    and speculation ``pred.step_cost`` per pass of ``pred.tau`` tokens. Short answers after long prompts gain
+    little, whatever the per-step speedup."""
+    prefill = cost_at(prefill_curve, prompt_tokens) if prefill_curve else 0.0
+    rest = max(0, new_tokens - 1)
+    vanilla = prefill + rest * baseline
+    speculative = prefill + rest / pred.tau * pred.step_cost
+    return vanilla / speculative if speculative > 0 else 1.0
+
+
 def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,
                 draft_cost_fixed: float = 0.0, baseline: float | None = None) -> tuple[Prediction, list[Prediction]]:
     """The accuracy-grown tree (budgets 0..max_nodes) with the highest predicted speedup, and all
@@ -95,3 +138,37 @@ def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_c
         return best.tree
 
     return choose
+
+
+# -- a saved cost curve (what "auto" chooses with in generate()) ------------------------------------------------
+def cost_curve_record(curve: dict[int, float], *, draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
+                      baseline: float | None = None, **about) -> dict:
+    """What cost_curve.json holds: the curve {tree tokens: seconds}, the drafting costs (seconds per
+    proposal, per depth), vanilla's seconds per token (None: the curve's one-token cost), and ``about`` (device,
+    context length) for the reader."""
+    return {"curve": {int(n): float(t) for n, t in curve.items()}, "draft_cost_fixed": float(draft_cost_fixed),
+            "draft_cost_per_depth": float(draft_cost_per_depth), "baseline": baseline, **about}
+
+
+def save_cost_curve(folder, curve: dict[int, float], **kwargs) -> Path:
+    """Write ``cost_curve_record(curve, **kwargs)`` to ``folder/cost_curve.json`` (beside a drafter's weights)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(Path(folder) / COST_CURVE_FILE, cost_curve_record(curve, **kwargs), indent=1)
+
+
+def read_cost_curve(folder) -> dict | None:
+    """The record ``save_cost_curve`` wrote in ``folder``, or None when it holds none."""
+    path = Path(folder) / COST_CURVE_FILE
+    if not path.is_file():
+        return None
+    data = read_json(path, "cost curve file")
+    if not (isinstance(data, dict) and isinstance(data.get("curve"), dict) and data["curve"]):
+        raise ValueError(f"cost curve file {path} must hold {{\"curve\": {{tree tokens: seconds}}, ...}}")
+    return cost_curve_record({int(n): t for n, t in data["curve"].items()},
+                             **{k: v for k, v in data.items() if k != "curve"})
+
+
+def saved_chooser(record: dict):
+    """``auto_chooser`` from a ``cost_curve_record``."""
+    return auto_chooser(record["curve"], record.get("draft_cost_fixed", 0.0), record.get("draft_cost_per_depth", 0.0),
+                        record.get("baseline"))

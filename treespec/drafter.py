@@ -16,6 +16,10 @@ drafter's side:
    states at the root and at each accepted node, so drafters with their own caches stay in sync.
 4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
 
+A drafter holds one sequence's state (its caches, the committed length), so it serves one generate() call at
+a time: a second call that starts while the first holds it (another thread) is refused with a RuntimeError
+(``in_use``); give each thread its own drafter.
+
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
 EAGLE-2's sibling-by-sibling rule) or sampled i.i.d. from ``q_draft`` (verified with multi-candidate
 rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
@@ -23,6 +27,8 @@ rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -143,6 +149,12 @@ class Drafter:
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None
+    #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
+    #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
+    accuracy: list[list[float]] | None = None
+    #: (accuracy, max_nodes) → the Tree kind "auto" verifies: treespec.autotree.auto_chooser on this device's
+    #: cost curve (a trained drafter's cost_curve.json, treespec.autotree.saved_chooser); None: no curve
+    tree_chooser = None
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
@@ -198,3 +210,25 @@ def stack_features(hidden_states, layers) -> torch.Tensor:
         return hidden_states[layers[0]]
     return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
+
+
+_CLAIMS = threading.Lock()  # makes "is it free? take it" one step when two threads start at once
+
+
+@contextlib.contextmanager
+def in_use(drafter: Drafter | None):
+    """Hold ``drafter`` for one generate() call; one already held (by a call in another thread) is a
+    RuntimeError: its per-sequence state would be overwritten mid-decoding."""
+    if drafter is None:
+        yield
+        return
+    with _CLAIMS:
+        if getattr(drafter, "_serving", False):
+            raise RuntimeError(f"this {type(drafter).__name__} is already decoding in another generate() call: a "
+                               "drafter holds one sequence's state and serves one generation at a time; give each "
+                               "thread its own drafter")
+        drafter._serving = True
+    try:
+        yield
+    finally:
+        drafter._serving = False

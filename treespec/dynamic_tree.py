@@ -13,7 +13,7 @@ The whole rule lives here; drafters (treespec.heads.expansion) only run their mo
 
 from __future__ import annotations
 
-from treespec.tree import Tree
+from treespec.tree import Tree, whole
 
 
 class DynamicTree:
@@ -28,6 +28,8 @@ class DynamicTree:
     """
 
     def __init__(self, total_tokens: int, depth: int, top_k: int):
+        total_tokens, depth, top_k = (whole(v, f"dynamic tree {name}") for name, v in
+                                      (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)))
         if total_tokens < 1 or depth < 1 or top_k < 1:
             raise ValueError(f"dynamic tree needs total_tokens, depth and top_k >= 1, got total_tokens={total_tokens}, "
                              f"depth={depth}, top_k={top_k}")

@@ -26,7 +26,7 @@ import torch
 
 from treespec.attention import TreeAttention
 from treespec.cache import TreeCache, check_filled
-from treespec.drafter import Committed, Drafter, Proposals, stack_features
+from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
 from treespec.result import GenerationResult, RowResult
@@ -129,16 +129,17 @@ def generate(
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
               feature_layers=tuple(inputs.drafter.feature_layers) if uses_features else ())
     start = clock(observer)
-    state = prefill(run, inputs)
-    retire(run, state)
-    while state.rows:
-        # deeper nodes could never be committed by any row (a shallower row's commit stops at its end)
-        step_tree = run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
-        if run.drafter is None or len(step_tree) == 0:
-            plain_step(run, state, step_tree)
-        else:
-            speculative_step(run, state, step_tree)
+    with in_use(run.drafter):  # one generation at a time per drafter (it holds the rows' state)
+        state = prefill(run, inputs)
         retire(run, state)
+        while state.rows:
+            # deeper nodes could never be committed by any row (a shallower row's commit stops at its end)
+            step_tree = run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
+            if run.drafter is None or len(step_tree) == 0:
+                plain_step(run, state, step_tree)
+            else:
+                speculative_step(run, state, step_tree)
+            retire(run, state)
     sequences, rows = outputs(inputs, state)
     wall_time = clock(observer) - start
     spent = {} if observer is None else observer.seconds

@@ -2,25 +2,27 @@
 clear) before any model runs, so a mistake is an error that names the argument, the value and what is
 accepted, never an error from deep inside torch or a silently wrong result.
 
-Normalised: ``input_ids`` as a list of ints, a [P] tensor, a [b, P] tensor (with an ``attention_mask`` [b, P]
-when its prompts are left-padded, transformers' convention) or a list of 1-D prompts, left-padded here with
-the pad id (``pad_token_id``, else the target's generation config's or config's, else the first eos id,
-else 0); ``eos_token_id`` as an int, a
-numpy integer, a sequence of ints or an integer tensor; ``tree`` as a Tree, a DynamicTree or a tree-spec
-dict (treespec.tree_spec). Refused: a target in training mode (dropout would make its output random),
-an attention implementation that cannot take a tree mask, flex_attention on CPU, a
-target whose cache layers cannot be rolled back to an accepted path (recurrent state: linear attention,
-state-space and convolution layers; see treespec/cache.py), named with the layer types, right padding, and
-a batch of rows on a target with sliding-window layers (their windows count slots, which differ per row).
+Normalised: ``input_ids`` as a list of ints, a [P] or [1, P] tensor or numpy array, a [b, P] tensor (with an
+``attention_mask`` [b, P] when its prompts are left-padded, transformers' convention) or a list of 1-D prompts,
+left-padded here with the pad id (``pad_token_id``, else the target's generation config's or config's, else the
+first eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer tensor or any iterable of ints
+(list, tuple, set); ``tree`` as a Tree, a DynamicTree or a tree-spec dict (treespec.tree_spec). Refused: a
+target that is not a causal LM with an LM head, a target in training mode (dropout would make its output
+random), ALiBi models (their position biases cannot follow a tree), an attention implementation that cannot
+take a tree mask, flex_attention on CPU, a target whose cache layers cannot be rolled back to an accepted path
+(recurrent state: linear attention, state-space and convolution layers; see treespec/cache.py), named with the
+layer types, right padding, and a batch of rows on a target with sliding-window layers (their windows count
+slots, which differ per row).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from treespec.cache import attention_layers, check_rollback
@@ -60,15 +62,19 @@ def vocab_size(model) -> int:
 
 
 def token_ids(value, name: str) -> list[int]:
-    """A flat list of token ids from an int, a numpy integer, a sequence or an integer tensor."""
+    """A flat list of token ids from an int, a numpy integer, an integer tensor, or a list, tuple, set or other
+    iterable of those. A nested list is refused: it is a batch of prompts, never one sequence."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
             raise ValueError(f"{name} must hold integer token ids, got a {value.dtype} tensor")
         return [int(v) for v in value.flatten().tolist()]
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return [int(value)]
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        return [i for v in value for i in token_ids(v, name)]
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        values = list(value)
+        if any(isinstance(v, Iterable) and not (isinstance(v, torch.Tensor) and v.dim() == 0) for v in values):
+            raise ValueError(f"{name} must be a flat sequence of token ids, got a nested one ({_short(value)})")
+        return [i for v in values for i in token_ids(v, name)]
     raise ValueError(f"{name} must be token ids (an int, a sequence of ints or an integer tensor), got {value!r}")
 
 
@@ -81,17 +87,17 @@ def pad_id(target, pad_token_id, eos: list[int]) -> int:
 
 
 def is_prompt_list(input_ids) -> bool:
-    """A list of prompts (1-D tensors or lists of ints), not one prompt of ints."""
+    """A list of prompts (1-D tensors or arrays, lists of ints), not one prompt of ints."""
     return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and \
-        all(isinstance(p, torch.Tensor) or (isinstance(p, Sequence) and not isinstance(p, (str, bytes)))
-            for p in input_ids)
+        all((isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim >= 1) or
+            (isinstance(p, Sequence) and not isinstance(p, (str, bytes))) for p in input_ids)
 
 
 def left_padded(prompts, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A list of 1-D prompts → (input_ids [b, P], attention_mask [b, P]), left-padded with ``pad``."""
     rows = []
     for i, prompt in enumerate(prompts):
-        if isinstance(prompt, torch.Tensor) and prompt.dim() > 1:
+        if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim > 1:
             raise ValueError(f"input_ids[{i}] must be one prompt (1-D), got shape {tuple(prompt.shape)}")
         rows.append(token_ids(prompt, "input_ids"))
     if not all(rows):
@@ -126,15 +132,25 @@ def check_attention_mask(attention_mask, input_ids: torch.Tensor) -> torch.Tenso
     return None if bool(mask.all()) else mask
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_input_ids(input_ids, target, attention_mask=None, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """→ (input_ids [b, P], attention_mask [b, P] or None when nothing is padded)."""
+    if isinstance(input_ids, np.ndarray) and input_ids.dtype != object:
+        input_ids = torch.as_tensor(input_ids)
+    if isinstance(input_ids, (set, frozenset, Mapping)):
+        raise ValueError(f"input_ids must be ordered token ids (a list, a tuple or a tensor), got a "
+                         f"{type(input_ids).__name__}")
     if is_prompt_list(input_ids):
         if attention_mask is not None:
             raise ValueError("a list of prompts is padded here: give no attention_mask with it")
         input_ids, attention_mask = left_padded(input_ids, pad)
     elif not isinstance(input_ids, torch.Tensor):
         input_ids = torch.tensor(token_ids(input_ids, "input_ids"), dtype=torch.long)[None]
-    elif input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+    elif input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
@@ -166,6 +182,31 @@ def check_sampling(temperature, top_p) -> Sampling:
     return Sampling(float(temperature), float(top_p))
 
 
+def uses_alibi(config) -> bool:
+    """Whether the model adds ALiBi biases (Press et al. 2022) instead of rotating positions: Bloom, Falcon
+    with ``alibi=True``, MPT with ``attn_config.alibi``, configs naming ``position_embedding_type="alibi"``."""
+    attn = getattr(config, "attn_config", None)
+    attn_alibi = attn.get("alibi") if isinstance(attn, Mapping) else getattr(attn, "alibi", False)
+    return (getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True
+            or attn_alibi is True or getattr(config, "position_embedding_type", None) == "alibi")
+
+
+def check_model(target) -> None:
+    """A transformers causal LM with an LM head, whose positions a tree mask can carry."""
+    if not isinstance(target, torch.nn.Module) or not hasattr(target, "config") or \
+            not hasattr(target, "get_output_embeddings"):
+        raise ValueError(f"target must be a transformers causal LM (e.g. AutoModelForCausalLM.from_pretrained(...)), "
+                         f"got {type(target).__name__}")
+    if target.get_output_embeddings() is None:
+        raise ValueError(f"target {type(target).__name__} has no LM head (a base model gives hidden states, not "
+                         "logits): load it with AutoModelForCausalLM")
+    if uses_alibi(target.config):
+        # ALiBi models build their biases from a 2-D padding mask's cumulative sum; a tree mask gives them no
+        # per-node distances, so their attention would be wrong (transformers fails inside the model)
+        raise ValueError(f"target {type(target).__name__} ({target.config.model_type}) uses ALiBi position biases, "
+                         "which treespec's tree masks do not carry: use a model with rotary or learned positions")
+
+
 def check_target(target) -> None:
     if target.training:
         raise ValueError("the target is in training mode (dropout makes its output random, so nothing would equal "
@@ -183,16 +224,17 @@ def check_target(target) -> None:
 
 
 def check_tree(tree, drafter) -> Tree | DynamicTree:
-    if drafter is None:
-        tree = build_tree(tree) if isinstance(tree, Mapping) else tree
-        if tree is not None and len(tree) > 0:
-            raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
+    if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
-        tree = build_tree(tree)
+        tree = build_tree(tree, drafter=drafter)  # accuracy kinds use the drafter's own measurements
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
+    if drafter is None:
+        if len(tree) > 0:
+            raise ValueError(f"tree {tree!r} has candidates but no drafter was given to propose them")
+        return Tree.chain(0)
     if isinstance(tree, DynamicTree) and not drafter.grows_dynamic_trees:
         raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
     return tree
@@ -222,10 +264,14 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
     if acceptance not in ACCEPTANCE_MODES:
         raise ValueError(f"unknown acceptance mode {acceptance!r}; expected one of {ACCEPTANCE_MODES}")
+    check_model(target)
     max_new_tokens = check_count(max_new_tokens, "max_new_tokens")
     sampling = check_sampling(temperature, top_p)
     eos_ids = token_ids(eos_token_id, "eos_token_id") if eos_token_id is not None else []
     eos = frozenset(eos_ids)
+    outside = sorted(i for i in eos if not 0 <= i < vocab_size(target))
+    if outside:  # an id no step can emit would never stop decoding
+        raise ValueError(f"eos_token_id must lie in [0, {vocab_size(target)}) (the target's vocabulary), got {outside}")
     pad = pad_id(target, pad_token_id, eos_ids)
     given, mask = check_input_ids(input_ids, target, attention_mask, pad)
     lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()

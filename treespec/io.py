@@ -39,15 +39,35 @@ def atomic_write_json(path: str | os.PathLike, obj, **kwargs) -> Path:
     return atomic_write_text(path, json.dumps(obj, **kwargs))
 
 
-def read_json(path: str | os.PathLike, what: str = "file") -> dict:
-    """A JSON file's contents; a missing, unreadable or malformed file is a ValueError naming it."""
+def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` when it is a regular file (a link to one included); a missing path, a folder or a device
+    (a weight file linked to /dev/zero reads forever) is an error naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist" + (
+            f" (it is a link to {os.readlink(path)}, which is missing)" if path.is_symlink() else ""))
+    target = f" (a link to {path.resolve()})" if path.is_symlink() else ""
+    raise ValueError(f"{what} {path}{target} is not a regular file")
+
+
+def read_json(path: str | os.PathLike, what: str = "file", kind: type | None = None):
+    """A JSON file's contents; a missing, unreadable or malformed file is an error naming it (FileNotFoundError
+    when it is missing, ValueError otherwise), and so is contents that are not a ``kind`` (dict, list) when
+    one is given."""
+    path = regular_file(path, what)
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{what} {path} is not valid JSON ({err}); the file is truncated or corrupt") from None
+    except RecursionError:
+        raise ValueError(f"{what} {path} nests too deeply to be read (thousands of levels): not a file treespec "
+                         "wrote") from None
+    if kind is not None and not isinstance(obj, kind):
+        expected = {dict: "a JSON object", list: "a JSON list"}.get(kind, kind.__name__)
+        raise ValueError(f"{what} {path} must hold {expected}, got {type(obj).__name__}: {str(obj)[:60]}")
+    return obj
 
 
 def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
@@ -55,9 +75,10 @@ def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
 
     A missing, truncated or corrupt file is a ValueError naming it, and so is a floating-point tensor
     holding NaN or infinity (naming the tensor): no caller should train or decode from such weights."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{what} {path} does not exist")
+    try:
+        path = regular_file(path, what)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
     try:
         tensors = load_file(path, device="cpu")
     except (SafetensorError, OSError, RuntimeError) as err:
@@ -68,6 +89,33 @@ def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{what} {path}: tensor {name!r} holds non-finite values (NaN or inf)")
     return tensors
+
+
+def index_shards(path: str | os.PathLike, what: str = "weight index") -> list[str]:
+    """The shard files a ``*.index.json`` lists (its ``weight_map`` values), sorted: paths relative to the index's
+    folder, inside it (``../x`` or an absolute path is refused, so an index cannot make a loader read elsewhere)."""
+    path = Path(path)
+    index = read_json(path, what, dict)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{what} {path} has no weight_map")
+    names = sorted(set(map(str, weight_map.values())))
+    outside = [n for n in names if Path(n).is_absolute() or ".." in Path(n).parts]
+    if outside:
+        raise ValueError(f"{what} {path} names shards outside its folder ({', '.join(outside)}): shard paths must be "
+                         "file names inside the folder")
+    return names
+
+
+def check_float_weights(weights: dict, module: torch.nn.Module, where: str) -> None:
+    """Refuse integer or boolean tensors for ``module``'s floating-point parameters and buffers (load_state_dict
+    would cast them silently: an int32 weight file is not trained weights). ``where`` names the file."""
+    expected = module.state_dict()
+    bad = [f"{name} ({t.dtype})" for name, t in weights.items()
+           if name in expected and expected[name].is_floating_point() and not t.is_floating_point()]
+    if bad:
+        raise ValueError(f"{where}: {', '.join(bad[:3])} should hold floating-point weights; integer or boolean "
+                         "tensors are not trained weights (a corrupt or wrongly converted file?)")
 
 
 def weights_digest(module) -> str:

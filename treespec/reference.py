@@ -11,10 +11,14 @@ prompts; and the one loader every job uses for a model named in a config.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from treespec.io import index_shards, read_json, regular_file
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 NAMES = ("target", "draft")
@@ -49,23 +53,97 @@ def load(name: str, *, dtype: torch.dtype = torch.float32, attn_implementation: 
 
 def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"):
     """(model in eval mode, tokenizer) from ``reference:<name>`` or a transformers model folder. A folder
-    that transformers cannot read, or weights with NaN/inf, is an error naming the folder."""
+    that transformers cannot read, weight files that are missing, truncated, integer-typed or outside the
+    folder (``check_weight_files``), a tensor the model needs that the files lack (transformers would keep
+    its random initialisation), a shape that differs from the config's, or weights with NaN/inf are errors
+    naming the folder (and file or tensor)."""
     folder = resolve(spec)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if not (folder / "config.json").is_file():
+    dtype = float_dtype(dtype)
+    config = read_json(folder / "config.json", "model config", dict) if (folder / "config.json").exists() else None
+    if config is None:
         raise FileNotFoundError(f"{folder} holds no config.json: not a transformers model folder")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot load the model in {folder}: {err}") from err
+    for key in ("dtype", "torch_dtype"):  # transformers turns the name into a torch attribute
+        if isinstance(config.get(key), str) and config[key] != "auto":
+            try:
+                float_dtype(config[key])
+            except ValueError:
+                raise ValueError(f"model config {folder / 'config.json'}: {key}={config[key]!r} is not a "
+                                 "floating-point torch dtype (float32, bfloat16, float16)") from None
+    check_weight_files(folder, quantized="quantization_config" in config)
+    try:  # mismatched shapes are reported in ``info`` and refused below, naming the tensors
+        model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
+                                                           output_loading_info=True, ignore_mismatched_sizes=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"the pickled weights in {folder} hold objects other than tensors: refused "
+                         "(torch.load(weights_only=True) ran nothing); convert trusted weights to safetensors"
+                         ) from None
+    except Exception as err:  # a config field of the wrong type, an unknown model type, ...
+        raise ValueError(f"cannot load the model in {folder}: {type(err).__name__}: {brief(err)}") from None
+    owned = {name for name, _ in model.named_parameters()}  # a tied copy (lm_head = embeddings) is not its own
+    missing = sorted(info["missing_keys"] & owned)
+    shapes = sorted(f"{key} {tuple(saved)} in the file, {tuple(wanted)} by the config"
+                    for key, saved, wanted in info["mismatched_keys"])
+    problems = [f"{what} {', '.join(keys[:3])}" for what, keys in
+                (("missing (transformers would leave them randomly initialised):", missing),
+                 ("of another shape:", shapes)) if keys]
+    if problems or info["error_msgs"]:
+        raise ValueError(f"the weights in {folder} do not fit its config.json: "
+                         + "; ".join(problems + list(info["error_msgs"])[:2]))
     bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
     if bad:
         raise ValueError(f"the weights in {folder} hold NaN or infinite values ({', '.join(bad[:3])}): corrupt file?")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot load the tokenizer in {folder}: {err}") from err
+    except Exception as err:  # a missing or corrupt tokenizer file, a config field the tokenizer reads, ...
+        raise ValueError(f"cannot load the tokenizer in {folder}: {type(err).__name__}: {brief(err)}") from None
     return model.eval(), tokenizer
+
+
+def brief(err: Exception, limit: int = 300) -> str:
+    """An exception's message on one line, cut to ``limit`` characters."""
+    text = " ".join(str(err).split()) or "no detail"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def float_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating-point torch dtype from itself or its name ("bfloat16", "torch.float16")."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch dtype or its name (float32, bfloat16, float16), "
+                         f"got {dtype!r}")
+    return dtype
+
+
+# weight files transformers reads, in its order; each index lists shards
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def check_weight_files(folder: Path, quantized: bool = False) -> None:
+    """Before transformers reads ``folder``: its weight files are regular files inside it, safetensors
+    headers are readable (a truncated file is named here, not as a bare SafetensorError), and no
+    safetensors tensor is integer or boolean unless the config declares a quantization (transformers
+    would cast it to the float dtype silently)."""
+    present = [name for name in WEIGHT_FILES if (folder / name).is_symlink() or (folder / name).exists()]
+    if not present:
+        return  # transformers names what it looked for
+    name = present[0]
+    files = [name] if not name.endswith(".index.json") else index_shards(folder / name)
+    for file in files:
+        path = regular_file(folder / file, "weight file")
+        if path.suffix != ".safetensors":
+            continue  # a pickle: transformers reads it with weights_only=True (refusals are wrapped above)
+        try:
+            with safe_open(path, "pt") as reader:
+                dtypes = {key: reader.get_slice(key).get_dtype() for key in reader.keys()}
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"weight file {path} cannot be read as safetensors ({err}); the file is truncated or "
+                             "corrupt") from None
+        ints = [f"{k} ({t})" for k, t in dtypes.items() if not t.startswith(("F", "BF"))]
+        if ints and not quantized:
+            raise ValueError(f"weight file {path} holds integer or boolean tensors ({', '.join(ints[:3])}) and "
+                             "config.json declares no quantization: these are not trained weights")
 
 
 def prompts(split: str = "test") -> list[str]:

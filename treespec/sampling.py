@@ -42,10 +42,13 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """
     logits = logits.float()
     if sampling.greedy:
-        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(argmax(logits, check_finite=True), logits.shape[-1]).float()
     # Subtract the max before dividing: logits / T overflows to inf (then NaN) for tiny T, while the shifted
-    # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared).
-    p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / sampling.temperature, dim=-1)
+    # logits only go to -inf, which is the exact T → 0 limit (the argmax, ties shared). T below float32's
+    # smallest normal number would round to 0 in the division (0 / 0 = NaN): it divides as that number, which
+    # already sends every logit difference a float32 can hold to -inf.
+    temperature = max(sampling.temperature, torch.finfo(torch.float32).tiny)
+    p = torch.softmax((logits - logits.amax(-1, keepdim=True)) / temperature, dim=-1)
     if sampling.top_p < 1.0:
         p = nucleus(p, sampling.top_p)
     return p
@@ -69,16 +72,31 @@ def nucleus(p: torch.Tensor, top_p: float, first_k: int = 64) -> torch.Tensor:
     return torch.zeros_like(p).scatter_(-1, order, kept)
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
+def argmax(logits: torch.Tensor, check_finite: bool = False) -> torch.Tensor:
     """``logits.argmax(-1)``: [..., V] → LongTensor [...], the first maximal index of each row.
 
     A float32/float64 CPU tensor goes through numpy: torch's CPU argmax is a scalar loop, numpy's is
     vectorised, an order of magnitude faster on a vocabulary-wide row. Greedy decoding takes one per step
     and a tree pass one per node, so this is engine time. Both return the first maximum on ties and the
-    first NaN when there is one."""
+    first NaN when there is one.
+
+    ``check_finite``: raise ValueError when a row's chosen logit is NaN or infinite (a row holding a NaN
+    chooses it, a row holding +inf or only -inf chooses a non-finite one), as sampling does: greedy decoding
+    of a broken model is an error, never token 0. Only the chosen values are checked, one per row."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
-        return torch.from_numpy(np.asarray(logits.numpy().argmax(-1)))  # a 1-D row gives a numpy scalar
-    return logits.argmax(-1)
+        array = logits.numpy()
+        index = np.asarray(array.argmax(-1))  # a 1-D row gives a numpy scalar
+        if check_finite and not np.isfinite(np.take_along_axis(array, index[..., None], -1)).all():
+            raise ValueError(NOT_FINITE)
+        return torch.from_numpy(index)
+    index = logits.argmax(-1)
+    if check_finite and not bool(torch.isfinite(logits.gather(-1, index[..., None])).all()):
+        raise ValueError(NOT_FINITE)
+    return index
+
+
+NOT_FINITE = ("cannot decode greedily: the target's logits hold NaN or infinite values (a model producing NaN/inf: "
+              "check its weights and dtype)")
 
 
 def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:

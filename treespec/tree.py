@@ -5,21 +5,39 @@ verified together with the candidates; nodes 1..n are the candidates in breadth-
 then by path). A path ``(r0, r1, ...)`` names the node reached by taking the r0-th ranked candidate at
 depth 1, then the r1-th ranked child of that, and so on (Medusa's "choices", Cai et al. 2024).
 ``len(tree)`` is n, the number of candidates; a verification pass feeds n + 1 tokens.
+
+``tree.save(path)`` writes its paths as JSON and ``Tree.load(path)`` reads them back (a dynamic tree's
+settings, saved with treespec.tree_spec.save_tree, come back as the spec dict generate() also takes): the
+comparison saves every configuration's tree that way, so the best one can be handed to
+``generate(..., tree=Tree.load(".../best_tree.json"))``.
 """
 
 from __future__ import annotations
 
+import numbers
 from functools import cached_property
 from itertools import product
+from pathlib import Path
 
 import torch
+
+from treespec.io import atomic_write_json, read_json
+
+
+def whole(value, what: str) -> int:
+    """``value`` as an int when it is an integer (int, numpy integer); anything else (4.7, "4", True) is a
+    ValueError naming ``what``: a tree size is never rounded silently."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return int(value)
 
 
 class Tree:
     """An immutable token-tree topology. All tensors index nodes 0..n (0 = root)."""
 
     def __init__(self, paths):
-        paths = [tuple(int(r) for r in p) for p in paths]
+        paths = [p if type(p) is tuple and all(type(r) is int for r in p) else  # ints already: the per-step fast path
+                 tuple(whole(r, f"tree path {tuple(p)!r}: a rank") for r in p) for p in paths]
         seen = set()
         for p in paths:
             if len(p) == 0:
@@ -51,6 +69,7 @@ class Tree:
     @classmethod
     def chain(cls, depth: int) -> Tree:
         """γ = depth top-1 candidates in a line: classic (chain) speculative decoding."""
+        depth = whole(depth, "chain depth")
         if depth < 0:
             raise ValueError(f"chain depth must be >= 0, got {depth}")
         return cls([(0,) * d for d in range(1, depth + 1)])
@@ -58,9 +77,39 @@ class Tree:
     @classmethod
     def full(cls, width: int, depth: int) -> Tree:
         """Every node has ``width`` children down to ``depth``: width + width² + ... nodes."""
+        width, depth = whole(width, "full tree width"), whole(depth, "full tree depth")
         if width < 1 or depth < 0:
             raise ValueError(f"full tree needs width >= 1 and depth >= 0, got width={width}, depth={depth}")
         return cls([p for d in range(1, depth + 1) for p in product(range(width), repeat=d)])
+
+    # -- files ---------------------------------------------------------------------------------
+    def to_spec(self) -> dict:
+        """The tree-spec dict that builds this tree again: its paths (a chain of depth 0 when empty)."""
+        if not len(self):  # no candidates (auto chose not to speculate): vanilla decoding
+            return {"kind": "chain", "depth": 0}
+        return {"kind": "paths", "paths": [list(p) for p in self.paths]}
+
+    def save(self, path, /, **about) -> Path:
+        """Write ``{"kind": "paths", "paths": [...], "about": about}`` to ``path`` (JSON); ``about`` says where
+        the tree came from (drafter, run, measured speedup). Returns the path."""
+        return write_spec(self.to_spec(), path, **about)
+
+    @staticmethod
+    def load(path) -> Tree | dict:
+        """The tree a ``save`` file holds. A file of another kind (a dynamic tree's settings, written by
+        treespec.tree_spec.save_tree) gives its tree-spec dict, which generate() takes as ``tree=`` too."""
+        data = read_json(path, "tree file")
+        if not isinstance(data, dict) or "kind" not in data:
+            raise ValueError(f"tree file {path} holds {type(data).__name__}, not a tree spec with a kind")
+        spec = {k: v for k, v in data.items() if k != "about"}
+        try:
+            if spec["kind"] == "paths" and set(spec) == {"kind", "paths"}:
+                return Tree.from_paths([tuple(p) for p in spec["paths"]])
+            if spec["kind"] == "chain" and set(spec) == {"kind", "depth"} and isinstance(spec["depth"], int):
+                return Tree.chain(spec["depth"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"tree file {path}: {err}") from None
+        return spec
 
     # -- topology -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -167,3 +216,9 @@ class Tree:
         for p in self.paths:
             ks[len(p) - 1] = max(ks[len(p) - 1], p[-1] + 1)
         return ks
+
+
+def write_spec(spec: dict, path, /, **about) -> Path:
+    """A tree-spec dict as JSON at ``path`` (folders made), ``about`` under "about"."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(path, {**spec, **({"about": about} if about else {})}, default=str)

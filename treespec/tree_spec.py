@@ -14,15 +14,24 @@ Dynamic kind (grown by the drafter every step; EAGLE-2):
 ``check_tree_spec`` validates a spec without building it (jobs call it at start-up, before any model is
 loaded or trained); ``build_tree`` builds it from what the kind needs. Unknown kinds, unknown keys, missing
 keys and bad values raise ValueError naming the spec.
+
+The accuracy kinds need the drafter's measurements. Given a ``drafter`` (generate() passes its own), they
+come from it: ``drafter.accuracy`` (a trained drafter's folder holds them, head_accuracy.json, and
+treespec.heads.load reads them) and, for "auto", ``drafter.tree_chooser`` (made from the device's cost
+curve saved beside it, cost_curve.json: treespec.autotree.save_cost_curve / saved_chooser).
+
+``save_tree``/``load_tree`` (``Tree.save``/``Tree.load``) keep a resolved tree as JSON: its paths, or a
+dynamic tree's settings, so a tree chosen by a comparison run can be used elsewhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from treespec.analysis import grow_tree
 from treespec.dynamic_tree import DynamicTree
-from treespec.tree import Tree
+from treespec.tree import Tree, write_spec
 
 # kind → (required keys, optional keys with their defaults)
 KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
@@ -51,16 +60,20 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
     return spec
 
 
-def build_tree(spec, accuracy=None, choose=None) -> Tree | DynamicTree:
+def build_tree(spec, accuracy=None, choose=None, drafter=None) -> Tree | DynamicTree:
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
     "accuracy" and "auto"); ``choose(accuracy, max_nodes) -> Tree`` picks the "auto" tree (it needs the
-    device's cost curve, see treespec.autotree.auto_chooser)."""
+    device's cost curve, see treespec.autotree.auto_chooser). Without them, a ``drafter``'s own
+    ``accuracy`` and ``tree_chooser`` are used (module docstring)."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
     kind = spec["kind"]
+    if drafter is not None and kind in NEEDS_ACCURACY:
+        accuracy = accuracy if accuracy is not None else drafter.accuracy
+        choose = choose if choose is not None else drafter.tree_chooser
     try:
         if kind == "chain":
             return Tree.chain(_int(spec["depth"]))
@@ -71,11 +84,14 @@ def build_tree(spec, accuracy=None, choose=None) -> Tree | DynamicTree:
         if kind == "dynamic":
             return DynamicTree(_int(spec["total_tokens"]), _int(spec["depth"]), _int(spec["top_k"]))
         if accuracy is None:
-            raise ValueError("needs the drafter's measured per-depth top-k accuracies (train it first)")
+            raise ValueError("needs the drafter's measured per-depth top-k accuracies: a trained drafter's folder "
+                             "holds them (head_accuracy.json, read by treespec.heads.load), or set drafter.accuracy")
         if kind == "accuracy":
             return grow_tree(accuracy, _int(spec["nodes"]))
         if choose is None:
-            raise ValueError("needs the device's cost curve to choose from (treespec.autotree.auto_chooser)")
+            raise ValueError("needs this device's cost curve to choose from: save one beside the drafter "
+                             "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or set "
+                             "drafter.tree_chooser = treespec.autotree.auto_chooser(measure_cost_curve(target))")
         return choose(accuracy, _int(spec["max_nodes"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad tree spec {spec}: {err}") from None
@@ -105,3 +121,32 @@ def _int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{value!r} is not an integer")
     return value
+
+
+# -- files -------------------------------------------------------------------------------------------------
+def tree_to_spec(tree: Tree | DynamicTree) -> dict:
+    """The spec that builds ``tree`` again: its paths (Tree.to_spec), or its dynamic settings."""
+    if isinstance(tree, DynamicTree):
+        return {"kind": "dynamic", "total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k}
+    if not isinstance(tree, Tree):
+        raise ValueError(f"only a Tree or a DynamicTree can be saved, got {type(tree).__name__}")
+    return tree.to_spec()
+
+
+def save_tree(tree: Tree | DynamicTree, path, /, **about) -> Path:
+    """``tree`` as JSON at ``path`` (``tree_to_spec``, the format Tree.save writes), ``about`` under "about"."""
+    return write_spec(tree_to_spec(tree), path, **about)
+
+
+def load_tree(path) -> Tree | DynamicTree:
+    """The Tree or DynamicTree a ``save_tree`` file holds; a file holding anything else is named."""
+    spec = Tree.load(path)
+    if isinstance(spec, Tree):
+        return spec
+    if spec.get("kind") in NEEDS_ACCURACY:
+        raise ValueError(f"tree file {path} holds {spec}, which still needs a drafter's accuracies: save the tree it "
+                         "resolved to (its paths)")
+    try:
+        return build_tree(spec)
+    except ValueError as err:
+        raise ValueError(f"tree file {path}: {err}") from None

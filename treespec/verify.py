@@ -140,7 +140,7 @@ def _deepest_passing(tree: Tree, passes: list[bool]) -> int:
 
 def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
     tree = proposal.tree
-    best_token = argmax(logits).tolist()  # [N]: the one host sync
+    best_token = argmax(logits, check_finite=True).tolist()  # [N]: the one host sync
     drafted = proposal.tokens.tolist()  # [n]
     best = _deepest_passing(tree, [x == best_token[p] for x, p in zip(drafted, tree.parent_list[1:], strict=True)])
     return Walk(path=tree.path_to(best), next_token=best_token[best])
