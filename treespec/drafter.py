@@ -16,9 +16,9 @@ drafter's side:
    states at the root and at each accepted node, so drafters with their own caches stay in sync.
 4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
 
-A drafter holds one sequence's state (its caches, the committed length), so it serves one generate() call at
-a time: a second call that starts while the first holds it (another thread) is refused with a RuntimeError
-(``in_use``); give each thread its own drafter.
+A drafter holds one generation's state (its rows' caches, their committed lengths), so it serves one
+generate() call at a time: a second call that starts while the first holds it (another thread) is refused
+with a RuntimeError (``in_use``); give each thread its own drafter.
 
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
 EAGLE-2's sibling-by-sibling rule) or sampled i.i.d. from ``q_draft`` (verified with multi-candidate
@@ -218,14 +218,14 @@ _CLAIMS = threading.Lock()  # makes "is it free? take it" one step when two thre
 @contextlib.contextmanager
 def in_use(drafter: Drafter | None):
     """Hold ``drafter`` for one generate() call; one already held (by a call in another thread) is a
-    RuntimeError: its per-sequence state would be overwritten mid-decoding."""
+    RuntimeError: its per-generation state would be overwritten mid-decoding."""
     if drafter is None:
         yield
         return
     with _CLAIMS:
         if getattr(drafter, "_serving", False):
             raise RuntimeError(f"this {type(drafter).__name__} is already decoding in another generate() call: a "
-                               "drafter holds one sequence's state and serves one generation at a time; give each "
+                               "drafter holds one generation's state and serves one generation at a time; give each "
                                "thread its own drafter")
         drafter._serving = True
     try:
