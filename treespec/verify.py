@@ -27,8 +27,24 @@ Modes
     final residual. Each round is one Leviathan/Chen step whose target is the previous round's
     residual, so by induction the emitted token is distributed as p.
 
+* **Sequence-level verification** (treespec/verify_traversal.py), lossless and never accepting less than
+  token-level rejection in expectation:
+
+  - ``acceptance="block"``: block verification of a chain (Sun, Mendlovic, Leviathan et al. 2024,
+    "Block Verification Accelerates Speculative Decoding", Algorithm 2). Chains only: a branching tree
+    is a ValueError (use "traversal", which is block verification on a chain).
+  - ``acceptance="traversal"``: traversal verification of any tree, static or dynamic (Weng et al. 2025,
+    "Traversal Verification for Speculative Tree Decoding", Algorithm 1): leaf to root, each node
+    accepted with the sequence-level probability of its whole path.
+
+  Both need the distribution each candidate was drawn from: ``q_draft`` for sampled candidates, and for
+  deterministic ones (top-k ranks, dynamic trees) the point mass at the drafted token, which is their
+  exact law given the context (so the rules stay lossless; they then accept as much as EAGLE-2's rule).
+
 * **Typical acceptance** (``acceptance="typical"``; Medusa, Cai et al. 2024): NOT LOSSLESS, NEVER THE
   DEFAULT. See ``walk``.
+
+Under greedy decoding every mode is the greedy walk: the same tokens.
 """
 
 from __future__ import annotations
@@ -40,8 +56,11 @@ import torch
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
 from treespec.tree import Tree
+from treespec.verify_traversal import trials
 
-ACCEPTANCE_MODES = ("rejection", "typical")
+ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
+#: the lossless rules, side by side in the comparison (typical acceptance is not lossless)
+LOSSLESS_MODES = ("rejection", "block", "traversal")
 
 # Probability mass below which a distribution is treated as empty. p and q are float32 and sum to 1 up
 # to ~1e-7; a residual that small is rounding noise, and sampling from it would amplify that noise (or
@@ -101,8 +120,14 @@ def walk(
             f"q_draft must match logits' shape [N, V] = {tuple(logits.shape)}, got {tuple(q_draft.shape)}"
         )
 
+    if acceptance == "block" and not tree.is_chain:
+        raise ValueError(f"acceptance='block' verifies chains (Sun et al. 2024) and {tree!r} branches: use "
+                         "acceptance='traversal', which is block verification on a chain and handles trees")
+
     if sampling.greedy:
         return _walk_greedy(logits, proposal)
+    if acceptance in ("block", "traversal"):
+        return _walk_sequence(logits, proposal, sampling, generator)
     if acceptance == "typical":
         return _walk_typical(logits, proposal, sampling, generator, typical_epsilon, typical_delta)
     return _walk_rejection(logits, proposal, sampling, generator)
@@ -232,3 +257,40 @@ def _siblings_sampled(p_target, q, drafted, uniform):
         if mass > _EMPTY_MASS:
             residual = update / mass
     return None, residual
+
+
+# -- sequence-level: block and traversal verification ------------------------------------------------
+def _walk_sequence(logits, proposal, sampling, generator) -> Walk:
+    """Traversal verification (block verification on a chain): try the nodes leaf to root and stop at the
+    first accepted one."""
+    tree = proposal.tree
+    # at most one trial per node: every uniform drawn up front, on the generator's own device
+    uniform = torch.rand(tree.num_nodes, generator=generator, device=generator_device(generator)).tolist()
+    for u, trial in zip(uniform, sequence_trials(logits, proposal, sampling), strict=False):
+        if u < trial.probability or trial.node == 0:
+            next_token = int(sample(trial.mass.next_distribution(), generator))
+            return Walk(path=tree.path_to(trial.node), next_token=next_token)
+    raise AssertionError("the traversal ends at the root, which is always accepted")
+
+
+def sequence_trials(logits: torch.Tensor, proposal: Proposal, sampling: Sampling):
+    """The traversal's trials (treespec/verify_traversal.py) for this proposal at this sampling: what
+    ``walk`` draws against, and what tests sum to the walk's exact output law. Rows of p_target and
+    q_draft are made and brought to the host only for the nodes the traversal reaches."""
+    tree, q_draft = proposal.tree, proposal.q_draft
+    p_table = probs(logits, sampling).cpu() if logits.numel() <= _ONE_CALL_NUMEL else None  # [N, V] or None
+
+    def target_row(node: int) -> torch.Tensor:
+        return p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()
+
+    draft_rows: dict[int, torch.Tensor] = {}
+
+    def draft_of(child: int) -> torch.Tensor | None:
+        if q_draft is None:
+            return None  # deterministic: the point mass at the child's token
+        parent = tree.parent_list[child]
+        if parent not in draft_rows:
+            draft_rows[parent] = q_draft[parent].float().cpu()
+        return draft_rows[parent]
+
+    return trials(tree, proposal.tokens.tolist(), target_row, draft_of)
