@@ -10,7 +10,9 @@ one of two ways:
 
 * a static ``Tree``: node i's children are the top-k ranks its tree paths name (deterministic), or
   i.i.d. samples from the draft distribution (``candidates="sample"`` at temperature > 0; ``q_draft``
-  is returned for the walker's multi-candidate rejection rule);
+  is returned for the walker's multi-candidate rejection rule), or distinct samples drawn without
+  replacement (``candidates="without_replacement"``: Gumbel-top-k, verified by recursive rejection
+  sampling, Jeon et al. 2024);
 * a ``DynamicTree`` (EAGLE-2, Li et al. 2024b): at each depth the ``top_k`` newest nodes with the highest
   cumulative draft log-probability are expanded, each proposing its ``top_k`` likeliest children;
   ``DynamicTree.select`` then keeps the best ``total_tokens`` nodes as a connected Tree whose ranks
@@ -26,9 +28,9 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import attention_masks, keep_tree_path
-from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal
+from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposal
 from treespec.dynamic_tree import DynamicTree
-from treespec.sampling import Sampling, probs, sample, top_k
+from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
 from treespec.tree import Tree
 
 
@@ -67,7 +69,8 @@ class ExpandingDrafter(Drafter):
     keeps_expanded_path: bool = True
 
     def __init__(self, model, default_tree, candidates: str = "topk"):
-        """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0)."""
+        """candidates: "topk" (deterministic ranks), "sample" (i.i.d. from q_draft when temperature > 0) or
+        "without_replacement" (distinct siblings drawn one after another from q_draft)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         self.model = model.eval()
@@ -108,9 +111,9 @@ class ExpandingDrafter(Drafter):
         logits = self._start(committed, feature)  # [1, V]
         self._expanded = []
         if isinstance(tree, DynamicTree):
-            if self.candidates == "sample" and not sampling.greedy:
-                raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates='sample' needs a static "
-                                 "Tree")
+            if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
+                raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={self.candidates!r} "
+                                 "needs a static Tree")
             return self._grow_dynamic(logits, tree)
         return self._grow_static(logits, tree, sampling, generator)
 
@@ -133,7 +136,8 @@ class ExpandingDrafter(Drafter):
         return logits
 
     def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposal:
-        draw = self.candidates == "sample" and not sampling.greedy
+        draw = self.candidates in SAMPLED_CANDIDATES and not sampling.greedy
+        distinct = draw and self.candidates == "without_replacement"
         nodes = GrownNodes.of_tree(tree)
         q_draft = torch.zeros(tree.num_nodes, logits.shape[-1], device=logits.device) if draw else None  # [N, V]
         frontier = [0]
@@ -146,7 +150,8 @@ class ExpandingDrafter(Drafter):
                     continue
                 if draw:
                     q_draft[node] = q[row]
-                    picks.append(sample(q[row].expand(len(kids), -1), generator))
+                    picks.append(sample_without_replacement(q[row], len(kids), generator) if distinct else
+                                 sample(q[row].expand(len(kids), -1), generator))
                 else:  # the rank-r child is the r-th most likely draft token
                     ranks = tree.ranks[kids]
                     picks.append(top_k(logits[row], int(ranks.max()) + 1)[ranks.to(logits.device)])
@@ -160,7 +165,8 @@ class ExpandingDrafter(Drafter):
                 break
             logits = self._expand(nodes, frontier)
         self._grown_of = list(range(tree.num_nodes))
-        return Proposal(tree=tree, tokens=torch.tensor(nodes.tokens[1:], dtype=torch.long), q_draft=q_draft)
+        return Proposal(tree=tree, tokens=torch.tensor(nodes.tokens[1:], dtype=torch.long), q_draft=q_draft,
+                        without_replacement=distinct)
 
     def _grow_dynamic(self, logits, policy: DynamicTree) -> Proposal:
         nodes = GrownNodes()

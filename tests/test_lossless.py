@@ -77,12 +77,18 @@ CASES = {
                                "traversal"),
     "traversal-prompt-lookup-tree": (lambda t: PromptLookup(max_ngram=2), Tree.full(2, 2), Sampling(1.0),
                                      "traversal"),
+    # siblings drawn without replacement (Gumbel-top-k), recursive rejection sampling (Jeon et al. 2024)
+    "without-replacement-tree": (lambda t: DraftModel(perturbed(t, 1.0), candidates="without_replacement"),
+                                 Tree.full(3, 2), Sampling(1.0)),
+    "without-replacement-traversal-top_p": (lambda t: DraftModel(perturbed(t, 1.0), candidates="without_replacement"),
+                                            Tree.full(3, 2), Sampling(0.6, 0.95), "traversal"),
 }
 
 
 # the default suite runs one case per sequence-level rule and tree kind; the rest run with -m slow (the walker's
 # own tests, tests/test_verify_sequence.py, cover them all fast, exactly and by chi-square)
-SLOW = {"block-chain-prompt-lookup", "traversal-tree-sampled-t06-top_p", "traversal-prompt-lookup-tree"}
+SLOW = {"block-chain-prompt-lookup", "traversal-tree-sampled-t06-top_p", "traversal-prompt-lookup-tree",
+        "without-replacement-traversal-top_p"}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])

@@ -1,5 +1,6 @@
-"""Block and traversal verification (treespec/verify_traversal.py, modes of the one walker): lossless, greedy-exact,
-faithful to Sun et al.'s block verification on chains, and accepting at least as much as token-level rejection.
+"""Block and traversal verification (treespec/verify_traversal.py, modes of the one walker), and candidates drawn
+without replacement (recursive rejection sampling, Jeon et al. 2024): lossless, greedy-exact, faithful to Sun et
+al.'s block verification on chains, and accepting at least as much as token-level rejection.
 
 Losslessness is shown two ways on the toy world of tests/test_verify.py. Exactly: the walker's trials give
 the law of its output for one draft (Σ_k Π_{j<k}(1 − a_j) · a_k · next-token law at trial k), which summed
@@ -20,7 +21,7 @@ import torch
 
 from treespec import verify_traversal
 from treespec.drafter import Proposal
-from treespec.sampling import Sampling, probs
+from treespec.sampling import Sampling, probs, sample_without_replacement
 from treespec.tree import Tree
 from treespec.verify import sequence_trials, walk
 
@@ -54,20 +55,29 @@ def trial_law(world: World, proposal: Proposal, logits: torch.Tensor, sampling: 
 
 def exact_walk_law(world: World, tree: Tree, sampling: Sampling, draws: str) -> np.ndarray:
     """The walker's law of the first two tokens over the drafter's randomness: float64 [V, V]. draws:
-    "sampled" (children i.i.d. from the draft, every draft enumerated), "topk" or "topk-duplicates"."""
+    "sampled" (children i.i.d. from the draft, every draft enumerated), "without_replacement" (siblings
+    drawn one after another, each from the draft without the earlier ones), "topk" or "topk-duplicates"."""
     if draws != "sampled":
         proposal, logits = world.deterministic_proposal(tree, sampling, duplicate_ranks=draws == "topk-duplicates")
         return trial_law(world, proposal, logits, sampling)
     q_table = probs(world.draft, sampling)  # [rows, V]
-    total = np.zeros((world.vocab, world.vocab))
+    total, spent = np.zeros((world.vocab, world.vocab)), []
     for tokens in itertools.product(range(world.vocab), repeat=len(tree)):
         codes, weight = [0] * tree.num_nodes, 1.0
         for i in range(1, tree.num_nodes):
             parent = tree.parent_list[i]
-            weight *= float(q_table[codes[parent], tokens[i - 1]])
+            q = q_table[codes[parent]].clone()
+            if draws == "without_replacement":
+                taken = [tokens[s - 1] for s in tree.children[parent] if s < i]
+                q[taken] = 0.0
+                if float(q.sum()) <= 1e-6:  # the draft is spent: the first token not drawn yet (as World draws)
+                    q = torch.tensor([float(x not in taken) for x in range(world.vocab)])
+                    q[int(q.argmax()) + 1 :] = 0.0
+                    spent.append(i)
+            weight *= float(q[tokens[i - 1]] / q.sum())
             codes[i] = world.child_code(codes[parent], tokens[i - 1])
         if weight > 0:
-            proposal = Proposal(tree, torch.tensor(tokens), q_table[codes])
+            proposal = Proposal(tree, torch.tensor(tokens), q_table[codes], draws == "without_replacement")
             total += weight * trial_law(world, proposal, world.target[codes], sampling)
     return total
 
@@ -84,6 +94,9 @@ EXACT_CASES = [
     (UNEVEN, 3, T1, "topk"),  # node 1's three children cover the vocabulary: every residual empties
     (UNEVEN, 5, T06, "topk"),
     (UNEVEN, 5, T1, "topk-duplicates"),
+    (Tree.full(2, 2), 4, T1, "without_replacement"),
+    (Tree.full(3, 2), 3, T06, "without_replacement"),  # three siblings, top-p: the draft is spent before the last
+    (UNEVEN, 3, T1, "without_replacement"),
 ]
 
 
@@ -140,6 +153,10 @@ CHI2_CASES = [
     ("traversal-iid-uneven", "traversal", UNEVEN, 5, T1, True),
     ("traversal-topk-uneven", "traversal", UNEVEN, 5, T1, False),
     ("traversal-iid-full22-t06-topp", "traversal", Tree.full(2, 2), 6, T06, True),
+    # candidates drawn without replacement: recursive rejection sampling, token-level and in the traversal
+    ("rejection-distinct-full32", "rejection", Tree.full(3, 2), 4, T1, "without_replacement"),
+    ("rejection-distinct-full22-t06-topp", "rejection", Tree.full(2, 2), 6, T06, "without_replacement"),
+    ("traversal-distinct-uneven", "traversal", UNEVEN, 5, T1, "without_replacement"),
 ]
 
 
@@ -148,7 +165,8 @@ CHI2_CASES = [
 def test_walks_are_lossless(acceptance, tree, vocab, sampling, sampled):
     world = World(vocab, tree.depth, seed=vocab * 100 + len(tree))
     walker = functools.partial(walk, acceptance=acceptance)
-    counts = first_two_counts(world, walker, tree, sampling, sampled=sampled)
+    counts = first_two_counts(world, walker, tree, sampling, sampled=bool(sampled),
+                              without_replacement=sampled == "without_replacement")
     assert chi2_pvalue(counts, world.exact_first_two(sampling)) > ALPHA
 
 
@@ -213,3 +231,39 @@ def test_certain_path_is_accepted():
         g = torch.Generator().manual_seed(seed)
         w = walk(logits, Proposal(tree, tokens), T1, acceptance="traversal", generator=g)
         assert w.path.tolist() == [1, 3] and w.next_token == 0
+
+
+def test_recursive_rejection_without_the_draft_update_is_detected(monkeypatch):
+    """Negative control: siblings drawn without replacement but verified as if i.i.d. (the draft law not
+    updated after each sibling) is biased, and the chi-square test sees it."""
+    from treespec import verify
+
+    monkeypatch.setattr(verify, "draft_after", lambda draft, token: draft)
+    world = World(3, 1, seed=7, draft_noise=2.0)
+    counts = first_two_counts(world, walk, Tree.full(2, 1), T1, sampled=True, without_replacement=True)
+    assert chi2_pvalue(counts, world.exact_first_two(T1)) < ALPHA
+
+
+def test_gumbel_top_k_draws_one_after_another():
+    """sample_without_replacement (the drafters' draw): the ordered pair law is p(a) · p(b) / (1 − p(a))."""
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros((5, 5))
+    for _ in range(20_000):
+        a, b = sample_without_replacement(p, 2, g).tolist()
+        counts[a, b] += 1
+    expected = (p[:, None] * p[None, :] / (1 - p[:, None])).fill_diagonal_(0.0).double().numpy()
+    assert chi2_pvalue(counts, expected) > ALPHA
+    assert sample_without_replacement(torch.tensor([0.0, 1.0, 0.0]), 3, g)[0] == 1  # zero-mass tokens come last
+
+
+def test_dynamic_trees_refuse_sampled_candidates():
+    from treespec.dynamic_tree import DynamicTree
+    from treespec.heads import DraftModel
+
+    from .tiny_models import tiny_llama
+
+    drafter = DraftModel(tiny_llama(vocab=8, hidden=16, layers=1), candidates="without_replacement")
+    drafter.prefill(torch.tensor([[1, 2]]), None)
+    with pytest.raises(ValueError, match="without_replacement"):
+        drafter.propose(torch.tensor([[1, 2, 3]]), None, DynamicTree(4, 2, 2), T1)

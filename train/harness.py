@@ -37,6 +37,7 @@ from treespec.autotree import (
     predict_generation,
 )
 from treespec.bench import Config, Row, measure
+from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
@@ -101,7 +102,7 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
                       choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
-    if not isinstance(tree, Tree) and d.drafter.candidates == "sample":
+    if not isinstance(tree, Tree) and d.drafter.candidates in SAMPLED_CANDIDATES:
         return None, f"{d.name} samples its candidates; dynamic trees grow top-k ones"
     if d.max_depth is not None and tree.depth > d.max_depth:
         return None, f"{d.name} fills depth <= {d.max_depth}"

@@ -17,8 +17,9 @@ a time: a second call that starts while the first holds it (another thread) is r
 (``in_use``); give each thread its own drafter.
 
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
-EAGLE-2's sibling-by-sibling rule) or sampled i.i.d. from ``q_draft`` (verified with multi-candidate
-rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
+EAGLE-2's sibling-by-sibling rule), sampled i.i.d. from ``q_draft`` (verified with multi-candidate
+rejection sampling, SpecInfer), or sampled from ``q_draft`` without replacement (siblings distinct, in draw
+order; verified with recursive rejection sampling, Jeon et al. 2024). All are lossless; see treespec/verify.py.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
-CANDIDATE_MODES = ("topk", "sample")
+CANDIDATE_MODES = ("topk", "sample", "without_replacement")
+#: the modes that draw candidates from the draft distribution at temperature > 0 (static trees only)
+SAMPLED_CANDIDATES = ("sample", "without_replacement")
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Proposal:
     tree: Tree                           # topology of this step's candidates (static, or grown this step)
     tokens: torch.Tensor                 # LongTensor [n]: candidate token of nodes 1..n
     q_draft: torch.Tensor | None = None  # float [N, V]: distribution node i's children were sampled from
+    #: node i's children were drawn from q_draft[i] without replacement, in rank order (else i.i.d.)
+    without_replacement: bool = False
 
     def __post_init__(self):
         if self.tokens.shape != (len(self.tree),):
@@ -61,7 +66,8 @@ class Drafter:
     feature_layers: tuple[int, ...] = (-1,)
     #: whether ``propose`` accepts a DynamicTree (a budget grown from draft confidence, EAGLE-2)
     grows_dynamic_trees: bool = False
-    #: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft at temperature > 0; static trees only)
+    #: "topk" (deterministic ranks), "sample" (i.i.d. from q_draft at temperature > 0; static trees only) or
+    #: "without_replacement" (distinct siblings drawn one after another from q_draft; static trees only)
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None

@@ -20,7 +20,10 @@ Modes
     al. 2024), i.e. sampling without replacement. Try siblings in rank order, accept token x with
     probability p(x) / Σp, and on rejection zero p(x) and renormalise; if every sibling fails, sample
     from what is left. It is exactly "draw y ~ p, then look for y among the siblings".
-  - sampled candidates (``q_draft`` given; node i's children were drawn i.i.d. from ``q_draft[i]``):
+  - sampled candidates (``q_draft`` given; node i's children were drawn i.i.d. from ``q_draft[i]``, or
+    without replacement: ``proposal.without_replacement``, then the k-th sibling's law is q_draft[i]
+    without the earlier siblings' tokens, renormalised, and the rule is Jeon et al. 2024's recursive
+    rejection sampling, "Recursive Speculative Decoding", Algorithm 1):
     SpecInfer's multi-candidate rejection sampling (Miao et al. 2024). Accept x with probability
     min(1, p(x) / q(x)); on rejection p ← norm(max(p − q, 0)), and the next sibling, an independent
     draw from the same q, is tested against that residual; if every sibling fails, sample from the
@@ -56,7 +59,7 @@ import torch
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
 from treespec.tree import Tree
-from treespec.verify_traversal import trials
+from treespec.verify_traversal import draft_after, trials
 
 ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
 #: the lossless rules, side by side in the comparison (typical acceptance is not lossless)
@@ -208,7 +211,8 @@ def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
         if q_draft is None:
             chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
         else:
-            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform)
+            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform,
+                                                 proposal.without_replacement)
         if chosen is None:  # all siblings rejected: the step ends with a draw from the residual
             return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(residual, generator)))
         node = kids[chosen]
@@ -240,22 +244,31 @@ def _siblings_deterministic(p_target, drafted, uniform):
     return None, residual
 
 
-def _siblings_sampled(p_target, q, drafted, uniform):
+def _siblings_sampled(p_target, q, drafted, uniform, without_replacement=False):
     """SpecInfer's multi-candidate rejection sampling. p_target, q: [V] (q = q_draft of the parent,
     which every sibling was drawn from i.i.d.); drafted: LongTensor [k]; uniform: k draws from U[0, 1).
-    → (accepted sibling's index or None, residual [V])."""
-    q_drafted = q[drafted].tolist()  # q(x) of each sibling
+    → (accepted sibling's index or None, residual [V]).
+
+    ``without_replacement``: sibling j was drawn from q without siblings 0..j-1 (``draft_after``; None
+    once q is spent: a point mass at its token), the recursive rejection sampling of Jeon et al. 2024."""
     drafted = drafted.tolist()
     residual = p_target
     for j, x in enumerate(drafted):
+        q_x = 1.0 if q is None else float(q[x])
         # u < min(1, p(x)/q(x)) written without the division: q(x) = 0 < p(x) accepts, 0 = 0 rejects
-        if uniform[j] * q_drafted[j] < float(residual[x]):
+        if uniform[j] * q_x < float(residual[x]):
             return j, None
-        update = (residual - q).clamp_(min=0.0)  # [V]
+        if q is None:  # max(p − δ_x, 0): p without x
+            update = residual.clone()
+            update[x] = 0.0
+        else:
+            update = (residual - q).clamp_(min=0.0)  # [V]
         mass = float(update.sum())
         # max(p − q, 0) is empty only when p == q, where rejection happens only through rounding: keep p
         if mass > _EMPTY_MASS:
             residual = update / mass
+        if without_replacement:
+            q = draft_after(q, x)
     return None, residual
 
 
@@ -283,14 +296,19 @@ def sequence_trials(logits: torch.Tensor, proposal: Proposal, sampling: Sampling
     def target_row(node: int) -> torch.Tensor:
         return p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()
 
-    draft_rows: dict[int, torch.Tensor] = {}
+    tokens = proposal.tokens.tolist()
+    drafts: dict[int, torch.Tensor | None] = {}  # child → the law it was drawn from
 
     def draft_of(child: int) -> torch.Tensor | None:
         if q_draft is None:
             return None  # deterministic: the point mass at the child's token
-        parent = tree.parent_list[child]
-        if parent not in draft_rows:
-            draft_rows[parent] = q_draft[parent].float().cpu()
-        return draft_rows[parent]
+        if child not in drafts:  # the whole sibling group at once
+            kids = tree.children[tree.parent_list[child]]
+            draft = q_draft[tree.parent_list[child]].float().cpu()  # [V]
+            for kid in kids:
+                drafts[kid] = draft
+                if proposal.without_replacement:
+                    draft = draft_after(draft, tokens[kid - 1])
+        return drafts[child]
 
-    return trials(tree, proposal.tokens.tolist(), target_row, draft_of)
+    return trials(tree, tokens, target_row, draft_of)

@@ -34,6 +34,8 @@ ratio p/q and discards a path at its first rejected token. Two lossless rules de
 Q_c is the distribution sibling c was drawn from, given its earlier siblings:
 
 * sampled candidates (``q_draft``; siblings i.i.d. from q_draft[β]): Q_c = q_draft[β];
+* sampled without replacement (Jeon et al. 2024): q_draft[β] without the earlier siblings' tokens,
+  renormalised (``draft_after``);
 * deterministic candidates (top-k ranks, dynamic trees): Q_c is the point mass at x, the exact law of a
   token that the context determines. Then m_β(x) ≤ 1 gives w_c = m_β(x) and the update removes x from
   m_β. This is lossless; it accepts as much as EAGLE-2's rule does in expectation, since no rule can
@@ -122,6 +124,19 @@ class Mass:
         A mass that rounding alone emptied (the root, whose children covered all of P) falls back to P."""
         row = self.dense()
         return row if float(row.sum()) > EMPTY_MASS else self._row()
+
+
+def draft_after(draft: torch.Tensor | None, token: int) -> torch.Tensor | None:
+    """The law of the next sibling drawn without replacement once ``token`` was drawn from ``draft`` ([V]):
+    draft without it, renormalised (recursive rejection sampling, Jeon et al. 2024, "Recursive Speculative
+    Decoding", Algorithm 1). None, a point mass at whatever the next sibling is, once no mass is left: the
+    drafter then fills the remaining siblings with zero-mass tokens that the context determines."""
+    if draft is None:
+        return None
+    rest = draft.clone()
+    rest[token] = 0.0
+    mass = float(rest.sum())
+    return rest / mass if mass > EMPTY_MASS else None
 
 
 @dataclass
