@@ -10,7 +10,9 @@ one of two ways:
 
 * a static ``Tree``: node i's children are the top-k ranks its tree paths name (deterministic), or
   i.i.d. samples from the draft distribution (``candidates="sample"`` at temperature > 0; ``q_draft``
-  is returned for the walker's multi-candidate rejection rule);
+  is returned for the walker's multi-candidate rejection rule), or distinct samples drawn without
+  replacement (``candidates="without_replacement"``: Gumbel-top-k, verified by recursive rejection
+  sampling, Jeon et al. 2024);
 * a ``DynamicTree`` (EAGLE-2, Li et al. 2024b): at each depth the ``top_k`` newest nodes with the highest
   cumulative draft log-probability are expanded, each proposing its ``top_k`` likeliest children;
   ``DynamicTree.select`` then keeps the best ``total_tokens`` nodes as a connected Tree whose ranks
@@ -32,10 +34,10 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import SlidingWindowLayer, attention_masks
-from treespec.drafter import CANDIDATE_MODES, Drafter, Proposal, Proposals
+from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
 from treespec.rows import RowSlots, causal_rows
-from treespec.sampling import Sampling, probs, sample, top_k
+from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
 from treespec.tree import Tree
 
 
@@ -74,7 +76,8 @@ class ExpandingDrafter(Drafter):
     keeps_expanded_path: bool = True
 
     def __init__(self, model, default_tree, candidates: str = "topk"):
-        """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0)."""
+        """candidates: "topk" (deterministic ranks), "sample" (i.i.d. from q_draft when temperature > 0) or
+        "without_replacement" (distinct siblings drawn one after another from q_draft)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         self.model = model.eval()
@@ -145,9 +148,9 @@ class ExpandingDrafter(Drafter):
     def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposals:
         logits = self._start(committed, feature)[:, None]  # [b, 1, V]: the root is the only frontier node
         if isinstance(tree, DynamicTree):
-            if self.candidates == "sample" and not sampling.greedy:
-                raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates='sample' needs a static "
-                                 "Tree")
+            if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
+                raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={self.candidates!r} "
+                                 "needs a static Tree")
             return self._grow_dynamic(logits, tree)
         return self._grow_static(logits, tree, sampling, generator)
 
@@ -182,7 +185,8 @@ class ExpandingDrafter(Drafter):
 
     def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposals:
         """Every row grows ``tree``'s shape, with its own tokens (one forward per depth for all rows)."""
-        draw = self.candidates == "sample" and not sampling.greedy
+        draw = self.candidates in SAMPLED_CANDIDATES and not sampling.greedy
+        distinct = draw and self.candidates == "without_replacement"  # siblings drawn without replacement
         batch, vocab = logits.shape[0], logits.shape[-1]
         shape = GrownNodes.of_tree(tree)  # every row's topology
         rows = [[0] * tree.num_nodes for _ in range(batch)]  # each row's tokens, filled depth by depth
@@ -198,7 +202,8 @@ class ExpandingDrafter(Drafter):
                     continue
                 if draw:
                     q_draft[:, node] = q[:, j]
-                    picks.append(sample(q[:, j, None].expand(batch, len(kids), vocab), generator))  # [b, kids]
+                    picks.append(sample_without_replacement(q[:, j], len(kids), generator) if distinct else
+                                 sample(q[:, j, None].expand(batch, len(kids), vocab), generator))  # [b, kids]
                 else:  # the rank-r child is the r-th most likely draft token
                     ranks = tree.ranks[kids]
                     picks.append(top_k(logits[:, j], int(ranks.max()) + 1)[:, ranks.to(logits.device)])
@@ -213,7 +218,8 @@ class ExpandingDrafter(Drafter):
                 break
             logits = self._expand([shape], [frontier], torch.tensor([[tokens[f] for f in frontier] for tokens in rows]))
         self._grown_of = [list(range(tree.num_nodes))] * batch
-        return Proposals.shared(tree, torch.tensor([tokens[1:] for tokens in rows], dtype=torch.long), q_draft)
+        return Proposals.shared(tree, torch.tensor([tokens[1:] for tokens in rows], dtype=torch.long), q_draft,
+                                without_replacement=distinct)
 
     def _grow_dynamic(self, logits, policy: DynamicTree) -> Proposals:
         """EAGLE-2: each row grows its own tree with the same budget (``top_k`` frontier nodes per depth, so

@@ -266,3 +266,27 @@ def test_timing_runs_before_ahead_of_every_timed_call():
     curve = measure_cost_curve(target, (1, 2), past_len=8, repeats=2, before=step)
     drafter.reset()
     assert set(curve) == {1, 2} and all(t > 0 for t in curve.values())
+
+
+def test_acceptance_rules_side_by_side(tmp_path):
+    """acceptance=[rejection, block, traversal]: one row per rule on the same trees, at T = 1; block skips the
+    branching tree; a bad rule is named before anything is loaded."""
+    from omegaconf import OmegaConf
+
+    from treespec.train.compare import acceptance_rules
+
+    target = tiny_llama(seed=0)
+    drafters = [DrafterSpec("draft", DraftModel(perturbed(target, 0.05), candidates="sample"))]
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(0))]
+    result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "full", "width": 2, "depth": 2}],
+                            prompts, max_new_tokens=6, temperature=1.0, cost_sizes=(1, 2, 4), peers=False,
+                            out_dir=tmp_path, log=lambda *_: None, acceptance=["rejection", "block", "traversal"])
+    names = [r["config"] for r in result["records"]]
+    assert sorted(names[1:]) == sorted(f"draft | {tree} | {rule}" for tree, rule in
+                                       [("chain γ=2", "rejection"), ("chain γ=2", "block"), ("chain γ=2", "traversal"),
+                                        ("full 2×2", "rejection"), ("full 2×2", "traversal")]), names
+    assert [s["reason"] for s in result["skipped"]] == ["block verification verifies chains"]
+    assert {r["acceptance"] for r in result["records"][1:]} == {"rejection", "block", "traversal"}
+    assert acceptance_rules(OmegaConf.create({"acceptance": ["rejection", "traversal"]})) == ["rejection", "traversal"]
+    with pytest.raises(ValueError, match="'greedy'"):
+        acceptance_rules(OmegaConf.create({"acceptance": ["rejection", "greedy"]}))

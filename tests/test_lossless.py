@@ -2,8 +2,10 @@
 
 A tiny-vocabulary target makes the exact distribution of a 3-token continuation enumerable
 (V³ cells, from the target's own forward passes); the sampled generations per drafter and tree must
-match it under a chi-square test. A drafter that was wrongly verified (every candidate accepted) fails
-the same test, so the test can fail.
+match it under a chi-square test, for every lossless acceptance rule (token-level rejection; block
+verification on chains; traversal verification on chains, static and dynamic trees) with two drafters (a
+draft model, sampled or top-k, and prompt lookup). A drafter that was wrongly verified (every candidate
+accepted) fails the same test, so the test can fail.
 """
 
 import itertools
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from treespec import Tree, generate
+from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup
 from treespec.sampling import Sampling, probs
 
@@ -44,12 +47,13 @@ def exact_distribution(target, sampling: Sampling) -> np.ndarray:
     return dist
 
 
-def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, seed: int = 0) -> np.ndarray:
+def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, seed: int = 0,
+                   acceptance: str = "rejection") -> np.ndarray:
     """How often each 3-token continuation came out of generate(): array [V, V, V]."""
     gen = torch.Generator().manual_seed(seed)
     counts = np.zeros((VOCAB,) * NEW)
     for _ in range(runs):
-        out = generate(target, PROMPT, drafter=drafter, tree=tree, max_new_tokens=NEW,
+        out = generate(target, PROMPT, drafter=drafter, tree=tree, max_new_tokens=NEW, acceptance=acceptance,
                        temperature=sampling.temperature, top_p=sampling.top_p, generator=gen)
         counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
     return counts
@@ -61,13 +65,37 @@ CASES = {
     "chain-topk": (lambda t: DraftModel(perturbed(t, 1.0)), Tree.chain(2), Sampling(1.0)),
     "tree-topk-top_p": (lambda t: DraftModel(perturbed(t, 1.0)), Tree.full(2, 2), Sampling(0.8, 0.9)),
     "prompt-lookup-tree": (lambda t: PromptLookup(max_ngram=2), Tree.full(2, 2), Sampling(1.0)),
+    # sequence-level rules (treespec/verify_traversal.py): block on chains, traversal on every tree kind
+    "block-chain-sampled": (lambda t: DraftModel(perturbed(t, 1.0), candidates="sample"), Tree.chain(3), Sampling(1.0),
+                            "block"),
+    "block-chain-prompt-lookup": (lambda t: PromptLookup(max_ngram=2), Tree.chain(2), Sampling(1.0), "block"),
+    "traversal-tree-sampled": (lambda t: DraftModel(perturbed(t, 1.0), candidates="sample"), Tree.full(2, 2),
+                               Sampling(1.0), "traversal"),
+    "traversal-tree-sampled-t06-top_p": (lambda t: DraftModel(perturbed(t, 1.0), candidates="sample"),
+                                         Tree.full(2, 2), Sampling(0.6, 0.95), "traversal"),
+    "traversal-dynamic-topk": (lambda t: DraftModel(perturbed(t, 1.0)), DynamicTree(4, 2, 2), Sampling(1.0),
+                               "traversal"),
+    "traversal-prompt-lookup-tree": (lambda t: PromptLookup(max_ngram=2), Tree.full(2, 2), Sampling(1.0),
+                                     "traversal"),
+    # siblings drawn without replacement (Gumbel-top-k), recursive rejection sampling (Jeon et al. 2024)
+    "without-replacement-tree": (lambda t: DraftModel(perturbed(t, 1.0), candidates="without_replacement"),
+                                 Tree.full(3, 2), Sampling(1.0)),
+    "without-replacement-traversal-top_p": (lambda t: DraftModel(perturbed(t, 1.0), candidates="without_replacement"),
+                                            Tree.full(3, 2), Sampling(0.6, 0.95), "traversal"),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# the default suite runs one case per sequence-level rule and tree kind; the rest run with -m slow (the walker's
+# own tests, tests/test_verify_sequence.py, cover them all fast, exactly and by chi-square)
+SLOW = {"block-chain-prompt-lookup", "traversal-tree-sampled-t06-top_p", "traversal-prompt-lookup-tree",
+        "without-replacement-traversal-top_p"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_sampling_matches_exact_distribution(target, case):
-    make_drafter, tree, sampling = CASES[case]
-    counts = sampled_counts(target, make_drafter(target), tree, sampling)
+    make_drafter, tree, sampling, *acceptance = CASES[case]
+    counts = sampled_counts(target, make_drafter(target), tree, sampling, acceptance=acceptance[0] if acceptance else
+                            "rejection")
     assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
 
 

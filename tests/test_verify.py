@@ -167,20 +167,32 @@ class World:
             codes[i] = self.child_code(codes[parent], token)
         return Proposal(tree, torch.tensor(tokens)), self.target[codes]
 
-    def sampled_proposals(self, tree, sampling, runs, generator):
+    def sampled_proposals(self, tree, sampling, runs, generator, without_replacement=False):
         """Each run draws node i's children i.i.d. from q_draft[i] = the draft's distribution after node
-        i's prefix. → tokens [R, n], logits [R, N, V], q_draft [R, N, V]."""
+        i's prefix (or one after another without replacement: each from q_draft[i] without its earlier
+        siblings' tokens; once q is spent, the first token not drawn yet). → tokens [R, n], logits [R, N, V],
+        q_draft [R, N, V]."""
         codes = torch.zeros(runs, tree.num_nodes, dtype=torch.long)  # [R, N]
         q_table = probs(self.draft, sampling)  # [rows, V]
         tokens = torch.zeros(runs, len(tree), dtype=torch.long)  # [R, n]
         for i in range(1, tree.num_nodes):
             parent_codes = codes[:, int(tree.parents[i])]  # [R]
-            tokens[:, i - 1] = sample(q_table[parent_codes], generator)
+            q_rows = q_table[parent_codes].clone()  # [R, V]
+            if without_replacement:
+                untaken = torch.ones_like(q_rows)
+                for sibling in tree.children[int(tree.parents[i])]:
+                    if sibling < i:
+                        q_rows.scatter_(1, tokens[:, sibling - 1 : sibling], 0.0)
+                        untaken.scatter_(1, tokens[:, sibling - 1 : sibling], 0.0)
+                spent = q_rows.sum(-1) <= 1e-6
+                q_rows[spent] = torch.nn.functional.one_hot(untaken[spent].argmax(-1), self.vocab).float()
+            tokens[:, i - 1] = sample(q_rows, generator)
             codes[:, i] = self.child_code(parent_codes, tokens[:, i - 1])
         return tokens, self.target[codes], q_table[codes]
 
 
-def first_two_counts(world, walker, tree, sampling, *, sampled, duplicate_ranks=False, seed=0, runs=WALKS):
+def first_two_counts(world, walker, tree, sampling, *, sampled, duplicate_ranks=False, seed=0, runs=WALKS,
+                     without_replacement=False):
     """Run the walker ``runs`` times → int64 [V, V] counts of the first two committed tokens.
 
     When a walk commits a single token (nothing accepted), the second comes from the target after that
@@ -188,8 +200,8 @@ def first_two_counts(world, walker, tree, sampling, *, sampled, duplicate_ranks=
     """
     g = torch.Generator().manual_seed(seed)
     if sampled:
-        tokens, logits, q_draft = world.sampled_proposals(tree, sampling, runs, g)
-        proposals = ((Proposal(tree, tokens[r], q_draft[r]), logits[r]) for r in range(runs))
+        tokens, logits, q_draft = world.sampled_proposals(tree, sampling, runs, g, without_replacement)
+        proposals = ((Proposal(tree, tokens[r], q_draft[r], without_replacement), logits[r]) for r in range(runs))
     else:
         fixed = world.deterministic_proposal(tree, sampling, duplicate_ranks)
         proposals = (fixed for _ in range(runs))
@@ -248,7 +260,7 @@ def test_negative_control_accept_everything():
 def test_negative_control_residual_not_updated(monkeypatch):
     """SpecInfer without the residual update (retest every sibling against p, resample from p) is biased."""
 
-    def siblings_without_residual(p_target, q, drafted, uniform):
+    def siblings_without_residual(p_target, q, drafted, uniform, without_replacement=False):
         for j, x in enumerate(drafted.tolist()):
             if uniform[j] * float(q[x]) < float(p_target[x]):
                 return j, None

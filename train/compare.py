@@ -28,6 +28,7 @@ from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.tree_spec import check_tree_spec
+from treespec.verify import ACCEPTANCE_MODES
 
 from . import config_checks
 from .data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
@@ -74,6 +75,16 @@ def tree_specs_of(cfg) -> list[dict]:
     return specs
 
 
+def acceptance_rules(cfg) -> str | list[str]:
+    """``cfg.acceptance``: one walker rule, or a list run side by side (treespec.verify.ACCEPTANCE_MODES)."""
+    rules = cfg.get("acceptance", "rejection")
+    rules = [rules] if isinstance(rules, str) else list(rules)
+    unknown = [r for r in rules if r not in ACCEPTANCE_MODES]
+    if unknown or not rules:
+        raise ValueError(f"acceptance: {unknown or 'an empty list'} is not one of {ACCEPTANCE_MODES} (or a list)")
+    return rules[0] if len(rules) == 1 else rules
+
+
 def _positive(value, key: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -104,6 +115,7 @@ def check_workload(cfg) -> None:
 def check_config(cfg) -> None:
     """Everything that can be wrong in the config, raised before any model is loaded."""
     tree_specs_of(cfg)
+    acceptance_rules(cfg)
     for label in drafter_labels(cfg):
         if label not in cfg.available:
             raise ValueError(f"drafters: {label!r} is not one of the available drafters ({', '.join(cfg.available)}; "
@@ -341,6 +353,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             top_p=cfg.top_p, repeats=cfg.repeats, cost_sizes=tuple(cfg.cost_sizes),
                             max_nodes=cfg.max_nodes, peers=cfg.peers, assistant=assistant, out_dir=out_dir,
                             logger=logger, seed=int(cfg.get("seed") or 0), bootstrap=bootstrap_settings(cfg),
+                            acceptance=acceptance_rules(cfg),
                             stamp=stamp, eos_token_id=template.end_ids or None,
                             prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
                             batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),

@@ -37,6 +37,7 @@ from treespec.autotree import (
     predict_generation,
 )
 from treespec.bench import Config, Row, measure
+from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
@@ -102,7 +103,7 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
                       choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
-    if not isinstance(tree, Tree) and d.drafter.candidates == "sample":
+    if not isinstance(tree, Tree) and d.drafter.candidates in SAMPLED_CANDIDATES:
         return None, f"{d.name} samples its candidates; dynamic trees grow top-k ones"
     if d.max_depth is not None and tree.depth > d.max_depth:
         return None, f"{d.name} fills depth <= {d.max_depth}"
@@ -222,13 +223,15 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                    assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
                    stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
                    held_out: str | None = None, batch_sizes=None, batches: int = 3,
-                   batch_cost_sizes=(1, 2, 4, 8, 16, 32)) -> dict:
+                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection") -> dict:
     """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
 
     ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
     (and peer) stops at; ``prompt_info[i]``: prompt i's id, category, turn, prompt and answer tokens
     (templates.TimedPrompt.describe; default: one category, answers the whole budget); ``held_out``: where
-    the drafters' accuracies were measured, for the report. ``stamp`` (train/stamp.py) describes the run;
+    the drafters' accuracies were measured, for the report. ``acceptance``: the walker's rule, or a list of
+    rules run side by side on the same trees (each configuration named "drafter | tree | rule"; block
+    verification skips branching trees). ``stamp`` (train/stamp.py) describes the run;
     without one a stamp is collected here. ``bootstrap``: {samples, level, seed} for the report's intervals.
     ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each, the
     longest budget, tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens): train/batch_compare.py."""
@@ -258,29 +261,31 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
                                                            curves[d.name].items()))
 
+    rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
     configs, meta, skipped = [], {}, []
-    for d in drafters:
-        for spec in expand_specs(tree_specs):
-            tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline)
-            name = f"{d.name} | {spec_label(spec)}"
-            if tree is None:
-                log(f"  skip {name}: {reason}")
-                skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
-                continue
-            configs.append(Config(name, d.drafter, tree))
-            pred = predict(tree, d.accuracy, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
-                           baseline=baseline) \
-                if d.accuracy is not None and isinstance(tree, Tree) else None
-            # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
-            whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
-                                                         baseline) for p in prompt_info) if pred else None
-            save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, tree=spec_label(spec),
-                      **{"load": d.entry} if d.entry else {})
-            meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
-                          "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
-                          "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
-                          "predicted_decode_speedup": pred.speedup if pred else None,
-                          "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name)}
+    for d, spec, rule in itertools.product(drafters, expand_specs(tree_specs), rules):
+        tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline)
+        name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
+        if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
+            tree, reason = None, "block verification verifies chains"
+        if tree is None:
+            log(f"  skip {name}: {reason}")
+            skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
+            continue
+        configs.append(Config(name, d.drafter, tree, acceptance=rule))
+        pred = predict(tree, d.accuracy, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
+                       baseline=baseline) \
+            if d.accuracy is not None and isinstance(tree, Tree) else None
+        # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
+        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
+                                                     baseline) for p in prompt_info) if pred else None
+        save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, tree=spec_label(spec),
+                  **{"load": d.entry} if d.entry else {})
+        meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
+                      "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
+                      "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
+                      "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
+                      "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name)}
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
     entries = {d.name: d.entry for d in drafters if d.entry}

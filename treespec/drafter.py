@@ -21,8 +21,9 @@ generate() call at a time: a second call that starts while the first holds it (a
 with a RuntimeError (``in_use``); give each thread its own drafter.
 
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
-EAGLE-2's sibling-by-sibling rule) or sampled i.i.d. from ``q_draft`` (verified with multi-candidate
-rejection sampling, SpecInfer). Both are lossless; see treespec/verify.py.
+EAGLE-2's sibling-by-sibling rule), sampled i.i.d. from ``q_draft`` (verified with multi-candidate
+rejection sampling, SpecInfer), or sampled from ``q_draft`` without replacement (siblings distinct, in draw
+order; verified with recursive rejection sampling, Jeon et al. 2024). All are lossless; see treespec/verify.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
-CANDIDATE_MODES = ("topk", "sample")
+CANDIDATE_MODES = ("topk", "sample", "without_replacement")
+#: the modes that draw candidates from the draft distribution at temperature > 0 (static trees only)
+SAMPLED_CANDIDATES = ("sample", "without_replacement")
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Proposal:
     tree: Tree                           # topology of this step's candidates (static, or grown this step)
     tokens: torch.Tensor                 # LongTensor [n]: candidate token of nodes 1..n
     q_draft: torch.Tensor | None = None  # float [N, V]: distribution node i's children were sampled from
+    #: node i's children were drawn from q_draft[i] without replacement, in rank order (else i.i.d.)
+    without_replacement: bool = False
 
     def __post_init__(self):
         if self.tokens.shape != (len(self.tree),):
@@ -63,6 +68,7 @@ class Proposals:
     trees: list[Tree]
     tokens: torch.Tensor                 # LongTensor [b, n]: n = the largest tree's candidates
     q_draft: torch.Tensor | None = None  # float [b, N, V]
+    without_replacement: bool = False    # siblings were drawn without replacement (Proposal's field, every row)
 
     def __post_init__(self):
         n = max(len(tree) for tree in self.trees)
@@ -71,9 +77,10 @@ class Proposals:
                              f"most {n} nodes")
 
     @classmethod
-    def shared(cls, tree: Tree, tokens: torch.Tensor, q_draft: torch.Tensor | None = None) -> Proposals:
+    def shared(cls, tree: Tree, tokens: torch.Tensor, q_draft: torch.Tensor | None = None, *,
+               without_replacement: bool = False) -> Proposals:
         """One tree for every row of ``tokens`` [b, n]."""
-        return cls([tree] * tokens.shape[0], tokens, q_draft)
+        return cls([tree] * tokens.shape[0], tokens, q_draft, without_replacement)
 
     @classmethod
     def stack(cls, proposals: list[Proposal]) -> Proposals:
@@ -89,7 +96,7 @@ class Proposals:
             for b, p in enumerate(proposals):
                 if p.q_draft is not None:
                     q_draft[b, : p.tree.num_nodes] = p.q_draft
-        return cls([p.tree for p in proposals], tokens, q_draft)
+        return cls([p.tree for p in proposals], tokens, q_draft, any(p.without_replacement for p in proposals))
 
     @property
     def tree(self) -> Tree | None:
@@ -105,7 +112,7 @@ class Proposals:
     def row(self, b: int) -> Proposal:
         tree = self.trees[b]
         q_draft = None if self.q_draft is None else self.q_draft[b, : tree.num_nodes]
-        return Proposal(tree, self.tokens[b, : len(tree)], q_draft)
+        return Proposal(tree, self.tokens[b, : len(tree)], q_draft, self.without_replacement)
 
 
 @dataclass
@@ -145,7 +152,8 @@ class Drafter:
     feature_layers: tuple[int, ...] = (-1,)
     #: whether ``propose`` accepts a DynamicTree (a budget grown from draft confidence, EAGLE-2)
     grows_dynamic_trees: bool = False
-    #: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft at temperature > 0; static trees only)
+    #: "topk" (deterministic ranks), "sample" (i.i.d. from q_draft at temperature > 0; static trees only) or
+    #: "without_replacement" (distinct siblings drawn one after another from q_draft; static trees only)
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None

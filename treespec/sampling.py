@@ -110,6 +110,18 @@ def generator_device(generator: torch.Generator | None) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
+def sample_without_replacement(p: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """k distinct draws from p ([V], normalised or not), in draw order: LongTensor [k].
+
+    Gumbel-top-k (Kool, van Hoof and Welling 2019, "Stochastic Beams and Where to Find Them"): the k largest
+    log p(x) + Gumbel noise, in descending order, are distributed as k draws one after another, each from p
+    with the earlier draws removed and renormalised. When p has fewer than k tokens with mass, the rest are
+    zero-mass tokens chosen by p alone (deterministic given the context; the walker treats them so)."""
+    u = torch.rand(p.shape, generator=generator, device=generator_device(generator)).to(p.device)
+    keys = p.float().log() - torch.log(-torch.log(u))  # log p + Gumbel(0, 1); log 0 = -inf never wins
+    return keys.topk(k).indices
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of p (non-negative, normalised or not): [..., V] → LongTensor [...].
 

@@ -20,15 +20,34 @@ Modes
     al. 2024), i.e. sampling without replacement. Try siblings in rank order, accept token x with
     probability p(x) / Σp, and on rejection zero p(x) and renormalise; if every sibling fails, sample
     from what is left. It is exactly "draw y ~ p, then look for y among the siblings".
-  - sampled candidates (``q_draft`` given; node i's children were drawn i.i.d. from ``q_draft[i]``):
+  - sampled candidates (``q_draft`` given; node i's children were drawn i.i.d. from ``q_draft[i]``, or
+    without replacement: ``proposal.without_replacement``, then the k-th sibling's law is q_draft[i]
+    without the earlier siblings' tokens, renormalised, and the rule is Jeon et al. 2024's recursive
+    rejection sampling, "Recursive Speculative Decoding", Algorithm 1):
     SpecInfer's multi-candidate rejection sampling (Miao et al. 2024). Accept x with probability
     min(1, p(x) / q(x)); on rejection p ← norm(max(p − q, 0)), and the next sibling, an independent
     draw from the same q, is tested against that residual; if every sibling fails, sample from the
     final residual. Each round is one Leviathan/Chen step whose target is the previous round's
     residual, so by induction the emitted token is distributed as p.
 
+* **Sequence-level verification** (treespec/verify_traversal.py), lossless and never accepting less than
+  token-level rejection in expectation:
+
+  - ``acceptance="block"``: block verification of a chain (Sun, Mendlovic, Leviathan et al. 2024,
+    "Block Verification Accelerates Speculative Decoding", Algorithm 2). Chains only: a branching tree
+    is a ValueError (use "traversal", which is block verification on a chain).
+  - ``acceptance="traversal"``: traversal verification of any tree, static or dynamic (Weng et al. 2025,
+    "Traversal Verification for Speculative Tree Decoding", Algorithm 1): leaf to root, each node
+    accepted with the sequence-level probability of its whole path.
+
+  Both need the distribution each candidate was drawn from: ``q_draft`` for sampled candidates, and for
+  deterministic ones (top-k ranks, dynamic trees) the point mass at the drafted token, which is their
+  exact law given the context (so the rules stay lossless; they then accept as much as EAGLE-2's rule).
+
 * **Typical acceptance** (``acceptance="typical"``; Medusa, Cai et al. 2024): NOT LOSSLESS, NEVER THE
   DEFAULT. See ``walk``.
+
+Under greedy decoding every mode is the greedy walk: the same tokens.
 """
 
 from __future__ import annotations
@@ -40,8 +59,11 @@ import torch
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
 from treespec.tree import Tree
+from treespec.verify_traversal import draft_after, trials
 
-ACCEPTANCE_MODES = ("rejection", "typical")
+ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
+#: the lossless rules, side by side in the comparison (typical acceptance is not lossless)
+LOSSLESS_MODES = ("rejection", "block", "traversal")
 
 # Probability mass below which a distribution is treated as empty. p and q are float32 and sum to 1 up
 # to ~1e-7; a residual that small is rounding noise, and sampling from it would amplify that noise (or
@@ -101,8 +123,14 @@ def walk(
             f"q_draft must match logits' shape [N, V] = {tuple(logits.shape)}, got {tuple(q_draft.shape)}"
         )
 
+    if acceptance == "block" and not tree.is_chain:
+        raise ValueError(f"acceptance='block' verifies chains (Sun et al. 2024) and {tree!r} branches: use "
+                         "acceptance='traversal', which is block verification on a chain and handles trees")
+
     if sampling.greedy:
         return _walk_greedy(logits, proposal)
+    if acceptance in ("block", "traversal"):
+        return _walk_sequence(logits, proposal, sampling, generator)
     if acceptance == "typical":
         return _walk_typical(logits, proposal, sampling, generator, typical_epsilon, typical_delta)
     return _walk_rejection(logits, proposal, sampling, generator)
@@ -183,7 +211,8 @@ def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
         if q_draft is None:
             chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
         else:
-            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform)
+            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform,
+                                                 proposal.without_replacement)
         if chosen is None:  # all siblings rejected: the step ends with a draw from the residual
             return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(residual, generator)))
         node = kids[chosen]
@@ -215,20 +244,71 @@ def _siblings_deterministic(p_target, drafted, uniform):
     return None, residual
 
 
-def _siblings_sampled(p_target, q, drafted, uniform):
+def _siblings_sampled(p_target, q, drafted, uniform, without_replacement=False):
     """SpecInfer's multi-candidate rejection sampling. p_target, q: [V] (q = q_draft of the parent,
     which every sibling was drawn from i.i.d.); drafted: LongTensor [k]; uniform: k draws from U[0, 1).
-    → (accepted sibling's index or None, residual [V])."""
-    q_drafted = q[drafted].tolist()  # q(x) of each sibling
+    → (accepted sibling's index or None, residual [V]).
+
+    ``without_replacement``: sibling j was drawn from q without siblings 0..j-1 (``draft_after``; None
+    once q is spent: a point mass at its token), the recursive rejection sampling of Jeon et al. 2024."""
     drafted = drafted.tolist()
     residual = p_target
     for j, x in enumerate(drafted):
+        q_x = 1.0 if q is None else float(q[x])
         # u < min(1, p(x)/q(x)) written without the division: q(x) = 0 < p(x) accepts, 0 = 0 rejects
-        if uniform[j] * q_drafted[j] < float(residual[x]):
+        if uniform[j] * q_x < float(residual[x]):
             return j, None
-        update = (residual - q).clamp_(min=0.0)  # [V]
+        if q is None:  # max(p − δ_x, 0): p without x
+            update = residual.clone()
+            update[x] = 0.0
+        else:
+            update = (residual - q).clamp_(min=0.0)  # [V]
         mass = float(update.sum())
         # max(p − q, 0) is empty only when p == q, where rejection happens only through rounding: keep p
         if mass > _EMPTY_MASS:
             residual = update / mass
+        if without_replacement:
+            q = draft_after(q, x)
     return None, residual
+
+
+# -- sequence-level: block and traversal verification ------------------------------------------------
+def _walk_sequence(logits, proposal, sampling, generator) -> Walk:
+    """Traversal verification (block verification on a chain): try the nodes leaf to root and stop at the
+    first accepted one."""
+    tree = proposal.tree
+    # at most one trial per node: every uniform drawn up front, on the generator's own device
+    uniform = torch.rand(tree.num_nodes, generator=generator, device=generator_device(generator)).tolist()
+    for u, trial in zip(uniform, sequence_trials(logits, proposal, sampling), strict=False):
+        if u < trial.probability or trial.node == 0:
+            next_token = int(sample(trial.mass.next_distribution(), generator))
+            return Walk(path=tree.path_to(trial.node), next_token=next_token)
+    raise AssertionError("the traversal ends at the root, which is always accepted")
+
+
+def sequence_trials(logits: torch.Tensor, proposal: Proposal, sampling: Sampling):
+    """The traversal's trials (treespec/verify_traversal.py) for this proposal at this sampling: what
+    ``walk`` draws against, and what tests sum to the walk's exact output law. Rows of p_target and
+    q_draft are made and brought to the host only for the nodes the traversal reaches."""
+    tree, q_draft = proposal.tree, proposal.q_draft
+    p_table = probs(logits, sampling).cpu() if logits.numel() <= _ONE_CALL_NUMEL else None  # [N, V] or None
+
+    def target_row(node: int) -> torch.Tensor:
+        return p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()
+
+    tokens = proposal.tokens.tolist()
+    drafts: dict[int, torch.Tensor | None] = {}  # child → the law it was drawn from
+
+    def draft_of(child: int) -> torch.Tensor | None:
+        if q_draft is None:
+            return None  # deterministic: the point mass at the child's token
+        if child not in drafts:  # the whole sibling group at once
+            kids = tree.children[tree.parent_list[child]]
+            draft = q_draft[tree.parent_list[child]].float().cpu()  # [V]
+            for kid in kids:
+                drafts[kid] = draft
+                if proposal.without_replacement:
+                    draft = draft_after(draft, tokens[kid - 1])
+        return drafts[child]
+
+    return trials(tree, tokens, target_row, draft_of)
