@@ -258,12 +258,14 @@ def test_gumbel_top_k_draws_one_after_another():
 
 
 def test_dynamic_trees_refuse_sampled_candidates():
+    from treespec import generate
     from treespec.dynamic_tree import DynamicTree
     from treespec.heads import DraftModel
 
     from .tiny_models import tiny_llama
 
+    target = tiny_llama(vocab=8, hidden=16, layers=1)
     drafter = DraftModel(tiny_llama(vocab=8, hidden=16, layers=1), candidates="without_replacement")
-    drafter.prefill(torch.tensor([[1, 2]]), None)
     with pytest.raises(ValueError, match="without_replacement"):
-        drafter.propose(torch.tensor([[1, 2, 3]]), None, DynamicTree(4, 2, 2), T1)
+        generate(target, torch.tensor([[1, 2, 3]]), drafter=drafter, tree=DynamicTree(4, 2, 2), max_new_tokens=4,
+                 temperature=1.0, generator=torch.Generator().manual_seed(0))
