@@ -83,6 +83,33 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
     return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
 
 
+@torch.no_grad()
+def reachable(drafter_or_module, target) -> dict[str, str | None]:
+    """Which consumers the module can be exported to: consumer → None, or the reason ``convert`` refuses it.
+
+    Judged as after training: for the check, every trainable parameter is nudged (and restored after), so that
+    a refusal that depends on values (a nonzero bias a consumer drops, Medusa blocks that differ) reads as it
+    will for trained weights; the recorded verifier is not judged (``export`` asks for it)."""
+    module = module_of(drafter_or_module)
+    trained = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
+    params = dict(module.named_parameters())
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for name in trained:
+            params[name].add_(1e-3 * torch.randn(params[name].shape, generator=generator).to(params[name]))
+        out = {}
+        for consumer in CONSUMERS:
+            try:
+                convert(module, target, consumer, verifier="verifier")
+                out[consumer] = None
+            except Refused as err:
+                out[consumer] = str(err)
+        return out
+    finally:
+        for name, value in trained.items():
+            params[name].copy_(value)
+
+
 def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None = None,
            speculative_tokens: int = 3) -> Path:
     """Write ``drafter_or_module`` (a Drafter or its module) for ``target`` into ``out_dir`` in consumer ``to``'s

@@ -27,6 +27,7 @@ from . import distributed, eagle, eagle3, medusa
 from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .distributed import record
+from .exportable import check_export_names, check_export_targets
 from .features import FeatureBatches, FeatureStore, WindowSamples, prepare, split_layers
 from .lm import fingerprint
 from .log import RunLogger
@@ -51,6 +52,7 @@ def check_config(cfg) -> None:
         raise ValueError("no evaluation tree: set tree=... or the drafter's eval_tree")
     check_tree_spec(spec)
     distributed.check_trainer(cfg.trainer)
+    check_export_names(cfg)
     chat = cfg.data.get("chat")
     if chat is not None and not chat.get("source"):
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
@@ -193,6 +195,7 @@ def run(cfg) -> dict:
 def _run(cfg, ctx) -> dict:
     t, d = cfg.trainer, cfg.drafter
     target, tokenizer = load_target(cfg, ctx)
+    exportable = check_export_targets(cfg, target, RECIPES[d.name], log=ctx.is_main)  # every rank refuses alike
     with distributed.rank0_first(ctx):  # rank 0 fills the data caches, the others read them
         data = training_data(cfg, target, tokenizer, progress=ctx.is_main)
 
@@ -227,7 +230,8 @@ def _run(cfg, ctx) -> dict:
         recipe.module.load_state_dict(result.full_state, strict=False)
     summary = {"drafter": d.name, "trainable_parameters": n_params, "steps": result.step,
                "tokens_seen": result.tokens_seen, "train_wall_time_s": result.wall_time,
-               "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
+               "train_loss": result.train_loss, "world_size": ctx.world_size, "exportable_to": exportable,
+               **data.info}
     if result.step >= total_steps:
         final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
         summary.update(final_metrics)

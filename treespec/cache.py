@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicLayer
 
+from treespec.compat import layer_types_and_kwargs
 from treespec.masks import mask_for
 
-# Layer types (transformers' get_layer_types_and_kwargs) treespec cannot roll back, and why.
+# Layer types (treespec.compat.layer_types_and_kwargs) treespec cannot roll back, and why.
 UNSUPPORTED_LAYERS = {
     "linear_attention": "recurrent state (linear attention / state-space layers) integrates every token of a tree "
                         "pass, siblings included, and cannot be rolled back to the accepted path",
@@ -161,7 +162,7 @@ def attention_layers(config) -> list[int | None]:
     DynamicCache classifies them. Raises ValueError naming the model and the layer types treespec cannot
     roll back (see UNSUPPORTED_LAYERS), and interleaved windows a single mask cannot express."""
     decoder = config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(decoder)
+    types, kwargs = layer_types_and_kwargs(decoder)
     bad = sorted(set(types) - {"full_attention", "sliding_attention"})
     if bad:
         reasons = "; ".join(f"{t!r} ({types.count(t)} of {len(types)} layers): "
