@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from treespec import reference
 from treespec.autotree import auto_chooser, cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure
+from treespec.compat import NO_EOS
 from treespec.generate import GenerationResult
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
@@ -108,7 +109,7 @@ def hf_peer(target, kind: str, assistant=None):
         torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
         t0 = time.perf_counter()
         seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                              min_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=None, **sampling, **extra)
+                              min_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=NO_EOS, **sampling, **extra)
         return GenerationResult(sequences=seq, prompt_length=prompt.shape[1], wall_time=time.perf_counter() - t0)
 
     return run

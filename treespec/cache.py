@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from treespec.compat import layer_types_and_kwargs
+from treespec.compat import empty_layer, layer_types_and_kwargs
 from treespec.masks import mask_for
 
 # Layer types (treespec.compat.layer_types_and_kwargs) treespec cannot roll back, and why.
@@ -126,6 +126,7 @@ class PreallocatedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
+        empty_layer(self)
         self._kv = self._buffers = None
 
 
@@ -154,6 +155,7 @@ class SlidingWindowLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
+        empty_layer(self)
         self.start = 0
 
 

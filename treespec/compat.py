@@ -15,6 +15,11 @@ call site goes through this module instead of testing versions itself; what diff
   ``DynamicCache.__init__``. ``layer_types_and_kwargs`` is the library's function where it exists, else the same
   classification written out from 5.8's ``DynamicCache``, with its layer-type names mapped to the newer ones
   (``mamba`` → ``linear_attention``; ``moe`` and KV-shared layers → ``dummy``, layers without a KV cache).
+- **Emptying a cache layer.** 5.24's ``DynamicLayer.reset`` drops the layer's tensors (the next update starts it
+  afresh); 5.8's zeroes them in place and keeps their length, so the cache would still report the old
+  sequence. ``empty_layer`` does what 5.24 does, on every release.
+- **Generating without an end token.** ``generate(..., eos_token_id=None)`` crashes 5.8's prompt-lookup
+  candidate generator (``torch.isin(ids, None)``); ``NO_EOS`` (an empty list) means the same on every release.
 """
 
 from __future__ import annotations
@@ -67,3 +72,13 @@ def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
     kwargs = [{"sliding_window": window or chunk} if t == "sliding_attention" else
               {"sliding_window": chunk or window} if t == "chunked_attention" else {} for t in types]
     return types, kwargs
+
+
+#: transformers' ``generate(eos_token_id=...)`` for "never stop early", accepted by every supported release
+NO_EOS: list[int] = []
+
+
+def empty_layer(layer) -> None:
+    """Leave a ``DynamicLayer`` holding nothing, uninitialised, as 5.24's ``reset`` does (5.8's keeps zeros)."""
+    layer.keys = layer.values = None
+    layer.is_initialized = False
