@@ -216,7 +216,7 @@ def medusa_case(case: dict, inputs: dict, request: dict, notes: list) -> torch.T
         heads = medusa_heads(hidden, vocab, config.medusa_num_heads, config.medusa_num_layers)
         # MedusaModel.from_pretrained loads with strict=False, which would hide a missing key: strict here
         heads.load_state_dict(torch.load(folder / "medusa_lm_head.pt", weights_only=True), strict=True)
-        notes.append(f"base_model_name_or_path {config.base_model_name_or_path}")
+        notes.append("base_model_name_or_path " + ("set" if config.base_model_name_or_path else "MISSING"))
         return medusa_logits(heads.float().eval(), inputs)
     generator = torch.Generator().manual_seed(int(case["seed"]))
     torch.manual_seed(int(case["seed"]))
@@ -242,7 +242,10 @@ def vllm_serve(folder: Path) -> int:
     from vllm.inputs import TokensPrompt
 
     request = json.loads((folder / "request.json").read_text())
+    # on the CPU backend gpu_memory_utilization is the share of host memory it reserves (0.92 by default); eager:
+    # no inductor compilation for a handful of prompts
     llm = LLM(model=request["target_dir"], dtype="float32", max_model_len=1024, disable_log_stats=False,
+              gpu_memory_utilization=0.1, enforce_eager=True,
               speculative_config={"method": "eagle3", "model": request["draft_dir"],
                                   "num_speculative_tokens": int(request["k"])})
     params = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]), ignore_eos=True)
