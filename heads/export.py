@@ -84,29 +84,29 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
 
 
 @torch.no_grad()
-def reachable(drafter_or_module, target) -> dict[str, str | None]:
-    """Which consumers the module can be exported to: consumer → None, or the reason ``convert`` refuses it.
-
-    Judged as after training: for the check, every trainable parameter is nudged (and restored after), so that
-    a refusal that depends on values (a nonzero bias a consumer drops, Medusa blocks that differ) reads as it
-    will for trained weights; the recorded verifier is not judged (``export`` asks for it)."""
+def formats(drafter_or_module, target, *, before_training: bool = False) -> dict[str, str | None]:
+    """Each consumer → None when ``export`` can write this drafter for ``target`` in its layout, else the reason
+    it refuses. The recorded verifier is not judged here (``export`` asks for one where the target's name will
+    not do). ``before_training``: judge a freshly built drafter as it will be once trained: every trainable
+    parameter is nudged for the check (and restored), so that a refusal that depends on values (a nonzero bias
+    a consumer drops, Medusa blocks that differ) reads as it will for trained weights."""
     module = module_of(drafter_or_module)
-    trained = {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
     params = dict(module.named_parameters())
+    kept = {name: p.detach().clone() for name, p in params.items() if p.requires_grad} if before_training else {}
     generator = torch.Generator().manual_seed(0)
     try:
-        for name in trained:
+        for name in kept:
             params[name].add_(1e-3 * torch.randn(params[name].shape, generator=generator).to(params[name]))
-        out = {}
-        for consumer in CONSUMERS:
+        reasons = {}
+        for to in CONSUMERS:
             try:
-                convert(module, target, consumer, verifier="verifier")
-                out[consumer] = None
-            except Refused as err:
-                out[consumer] = str(err)
-        return out
+                convert(module, target, to, verifier="verifier")
+                reasons[to] = None
+            except ValueError as err:  # Refused, or a drafter that does not fit the target
+                reasons[to] = str(err)
+        return reasons
     finally:
-        for name, value in trained.items():
+        for name, value in kept.items():
             params[name].copy_(value)
 
 

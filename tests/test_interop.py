@@ -1002,7 +1002,7 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     """The EAGLE-3 layer is Llama-style by default whatever the target, so a head for a Qwen3 target exports to
     vLLM, SGLang and speculators and loads back identically; the target's own classes (q/k norms) stay an
     option that only treespec loads, refused with the way out."""
-    from treespec.heads.export import reachable
+    from treespec.heads.export import formats
 
     qwen3 = tiny_qwen3()
     torch.manual_seed(0)
@@ -1016,9 +1016,9 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     own = Eagle3Model(qwen3, layer="target")
     with pytest.raises(Refused, match=r"q/k norms .* layer='llama' \(the default\) exports"):
         export(own, qwen3, tmp_path / "own", to="vllm")
-    reach = reachable(own, qwen3)
+    reach = formats(own, qwen3, before_training=True)
     assert all("q/k norms" in reach[c] for c in ("vllm", "sglang", "speculators"))
-    assert {c for c, why in reachable(model, qwen3).items() if why is None} >= {"vllm", "sglang", "speculators"}
+    assert {c for c, why in formats(model, qwen3).items() if why is None} >= {"vllm", "sglang", "speculators"}
 
 
 def test_training_checks_export_targets_at_start_up(capsys):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from treespec.heads.checkpoint import vocab_size_of
-from treespec.heads.export import CONSUMERS, reachable
+from treespec.heads.export import CONSUMERS, formats
 
 # what changes a drafter config so that the serving stacks can hold it
 HINTS = {"eagle3": "drafter.layer=llama", "eagle": "drafter.variant=upstream, no fusion"}
@@ -34,7 +34,7 @@ def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
     wanted = check_export_names(cfg)
     with torch.random.fork_rng(devices=[]):
         module = recipe(cfg, target, torch.arange(vocab_size_of(target))).module
-    reach = reachable(module, target)
+    reach = formats(module, target, before_training=True)
     ok = [c for c, why in reach.items() if why is None]
     name = cfg.drafter.name
     if log:

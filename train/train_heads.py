@@ -195,7 +195,7 @@ def run(cfg) -> dict:
 def _run(cfg, ctx) -> dict:
     t, d = cfg.trainer, cfg.drafter
     target, tokenizer = load_target(cfg, ctx)
-    exportable = check_export_targets(cfg, target, RECIPES[d.name], log=ctx.is_main)  # every rank refuses alike
+    check_export_targets(cfg, target, RECIPES[d.name], log=ctx.is_main)  # every rank refuses alike
     with distributed.rank0_first(ctx):  # rank 0 fills the data caches, the others read them
         data = training_data(cfg, target, tokenizer, progress=ctx.is_main)
 
@@ -230,8 +230,7 @@ def _run(cfg, ctx) -> dict:
         recipe.module.load_state_dict(result.full_state, strict=False)
     summary = {"drafter": d.name, "trainable_parameters": n_params, "steps": result.step,
                "tokens_seen": result.tokens_seen, "train_wall_time_s": result.wall_time,
-               "train_loss": result.train_loss, "world_size": ctx.world_size, "exportable_to": exportable,
-               **data.info}
+               "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
     if result.step >= total_steps:
         final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
         summary.update(final_metrics)
