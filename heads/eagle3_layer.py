@@ -60,7 +60,8 @@ def llama_layer_config(target_config) -> LlamaConfig:
     rope = copy.deepcopy(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
     if "full_attention" in rope:  # per layer type (Gemma-2/3): the full-attention layers' RoPE
         rope = rope["full_attention"]
-    config = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+    config = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+                         intermediate_size=getattr(tc, "intermediate_size", None) or 4 * tc.hidden_size,
                          num_hidden_layers=1, num_attention_heads=heads,
                          num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
                          head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
