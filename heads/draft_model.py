@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import TreeCache
+from treespec.compat import cache_arg
 from treespec.drafter import CANDIDATE_MODES
 from treespec.inputs import max_positions
 from treespec.reference import load_model
@@ -53,9 +54,9 @@ class DraftModel(ExpandingDrafter):
             hidden = self._decoder(self.model.get_input_embeddings()(input_ids), self.cache, self.slots.length,
                                    position_ids, attention_mask)
         elif self._head is None:
-            return self.model(**inputs, cache=self.cache, use_cache=True).logits
+            return self.model(**inputs, **cache_arg(self.cache), use_cache=True).logits
         else:
-            hidden = self.model.base_model(**inputs, cache=self.cache, use_cache=True).last_hidden_state
+            hidden = self.model.base_model(**inputs, **cache_arg(self.cache), use_cache=True).last_hidden_state
         return self._head(hidden)
 
     def check_target(self, target) -> None:

@@ -29,10 +29,12 @@ id. The drafter's distribution over the TARGET vocabulary is the draft logits sc
 [..., V] tensor of -inf (``logits``): zero probability outside the draft vocabulary, so sampled
 candidates (q_draft) and top-k ranks are target ids, and verification stays lossless.
 
-**Built from the target's own classes.** The attention, MLP, norms and rotary embedding are instances of
-the target's stock transformers classes (Llama, Qwen2, Mistral, Qwen3, ...) built from its config with
-one full-attention layer; only q/k/v are widened to 2H inputs. Tokens are embedded with the target's
-frozen table (not in the state_dict). State-dict keys are the upstream ones: ``fc.weight``,
+**A Llama layer, as upstream builds it** (heads/eagle3_layer.py): the attention, MLP, norms and rotary
+embedding are transformers' Llama classes built with the target's sizes and RoPE, one full-attention layer,
+whatever the target, so that vLLM, SGLang and speculators can serve the head; ``layer="target"`` builds them
+from the target's own stock classes instead (Qwen2's biases, Qwen3's q/k norms: loadable by treespec only).
+Only q/k/v are widened to 2H inputs. Tokens are embedded with the target's frozen table (not in the
+state_dict). State-dict keys are the upstream ones: ``fc.weight``,
 ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
 post_attention_layernorm}.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``,
 ``lm_head.weight``, buffers ``d2t`` and ``t2d``. ``norm`` and ``lm_head`` start as copies of the
@@ -41,15 +43,13 @@ target's final norm and of its lm_head rows for the draft vocabulary (a warm sta
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from treespec.io import check_float_weights
 
 from .checkpoint import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
-from .eagle_model import one_layer_config
+from .eagle3_layer import Eagle3Layer, check_layer_choice, final_norm, layer_config_for, rotary_for
 from .lean import LeanProjection, causal_mask
 from .vocab import DraftVocab
 
@@ -92,44 +92,6 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[
 
 
 # -- the model ---------------------------------------------------------------------------------------------
-def _llama_like_parts(target):
-    base = target.base_model
-    block = getattr(base, "layers", [None])[0]
-    needed = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
-    if block is None or not all(hasattr(block, a) for a in needed) or not hasattr(base, "rotary_emb") \
-            or not hasattr(base, "norm"):
-        raise ValueError(f"EAGLE-3 needs a Llama-like target (decoder layers with {', '.join(needed)}, a rotary "
-                         f"embedding and a final norm); {type(target).__name__} is not one")
-    return base, block
-
-
-class Eagle3Layer(nn.Module):
-    """EAGLE-3's decoder layer: attention over cat(input_layernorm(embedding), hidden_norm(h)) with the
-    residual taken from h, then the usual post-attention norm and MLP. Parts are the target's classes."""
-
-    def __init__(self, target, config):
-        super().__init__()
-        _, block = _llama_like_parts(target)
-        h = config.hidden_size
-        self.self_attn = type(block.self_attn)(config, layer_idx=0)
-        for name in ("q_proj", "k_proj", "v_proj"):  # the attention reads 2H-wide inputs
-            old = getattr(self.self_attn, name)
-            setattr(self.self_attn, name, nn.Linear(2 * h, old.out_features, bias=old.bias is not None))
-        self.mlp = type(block.mlp)(config)
-        for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
-            norm = copy.deepcopy(block.input_layernorm)  # the target's norm class and eps, weights reset to 1
-            nn.init.ones_(norm.weight)
-            setattr(self, name, norm)
-
-    def forward(self, embeds, hidden, position_embeddings, attention_mask, cache):
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [b, n, 2H]
-        attn, _ = self.self_attn(hidden_states=x, position_embeddings=position_embeddings,
-                                 attention_mask=attention_mask, cache=cache)
-        hidden = hidden + attn
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
-
 class Eagle3Model(nn.Module):
     """fc(cat(low, mid, high)) → EAGLE-3's decoder layer → norm → lm_head over the draft vocabulary."""
 
@@ -139,10 +101,12 @@ class Eagle3Model(nn.Module):
     #: no stock decoder stack for heads/lean.py's LeanDecoder: its layer reads token and feature side by side
     decoder = None
 
-    def __init__(self, target, *, aux_layers=None, vocab_map: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """vocab_map: (d2t, t2d) from ``build_vocab_map``; None = the full target vocabulary."""
+    def __init__(self, target, *, aux_layers=None, vocab_map: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 layer: str = "llama"):
+        """vocab_map: (d2t, t2d) from ``build_vocab_map``; None = the full target vocabulary. layer: "llama" (the
+        default: what every upstream consumer serves) or "target" (the target's own classes; heads/eagle3_layer.py)."""
         super().__init__()
-        base, _ = _llama_like_parts(target)
+        self.layer = check_layer_choice(layer)
         n_layers, h, vocab = target.config.num_hidden_layers, target.config.hidden_size, vocab_size_of(target)
         self.aux_layers = resolve_aux_layers(aux_layers, n_layers)
         if vocab_map is None:
@@ -152,18 +116,18 @@ class Eagle3Model(nn.Module):
             raise ValueError(f"vocab_map: t2d has {t2d.numel()} entries for a {vocab}-token target")
         self.draft_vocab = DraftVocab.from_maps(d2t, t2d)  # checks that d2t and t2d agree
         self.vocab_size, self.draft_vocab_size = vocab, d2t.numel()
-        self.layer_config = one_layer_config(target.config)
+        self.layer_config = layer_config_for(target, layer)
         self.config = {"draft_vocab_size": self.draft_vocab_size, "vocab_size": vocab, "target_hidden_size": h,
                        "hidden_size": h, "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
-                       "architecture": architecture(target)}
+                       "architecture": architecture(target), "layer": layer}
 
         self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False)
-        self.midlayer = Eagle3Layer(target, self.layer_config)
-        self.norm = copy.deepcopy(base.norm)
+        self.midlayer = Eagle3Layer(target, self.layer_config, layer)
+        self.norm = final_norm(target, self.layer_config, layer)
         self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False)
         self.register_buffer("d2t", d2t.to(torch.int64))
         self.register_buffer("t2d", t2d.to(torch.bool))
-        self.rotary_emb = type(base.rotary_emb)(config=self.layer_config)  # inv_freq is not persistent
+        self.rotary_emb = rotary_for(target, self.layer_config, layer)
         with torch.no_grad():
             self.lm_head.weight.copy_(target.get_output_embeddings().weight[self.draft_ids].float())
         # a list keeps the target's frozen table out of our parameters and state_dict
@@ -251,7 +215,7 @@ class Eagle3Model(nn.Module):
             weights["d2t"], weights["t2d"] = torch.zeros(vocab, dtype=torch.int64), torch.ones(vocab, dtype=torch.bool)
         try:
             model = cls(target, aux_layers=config["eagle_aux_hidden_state_layer_ids"],
-                        vocab_map=(weights["d2t"], weights["t2d"]))
+                        vocab_map=(weights["d2t"], weights["t2d"]), layer=config.get("layer", "target"))
             check_float_weights(weights, model, f"EAGLE-3 weights in {folder}")
             model.load_state_dict(weights)  # copied into our device and dtype
         except (KeyError, RuntimeError, ValueError) as err:  # a broken map; missing, unexpected or mis-shaped tensors

@@ -36,6 +36,7 @@ import copy
 import torch
 from torch import nn
 
+from treespec.compat import cache_arg
 from treespec.io import check_float_weights
 from treespec.masks import DENSE_MASK_ATTENTION
 
@@ -191,7 +192,8 @@ class EagleModel(nn.Module):
 
         Without ``attention_mask`` the attention is causal after whatever ``cache`` holds."""
         return self.decoder(inputs_embeds=self.decoder_input(input_ids, features), attention_mask=attention_mask,
-                            position_ids=position_ids, cache=cache, use_cache=cache is not None).last_hidden_state
+                            position_ids=position_ids, use_cache=cache is not None,
+                            **cache_arg(cache)).last_hidden_state
 
     # -- persistence ---------------------------------------------------------------------------------
     def check_fits(self, target) -> None:

@@ -83,17 +83,31 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
     return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
 
 
-def formats(drafter_or_module, target) -> dict[str, str | None]:
+@torch.no_grad()
+def formats(drafter_or_module, target, *, before_training: bool = False) -> dict[str, str | None]:
     """Each consumer → None when ``export`` can write this drafter for ``target`` in its layout, else the reason
-    it refuses (the training job's end-of-run summary lists them)."""
-    reasons = {}
-    for to in CONSUMERS:
-        try:
-            convert(drafter_or_module, target, to)
-            reasons[to] = None
-        except ValueError as err:  # Refused, or a drafter that does not fit the target
-            reasons[to] = str(err)
-    return reasons
+    it refuses. The recorded verifier is not judged here (``export`` asks for one where the target's name will
+    not do). ``before_training``: judge a freshly built drafter as it will be once trained: every trainable
+    parameter is nudged for the check (and restored), so that a refusal that depends on values (a nonzero bias
+    a consumer drops, Medusa blocks that differ) reads as it will for trained weights."""
+    module = module_of(drafter_or_module)
+    params = dict(module.named_parameters())
+    kept = {name: p.detach().clone() for name, p in params.items() if p.requires_grad} if before_training else {}
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for name in kept:
+            params[name].add_(1e-3 * torch.randn(params[name].shape, generator=generator).to(params[name]))
+        reasons = {}
+        for to in CONSUMERS:
+            try:
+                convert(module, target, to, verifier="verifier")
+                reasons[to] = None
+            except ValueError as err:  # Refused, or a drafter that does not fit the target
+                reasons[to] = str(err)
+        return reasons
+    finally:
+        for name, value in kept.items():
+            params[name].copy_(value)
 
 
 def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None = None,

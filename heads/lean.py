@@ -30,6 +30,7 @@ import inspect
 import torch
 from torch import nn
 
+from treespec.compat import cache_arg
 from treespec.masks import ancestor_mask
 
 # model_type of the base models whose forward is embeddings → layers → final norm and nothing else (Gemma
@@ -77,7 +78,7 @@ class LeanDecoder:
             attention_mask = None if n == 1 else causal_mask(n, past_len, dtype=x.dtype, device=x.device)
         position_embeddings = self._rotary(position_ids, x)
         for layer in self.decoder.layers:
-            out = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True,
+            out = layer(x, attention_mask=attention_mask, position_ids=position_ids, **cache_arg(cache), use_cache=True,
                         position_embeddings=position_embeddings)
             x = out[0] if isinstance(out, tuple) else out
         return self.decoder.norm(x)

@@ -197,13 +197,14 @@ def _agree(found: Found, format: str) -> Found:
 
 
 # -- the entry ----------------------------------------------------------------------------------------------------
-def load_module(source, target, *, format: str = "auto", aux_layers=None) -> nn.Module:
+def load_module(source, target, *, format: str = "auto", aux_layers=None, written_by: str | None = None) -> nn.Module:
     """The drafter's module (EagleModel, Eagle3Model or MedusaHeads) for ``target`` from ``source`` (see
     ``load``)."""
     folder = resolve_source(source)
     found = detect(folder, format)
-    if aux_layers is not None and found.format != "eagle3":
-        raise ValueError(f"aux_layers applies to upstream EAGLE-3 checkpoints; {found.where} is {found.format!r}")
+    for name, value in (("aux_layers", aux_layers), ("written_by", written_by)):
+        if value is not None and found.format != "eagle3":
+            raise ValueError(f"{name} applies to upstream EAGLE-3 checkpoints; {found.where} is {found.format!r}")
     if found.format == "treespec":
         if found.kind == "eagle":
             return EagleModel.from_pretrained(folder, target)
@@ -217,7 +218,8 @@ def load_module(source, target, *, format: str = "auto", aux_layers=None) -> nn.
         return eagle_from_upstream(found.weights, found.config, target, found.where)
     if found.format == "eagle3":
         _needs_config(found)
-        return eagle3_from_upstream(found.weights, found.config, target, found.where, aux_layers=aux_layers)
+        return eagle3_from_upstream(found.weights, found.config, target, found.where, aux_layers=aux_layers,
+                                    written_by=written_by)
     return medusa_from_upstream(found.weights, found.config, target, found.where)
 
 
@@ -241,8 +243,9 @@ class AutoKind(DrafterKind):
             raise TypeError(f"drafter 'auto' loaded a {type(module).__name__}, which it cannot drive")
         return kind
 
-    def load(self, source, target, *, format: str = "auto", aux_layers=None) -> nn.Module:
-        return load_module(source, target, format=format, aux_layers=aux_layers)
+    def load(self, source, target, *, format: str = "auto", aux_layers=None,
+             written_by: str | None = None) -> nn.Module:
+        return load_module(source, target, format=format, aux_layers=aux_layers, written_by=written_by)
 
     def new_drafter(self, module, candidates, draft_vocab, lean) -> Drafter:
         return self.kind_of(module).make(module, candidates, draft_vocab, lean)
@@ -257,14 +260,17 @@ class AutoKind(DrafterKind):
 AUTO = AutoKind()
 
 
-def load(source, target, *, format: str = "auto", aux_layers=None, candidates: str = "topk") -> Drafter:
+def load(source, target, *, format: str = "auto", aux_layers=None, written_by: str | None = None,
+         candidates: str = "topk") -> Drafter:
     """A ready Drafter for ``target`` from ``source``: a local folder, ``reference:<name>`` or a Hugging Face Hub
     repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
     the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
-    convention: ``hidden_states[i]`` is the input of decoder layer i); ``candidates``: "topk" or "sample"."""
+    convention: ``hidden_states[i]`` is the input of decoder layer i); ``written_by``: "specforge" or "serving",
+    whose convention an EAGLE-3 config's ``norm_output`` follows where its fields do not say
+    (heads/upstream_eagle3.py); ``candidates``: "topk" or "sample"."""
     folder = resolve_source(source)  # a Hub id is fetched once
-    return with_measurements(AUTO.make(AUTO.load(folder, target, format=format, aux_layers=aux_layers), candidates),
-                             folder)
+    module = AUTO.load(folder, target, format=format, aux_layers=aux_layers, written_by=written_by)
+    return with_measurements(AUTO.make(module, candidates), folder)
 
 
 def with_measurements(drafter: Drafter, source) -> Drafter:

@@ -6,6 +6,7 @@ LlamaConfig-like fields every EAGLE consumer reads.
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -19,6 +20,29 @@ from .eagle_model import one_layer_config
 
 class Refused(ValueError):
     """An export refused: the consumer cannot represent this drafter (the message says what and why)."""
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "org/name" (or a legacy bare "name") on the Hub
+
+
+def verifier_name(target, verifier: str | None, consumer: str, *, required: bool) -> str | None:
+    """The target's name as ``consumer`` records it for loading the target later (speculators' verifier, Medusa's
+    base model): ``verifier`` when given, else the target's ``_name_or_path`` when that is a Hub id, else None.
+    A target loaded from a local folder has no name another machine can resolve (speculators' from_pretrained
+    fails there with HFValidationError): with ``required``, that is a ValueError asking for ``verifier``."""
+    if verifier:
+        return str(verifier)
+    name = str(getattr(target.config, "_name_or_path", None) or "")
+    local = bool(name) and (os.path.isabs(name) or os.path.exists(name) or name.startswith((".", "~"))
+                            or not HUB_ID.match(name))
+    if not local:
+        return name or None
+    if required:
+        raise ValueError(f"the target was loaded from the local folder {name}, which {consumer} would record as the "
+                         "verifier to load, and which no other machine has: give the target's Hugging Face Hub id "
+                         f"(or another name your {consumer} setup resolves) with verifier='org/name' "
+                         "(scripts/export_drafter.py --verifier org/name)")
+    return None
 
 
 def strip_model_prefix(weights: dict, where: str) -> dict:

@@ -35,10 +35,14 @@ import re
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from treespec.compat import cache_arg
 
 from .checkpoint import load_drafter, vocab_size_of
-from .eagle3_model import Eagle3Layer, Eagle3Model, fits
-from .eagle_model import apply_layer_overrides, conform_linear_biases, one_layer_config
+from .eagle3_layer import Eagle3Layer, llama_layer_config
+from .eagle3_model import Eagle3Model, fits
+from .eagle_model import apply_layer_overrides, conform_linear_biases
 from .upstream import (
     Refused,
     base_config,
@@ -52,6 +56,7 @@ from .upstream import (
     own_embeddings,
     settle_biases,
     strip_model_prefix,
+    verifier_name,
 )
 from .vocab import DraftVocab
 
@@ -109,14 +114,14 @@ class UpstreamEagle3Layer(Eagle3Layer):
     """Eagle3Layer with speculators' ``norm_before_residual`` switch: the residual is hidden_norm(h), not h."""
 
     def __init__(self, target, config, norm_before_residual: bool = False):
-        super().__init__(target, config)
+        super().__init__(target, config, "llama")
         self.norm_before_residual = bool(norm_before_residual)
 
     def forward(self, embeds, hidden, position_embeddings, attention_mask, cache):
         normed = self.hidden_norm(hidden)
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [b, n, 2H]
         attn, _ = self.self_attn(hidden_states=x, position_embeddings=position_embeddings,
-                                 attention_mask=attention_mask, cache=cache)
+                                 attention_mask=attention_mask, **cache_arg(cache))
         hidden = (normed if self.norm_before_residual else hidden) + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -136,10 +141,10 @@ class UpstreamEagle3Model(Eagle3Model):
 
     def __init__(self, target, *, aux_layers=None, vocab_map=None, layer_overrides: dict | None = None,
                  norm_before_residual: bool = False, own_embeddings: bool = False):
-        super().__init__(target, aux_layers=aux_layers, vocab_map=vocab_map)
-        self.layer_config = apply_layer_overrides(one_layer_config(target.config), layer_overrides)
+        super().__init__(target, aux_layers=aux_layers, vocab_map=vocab_map, layer="llama")
+        self.layer_config = apply_layer_overrides(llama_layer_config(target.config), layer_overrides)
         self.midlayer = UpstreamEagle3Layer(target, self.layer_config, norm_before_residual)
-        self.rotary_emb = type(target.base_model.rotary_emb)(config=self.layer_config)
+        self.rotary_emb = LlamaRotaryEmbedding(config=self.layer_config)
         for norm in (self.midlayer.input_layernorm, self.midlayer.hidden_norm, self.midlayer.post_attention_layernorm,
                      self.norm):
             _set_eps(norm, self.layer_config.rms_norm_eps)
@@ -175,9 +180,52 @@ class UpstreamEagle3Model(Eagle3Model):
         return load_state(model, weights, str(folder))
 
 
-def eagle3_from_upstream(weights: dict, config: dict, target, where: str, aux_layers=None) -> Eagle3Model:
+WRITERS = ("specforge", "serving")  # whose norm_output convention a config follows (``check_norm_output``)
+
+
+def norm_output_writer(config: dict, written_by: str | None = None) -> str | None:
+    """Whose ``norm_output`` convention an EAGLE-3 config (its top level) follows: ``written_by`` when given;
+    "serving" for a speculators config (``speculators_model_type``) or vLLM's ``Eagle3LlamaForCausalLM``; None for
+    ``LlamaForCausalLMEagle3``, the name SpecForge's trainer and SGLang's server both write."""
+    if written_by is not None:
+        if written_by not in WRITERS:
+            raise ValueError(f"written_by must be one of {WRITERS}, got {written_by!r}")
+        return written_by
+    if "speculators_model_type" in config or "Eagle3LlamaForCausalLM" in (config.get("architectures") or []):
+        return "serving"
+    return None
+
+
+def check_norm_output(top: dict, config: dict, where: str, written_by: str | None = None) -> None:
+    """Refuse a ``norm_output`` that asks for something other than EAGLE-3's lm_head(norm(out)). The flag means
+    opposite things upstream: SpecForge's trainer (``LlamaForCausalLMEagle3``, default true) reads true as "the
+    final norm before lm_head" and false as lm_head on the un-normed output; SGLang's server and speculators
+    (default false) read true as EAGLE 3.1's normed output. Absent, every reader builds plain EAGLE-3; present in a
+    config whose writer its fields do not name (``norm_output_writer``), it is refused with the flag to pass."""
+    if "norm_output" not in config:
+        return
+    value = bool(config["norm_output"])
+    writer = norm_output_writer(top, written_by)
+    if writer is None:
+        arch = ", ".join(top.get("architectures") or ["no architectures"])
+        raise ValueError(f"{where}: norm_output: {str(value).lower()} in a {arch} config is ambiguous: SpecForge's "
+                         "trainer reads it as 'the final norm before lm_head' (default true), SGLang's server and "
+                         "speculators as EAGLE 3.1's normed output (default false). Say who wrote the file: "
+                         "load(..., written_by='specforge') for a SpecForge training checkpoint, "
+                         "written_by='serving' for an SGLang serving config (scripts/export_drafter.py --written-by)")
+    if writer == "specforge" and not value:
+        raise ValueError(f"{where}: norm_output: false (SpecForge: lm_head on the un-normed output, no final norm) is "
+                         "not supported")
+    if writer == "serving" and value:
+        raise ValueError(f"{where}: norm_output: true (EAGLE 3.1's normed output) is not supported")
+
+
+def eagle3_from_upstream(weights: dict, config: dict, target, where: str, aux_layers=None,
+                         written_by: str | None = None) -> Eagle3Model:
     """An EAGLE-3 checkpoint (official, SpecForge, SGLang, vLLM or speculators layout) → an Eagle3Model for
-    ``target`` (an ``UpstreamEagle3Model`` where its layer differs from what the target's config builds)."""
+    ``target`` (an ``UpstreamEagle3Model`` where its layer differs from a plain Llama layer of the target's
+    sizes). ``written_by`` ("specforge" or "serving"): whose ``norm_output`` convention the config follows, where
+    its fields do not say (``check_norm_output``)."""
     weights = normalize_eagle3_keys(weights, where)
     top = config
     if "speculators_model_type" in config:
@@ -191,9 +239,10 @@ def eagle3_from_upstream(weights: dict, config: dict, target, where: str, aux_la
                              "and the speculators library as false; add the value it was trained with")
         config = {**config["transformer_layer_config"], **{k: v for k, v in config.items()
                                                            if k != "transformer_layer_config"}}
-    for flag in ("fc_norm", "norm_before_fc", "norm_output"):
+    for flag in ("fc_norm", "norm_before_fc"):
         if config.get(flag):
             raise ValueError(f"{where}: {flag}: true (EAGLE 3.1) is not supported")
+    check_norm_output(top, config, where, written_by)
     if isinstance(top.get("eagle_config"), dict) and top["eagle_config"].get("use_aux_hidden_state") is False:
         raise ValueError(f"{where}: eagle_config.use_aux_hidden_state is false (no feature fusion): not supported")
     unknown = sorted(k for k in weights if k not in EAGLE3_TOP_KEYS and not EAGLE3_LAYER_KEY.match(k))
@@ -287,7 +336,8 @@ def eagle3_to_upstream(model: Eagle3Model, target, consumer: str, *, verifier: s
     if c.hidden_act != "silu" and consumer != "speculators":
         raise Refused(f"{consumer}'s Llama MLP supports hidden_act 'silu' only, this drafter's is {c.hidden_act!r}")
     if any(k.endswith(("q_norm.weight", "k_norm.weight")) for k in model.state_dict()):
-        raise Refused(f"{consumer} cannot represent q/k norms in the EAGLE-3 layer (a Qwen3-style target)")
+        raise Refused(f"{consumer} cannot represent q/k norms in the EAGLE-3 layer (built with layer='target' from a "
+                      "Qwen3-style target's classes); a head built with layer='llama' (the default) exports")
     if consumer in ("sglang", "vllm", "speculators") and any(not 1 <= i <= n - 1 for i in aux):
         raise Refused(f"{consumer} captures aux hidden states at the inputs of decoder layers 1..{n - 1} only; this "
                       f"drafter fuses hidden_states {aux} (0 = embeddings, {n} = final norm output)")
@@ -300,6 +350,8 @@ def eagle3_to_upstream(model: Eagle3Model, target, consumer: str, *, verifier: s
         raise Refused("SGLang embeds draft tokens with the target's table; this drafter has a table of its own")
     layer = "midlayer." if consumer in ("sglang", "eagle") else "layers.0."
     state = _eagle3_state(model, layer)
+    if consumer == "speculators" and not own:  # its loader builds embed_tokens and leaves it zero when absent
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(model.dtype).cpu()
     if model.draft_vocab.is_full and consumer != "eagle":
         state.pop("d2t"), state.pop("t2d")  # optional for the full vocabulary; the official code needs them
     arch = {"sglang": "LlamaForCausalLMEagle3", "vllm": "Eagle3LlamaForCausalLM", "eagle": "LlamaForCausalLM",
@@ -338,7 +390,7 @@ def eagle3_to_upstream(model: Eagle3Model, target, consumer: str, *, verifier: s
                                                                      "norm_before_residual", "architectures",
                                                                      "eagle_aux_hidden_state_layer_ids")}
         layer_config["architectures"] = ["LlamaForCausalLM"]
-        name = verifier or getattr(target.config, "_name_or_path", None) or None
+        name = verifier_name(target, verifier, consumer, required=True)
         config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                   "transformer_layer_config": layer_config, "draft_vocab_size": model.draft_vocab_size,
                   "norm_before_residual": nbr, "target_hidden_size": h, "eagle_aux_hidden_state_layer_ids": aux,

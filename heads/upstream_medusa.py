@@ -29,7 +29,7 @@ from treespec.io import check_float_weights
 
 from .checkpoint import vocab_size_of
 from .medusa import MedusaHeads
-from .upstream import Refused, dtype_name
+from .upstream import Refused, dtype_name, verifier_name
 
 MEDUSA1_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
 MEDUSA1_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")
@@ -156,7 +156,8 @@ def medusa_to_upstream(heads: MedusaHeads, target, consumer: str, *, verifier: s
     sd = {k: v.detach().contiguous() for k, v in heads.state_dict().items()}
     lm_head = target.get_output_embeddings().weight.detach().to(heads.blocks[0][0].linear.weight.dtype).cpu()
     projection = {k: (lm_head if heads.projections is None else sd[f"projections.{k}.weight"]) for k in range(n)}
-    name = verifier or getattr(target.config, "_name_or_path", None) or None
+    # FasterDecoding/Medusa loads the base model by this name; vLLM ignores it
+    name = verifier_name(target, verifier, "FasterDecoding/Medusa", required=consumer == "medusa")
     dtype = dtype_name(heads.blocks[0][0].linear.weight.dtype)
     if consumer == "medusa":
         for k in range(n):

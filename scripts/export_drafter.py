@@ -2,7 +2,8 @@
 
     python scripts/export_drafter.py runs/heads/eagle3/final --to vllm --out exports/eagle3-vllm
     python scripts/export_drafter.py runs/heads/eagle/final --to sglang --out exports/eagle-sglang   # variant=upstream
-    python scripts/export_drafter.py reference:medusa --to medusa --out exports/medusa --target reference:target
+    python scripts/export_drafter.py reference:medusa --to medusa --out exports/medusa --target reference:target \\
+        --verifier org/reference-target
     python scripts/export_drafter.py yuhuili/EAGLE3-LLaMA3.1-Instruct-8B --to speculators --out DIR \\
         --target meta-llama/Llama-3.1-8B-Instruct
 
@@ -29,14 +30,19 @@ def main() -> int:
     parser.add_argument("--format", default="auto", choices=FORMATS, help="the source's format (default: detect)")
     parser.add_argument("--aux-layers", default=None,
                         help="EAGLE-3 source without aux ids in its config: comma-separated hidden_states indices")
-    parser.add_argument("--verifier", default=None, help="target name recorded for speculators / Medusa")
+    parser.add_argument("--written-by", default=None, choices=("specforge", "serving"),
+                        help="an EAGLE-3 source whose config's norm_output is ambiguous: who wrote it (SpecForge's "
+                             "trainer, or an SGLang / speculators serving config)")
+    parser.add_argument("--verifier", default=None,
+                        help="the target's Hugging Face Hub id, recorded for speculators / Medusa to load it by; "
+                             "required when --target is a local folder")
     parser.add_argument("--speculative-tokens", type=int, default=3, help="speculators' proposal length")
     args = parser.parse_args()
 
     target, _ = load_model(args.target)
     aux = [int(i) for i in args.aux_layers.split(",")] if args.aux_layers else None
     try:
-        module = load_module(args.source, target, format=args.format, aux_layers=aux)
+        module = load_module(args.source, target, format=args.format, aux_layers=aux, written_by=args.written_by)
         out = export(module, target, args.out, to=args.to, verifier=args.verifier,
                      speculative_tokens=args.speculative_tokens)
     except Refused as err:

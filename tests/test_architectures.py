@@ -13,6 +13,7 @@ import treespec.cache
 from treespec import Tree, generate
 from treespec.attention import tree_allowed, tree_masks, tree_position_ids
 from treespec.cache import TreeCache, keep_tree_path
+from treespec.compat import cache_arg
 from treespec.heads import DraftModel
 from treespec.train.architectures import (
     BY_NAME,
@@ -113,10 +114,10 @@ def test_sliding_layer_keeps_committed_window():
     target = use_attention(build("Gemma-3"), "eager", BY_NAME["Gemma-3"])
     ids, tree = prompt(), Tree.full(2, 3)
     cache = TreeCache(target.config)
-    target(input_ids=ids, cache=cache, use_cache=True)
+    target(input_ids=ids, **cache_arg(cache), use_cache=True)
     nodes = torch.randint(0, 64, (tree.num_nodes,), generator=torch.Generator().manual_seed(5))
     past = PROMPT_LEN
-    target(input_ids=nodes[None], cache=cache, use_cache=True, attention_mask=tree_masks(cache, tree, past),
+    target(input_ids=nodes[None], **cache_arg(cache), use_cache=True, attention_mask=tree_masks(cache, tree, past),
            position_ids=tree_position_ids(tree, past))
     leaf = max(tree.leaf_paths, key=lambda p: (len(p), p))  # the last deepest path: not a chain prefix
     keep = torch.tensor([0, *leaf])
@@ -125,7 +126,7 @@ def test_sliding_layer_keeps_committed_window():
     sliding = [layer for layer in cache.layers if layer.is_sliding]
     assert sliding and all(layer.held() == WINDOW - 1 and layer.get_seq_length() == len(committed) for layer in sliding)
     token = torch.tensor([[7]])
-    logits = target(input_ids=token, cache=cache, use_cache=True).logits[0, -1]
+    logits = target(input_ids=token, **cache_arg(cache), use_cache=True).logits[0, -1]
     reference = target(input_ids=torch.cat([committed[None], token], dim=1)).logits[0, -1]
     torch.testing.assert_close(logits, reference, atol=1e-4, rtol=0)
 
@@ -133,7 +134,7 @@ def test_sliding_layer_keeps_committed_window():
 def test_transformers_sliding_cache_is_refused():
     target = build("Mistral")
     cache = transformers.DynamicCache(config=target.config)
-    target(input_ids=prompt(), cache=cache, use_cache=True)
+    target(input_ids=prompt(), **cache_arg(cache), use_cache=True)
     with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer cannot be rolled back.*TreeCache"):
         keep_tree_path(cache, PROMPT_LEN - 1, torch.tensor([0]))
 

@@ -12,6 +12,7 @@ from transformers.cache_utils import DynamicLayer
 from treespec import Tree, generate
 from treespec.attention import tree_masks, tree_position_ids
 from treespec.cache import PreallocatedLayer, TreeCache, keep_row_paths, keep_tree_path, select_rows
+from treespec.compat import cache_arg
 from treespec.heads import DraftModel
 from treespec.rows import RowSlots
 
@@ -26,18 +27,18 @@ def target():
 def steps(target, cache, gen):
     """A prefill, then tree passes kept to a non-contiguous path, a chain pass and a crop: the logits of each."""
     tree = Tree.full(2, 2)  # nodes 1, 2 (depth 1), 3..6 (depth 2)
-    out = [target(input_ids=torch.randint(0, 64, (1, 5), generator=gen), cache=cache, use_cache=True).logits]
+    out = [target(input_ids=torch.randint(0, 64, (1, 5), generator=gen), **cache_arg(cache), use_cache=True).logits]
     past = 5
     for keep in ([0, 2, 5], [0, 1, 4], [0]):
         tokens = torch.randint(0, 64, (1, tree.num_nodes), generator=gen)
-        out.append(target(input_ids=tokens, cache=cache, use_cache=True,
+        out.append(target(input_ids=tokens, **cache_arg(cache), use_cache=True,
                           attention_mask=tree_masks(cache, tree, past, dtype=target.dtype),
                           position_ids=tree_position_ids(tree, past)).logits)
         keep_tree_path(cache, past, torch.tensor(keep))
         past += len(keep)
-    out.append(target(input_ids=torch.randint(0, 64, (1, 3), generator=gen), cache=cache, use_cache=True).logits)
+    out.append(target(input_ids=torch.randint(0, 64, (1, 3), generator=gen), **cache_arg(cache), use_cache=True).logits)
     cache.crop(-2)
-    out.append(target(input_ids=torch.randint(0, 64, (1, 1), generator=gen), cache=cache, use_cache=True).logits)
+    out.append(target(input_ids=torch.randint(0, 64, (1, 1), generator=gen), **cache_arg(cache), use_cache=True).logits)
     return out
 
 
@@ -65,11 +66,11 @@ def test_preallocated_cache_equals_concatenating_cache(target, monkeypatch):
 def test_a_layer_whose_keys_were_replaced_is_copied_not_overwritten(target):
     cache = TreeCache(target.config)
     with torch.no_grad():
-        target(input_ids=torch.arange(6)[None], cache=cache, use_cache=True)
+        target(input_ids=torch.arange(6)[None], **cache_arg(cache), use_cache=True)
         layer = cache.layers[0]
         layer.keys, layer.values = layer.keys.clone(), layer.values.clone()  # e.g. a batch op replaced them
         held = layer.keys.clone()
-        target(input_ids=torch.arange(2)[None], cache=cache, use_cache=True)
+        target(input_ids=torch.arange(2)[None], **cache_arg(cache), use_cache=True)
     torch.testing.assert_close(layer.keys[:, :, :6], held, rtol=0, atol=0)
     assert layer.keys.shape[2] == 8 and layer.keys.data_ptr() == layer._buffers[0].data_ptr()
 

@@ -43,6 +43,7 @@ def test_every_config_is_covered():
 
 @pytest.mark.parametrize("job, overrides, message", [
     ("train_heads", ["tree=accuracy", "+tree.depth=3"], r"unknown key\(s\) depth"),
+    ("train_heads", ["export_to=[vllm,tgi]"], r"export_to: unknown format\(s\) tgi"),
     ("compare", ["drafters=[eagle,warp]"], r"'warp' is not one of the available drafters"),
     ("compare", ["prompts=0"], r"prompts must be an integer >= 1"),
     ("compare", ["prompts=1000"], r"only \d+ held-out prompts are shipped"),

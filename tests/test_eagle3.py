@@ -35,13 +35,13 @@ UPSTREAM_KEYS = {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
 
 
-def random_eagle3(target, draft_vocab=None, seed=0, aux_layers=None):
+def random_eagle3(target, draft_vocab=None, seed=0, aux_layers=None, layer="llama"):
     """A random drafter; ``draft_vocab`` < V picks a random reduced vocabulary."""
     g = torch.Generator().manual_seed(seed + 100)
     vocab = target.config.vocab_size
     vocab_map = build_vocab_map(torch.randint(0, 1000, (vocab,), generator=g), draft_vocab) if draft_vocab else None
     torch.manual_seed(seed)
-    return Eagle3Model(target, aux_layers=aux_layers, vocab_map=vocab_map).eval()
+    return Eagle3Model(target, aux_layers=aux_layers, vocab_map=vocab_map, layer=layer).eval()
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +154,11 @@ def test_greedy_equals_vanilla(target, prompt, tree_name, draft_vocab):
     assert sum(out.accept_lengths) == 24 - 1
 
 
+@pytest.mark.parametrize("layer", ["llama", "target"])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_other_architectures(prompt, arch):
-    """The layer is built from the target's own classes: Qwen2's q/k/v biases, Qwen3's q/k norms."""
+def test_other_architectures(prompt, arch, layer):
+    """layer="target" builds the layer from the target's own classes: Qwen2's q/k/v biases, Qwen3's q/k norms;
+    the default, layer="llama", Llama's classes with the target's sizes (no biases, no q/k norms), as upstream."""
     import transformers
 
     name = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[arch]
@@ -166,9 +168,11 @@ def test_other_architectures(prompt, arch):
         eos_token_id=None, pad_token_id=None)
     torch.manual_seed(0)
     target = getattr(transformers, f"{name}ForCausalLM")(config).eval()
-    model = random_eagle3(target, draft_vocab=24)
+    model = random_eagle3(target, draft_vocab=24, layer=layer)
     extra = {"qwen2": "midlayer.self_attn.q_proj.bias", "qwen3": "midlayer.self_attn.q_norm.weight"}[arch]
-    assert extra in model.state_dict() and model.state_dict()["midlayer.self_attn.k_proj.weight"].shape == (16, 64)
+    assert (extra in model.state_dict()) == (layer == "target")
+    assert model.state_dict()["midlayer.self_attn.k_proj.weight"].shape == (16, 64)
+    assert type(model.midlayer.self_attn).__name__ == ("LlamaAttention" if layer == "llama" else f"{name}Attention")
     out = generate(target, prompt, drafter=Eagle3(model), tree=DynamicTree(8, 4, 3), max_new_tokens=16)
     assert torch.equal(out.sequences, hf_greedy(target, prompt, 16))
 

@@ -821,7 +821,8 @@ def test_exports_that_a_consumer_cannot_represent_are_refused(tmp_path, targets)
         (EagleModel(llama, variant="upstream"), llama, "vllm", r"no fc\.bias .* nonzero"),
         (EagleModel(llama, variant="upstream"), llama, "speculators", "eagle3 format only"),
         (EagleModel(llama, variant="upstream"), llama, "medusa", "cannot be written as Medusa"),
-        (Eagle3Model(qwen), qwen, "sglang", r"no midlayer\.self_attn\.[qkv]_proj\.bias \(SGLang's EAGLE-3 q/k/v"),
+        (Eagle3Model(qwen, layer="target"), qwen, "sglang",  # the target's own class: Qwen2's q/k/v biases
+         r"no midlayer\.self_attn\.[qkv]_proj\.bias \(SGLang's EAGLE-3 q/k/v"),
         (Eagle3Model(llama), llama, "eagle", r"hard-codes aux layers \(2, L//2, L-3\)"),
         (Eagle3Model(llama, aux_layers=(0, 2, 3)), llama, "vllm", "inputs of decoder layers 1..3 only"),
         (Eagle3Model(llama), llama, "medusa", "cannot be written as Medusa"),
@@ -983,3 +984,128 @@ def test_shipped_eagle_drafter_still_loads_as_the_treespec_variant():
     model = load(reference.MODELS_DIR / "eagle", target).model
     assert model.variant == "treespec" and "variant" not in model.config
     assert not any(re.match(r"embed_tokens", k) for k in model.state_dict())
+
+
+# -- exports as their consumers load them (issue 25) -------------------------------------------------------------
+def tiny_qwen3(vocab=64, layers=4, seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                         initializer_range=0.2, attn_implementation="sdpa", bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
+    """The EAGLE-3 layer is Llama-style by default whatever the target, so a head for a Qwen3 target exports to
+    vLLM, SGLang and speculators and loads back identically; the target's own classes (q/k norms) stay an
+    option that only treespec loads, refused with the way out."""
+    from treespec.heads.export import formats
+
+    qwen3 = tiny_qwen3()
+    torch.manual_seed(0)
+    model = Eagle3Model(qwen3, vocab_map=build_vocab_map(torch.randint(0, 100, (64,)), 24)).eval()
+    assert not any("q_norm" in k for k in model.state_dict())
+    reference = proposals(load_module.AUTO.make(model), qwen3)
+    for consumer in ("vllm", "sglang", "speculators"):
+        folder = export(model, qwen3, tmp_path / consumer, to=consumer, verifier="tiny/qwen3")
+        check_consumer(folder, consumer, "eagle3", model, qwen3)
+        assert proposals(load(folder, qwen3), qwen3) == reference, consumer
+    own = Eagle3Model(qwen3, layer="target")
+    with pytest.raises(Refused, match=r"q/k norms .* layer='llama' \(the default\) exports"):
+        export(own, qwen3, tmp_path / "own", to="vllm")
+    reach = formats(own, qwen3, before_training=True)
+    assert all("q/k norms" in reach[c] for c in ("vllm", "sglang", "speculators"))
+    assert {c for c, why in formats(model, qwen3).items() if why is None} >= {"vllm", "sglang", "speculators"}
+
+
+def test_training_checks_export_targets_at_start_up(capsys):
+    from treespec.train import eagle3 as eagle3_recipe
+    from treespec.train.exportable import check_export_targets
+
+    from .tiny_models import compose_cfg
+
+    qwen3 = tiny_qwen3()
+    state = torch.random.get_rng_state()
+    cfg = compose_cfg("train_heads", ["drafter=eagle3", "drafter.draft_vocab_size=24", "export_to=[vllm,speculators]"])
+    assert {"vllm", "sglang", "speculators"} <= set(check_export_targets(cfg, qwen3, eagle3_recipe.recipe))
+    assert torch.equal(state, torch.random.get_rng_state())  # the probe leaves the run's seed alone
+    assert "eagle3: exportable to" in capsys.readouterr().out
+    cfg = compose_cfg("train_heads", ["drafter=eagle3", "drafter.layer=target", "export_to=[vllm]"])
+    with pytest.raises(ValueError, match=r"export_to names vllm, which this eagle3 drafter cannot be exported to: "
+                                         r"vllm: .*q/k norms.*\(drafter\.layer=llama"):
+        check_export_targets(cfg, qwen3, eagle3_recipe.recipe)
+
+
+def test_speculators_export_carries_the_targets_token_table(tmp_path, targets):
+    """speculators' loader builds embed_tokens and leaves it all zeros when the file lacks it: the export carries
+    the target's table (treespec reads it back as the target's, not a table of the drafter's own)."""
+    llama = targets["llama"]
+    model = fresh("eagle3", llama)
+    folder = export(model, llama, tmp_path / "spec", to="speculators", verifier="tiny/llama")
+    table = load_file(folder / "model.safetensors")["embed_tokens.weight"]
+    assert torch.equal(table, llama.get_input_embeddings().weight.detach())
+    assert getattr(load(folder, llama).model, "embed_tokens", None) is None
+
+
+def test_the_verifier_is_a_name_another_machine_resolves(tmp_path, targets):
+    """speculators records the target it verifies with; a local folder would fail on any other machine."""
+    llama = targets["llama"]
+    model = fresh("eagle3", llama)
+    llama.config._name_or_path = str(tmp_path / "my-target")
+    (tmp_path / "my-target").mkdir()
+    try:
+        with pytest.raises(ValueError, match=r"local folder .*my-target.* verifier='org/name' .*--verifier"):
+            export(model, llama, tmp_path / "a", to="speculators")
+        assert not (tmp_path / "a").exists()
+        folder = export(model, llama, tmp_path / "b", to="speculators", verifier="org/target")
+        assert json.loads((folder / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] \
+            == "org/target"
+        export(model, llama, tmp_path / "c", to="vllm")  # vLLM's own layout records no verifier
+        llama.config._name_or_path = "meta-llama/Llama-3.1-8B-Instruct"
+        folder = export(model, llama, tmp_path / "d", to="speculators")
+        assert json.loads((folder / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] \
+            == "meta-llama/Llama-3.1-8B-Instruct"
+    finally:
+        llama.config._name_or_path = ""
+
+
+def test_norm_output_is_read_by_the_convention_of_its_writer(tmp_path, targets):
+    """SpecForge's trainer reads norm_output (default true) as 'the final norm before lm_head'; SGLang's server
+    and speculators (default false) as EAGLE 3.1. Absent, all mean plain EAGLE-3."""
+    qwen = targets["qwen2"]
+    folder, reference, _ = eagle3_specforge(tmp_path / "sf", qwen, torch.Generator().manual_seed(1))
+    config = json.loads((folder / "config.json").read_text())
+    plain = proposals(load(folder, qwen), qwen)
+
+    def with_config(name, **fields):
+        out = tmp_path / name
+        out.mkdir()
+        (out / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+        (out / "config.json").write_text(json.dumps({**config, **fields}))
+        return out
+
+    specforge_true = with_config("sf-true", norm_output=True)
+    with pytest.raises(ValueError, match=r"norm_output: true in a LlamaForCausalLMEagle3 config is ambiguous.*"
+                                         r"written_by='specforge'.*written_by='serving'.*--written-by"):
+        load(specforge_true, qwen)
+    assert proposals(load(specforge_true, qwen, written_by="specforge"), qwen) == plain
+    with pytest.raises(ValueError, match=r"norm_output: true \(EAGLE 3\.1"):
+        load(specforge_true, qwen, written_by="serving")
+    specforge_false = with_config("sf-false", norm_output=False)
+    with pytest.raises(ValueError, match=r"norm_output: false \(SpecForge: lm_head on the un-normed output"):
+        load(specforge_false, qwen, written_by="specforge")
+    assert proposals(load(specforge_false, qwen, written_by="serving"), qwen) == plain
+    vllm = with_config("vllm", norm_output=False, architectures=["Eagle3LlamaForCausalLM"])
+    assert proposals(load(vllm, qwen), qwen) == plain  # vLLM's class: the serving convention, no flag needed
+    with pytest.raises(ValueError, match="written_by must be one of"):
+        load(vllm, qwen, written_by="sglang-ish")
+    spec, _, _ = eagle3_speculators(tmp_path / "spec", targets["llama"], torch.Generator().manual_seed(2))
+    spec_config = json.loads((spec / "config.json").read_text())
+    (spec / "config.json").write_text(json.dumps({**spec_config, "norm_output": True}))
+    with pytest.raises(ValueError, match=r"norm_output: true \(EAGLE 3\.1"):
+        load(spec, targets["llama"])
+    with pytest.raises(ValueError, match="written_by applies to upstream EAGLE-3 checkpoints"):
+        load(synthesise("medusa1-llama", tmp_path / "m", targets)[1], targets["llama"], written_by="specforge")

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec import Tree, generate
+from treespec.compat import cache_arg
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
@@ -51,7 +52,7 @@ def test_lean_decoder_equals_the_base_model(name):
     with torch.no_grad():
         for ids, past, kwargs in ((prompt, 0, {}), (more, 6, {}),
                                   (nodes, 9, {"position_ids": positions, "attention_mask": mask})):
-            want = base(inputs_embeds=embed(ids), cache=plain, use_cache=True, **kwargs).last_hidden_state
+            want = base(inputs_embeds=embed(ids), **cache_arg(plain), use_cache=True, **kwargs).last_hidden_state
             got = lean(embed(ids), leaned, past, kwargs.get("position_ids"), kwargs.get("attention_mask"))
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for a, b in zip(plain.layers, leaned.layers, strict=True):

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.attention import tree_allowed, tree_position_ids
+from treespec.compat import cache_arg, output_cache
 from treespec.masks import ancestor_mask, mask_for, tree_mask_builder
 from treespec.masks.flex import FlexTreeMasks, mask_mod_of
 from treespec.tree import Tree
@@ -61,7 +62,7 @@ def tiny_model(arch: str, attn: str):
 def prefill(model, prefix):
     """A DynamicCache holding ``prefix`` [1, P]. Recomputed rather than copied for each use."""
     cache = DynamicCache(config=model.config)
-    model(prefix, cache=cache, use_cache=True)
+    model(prefix, **cache_arg(cache), use_cache=True)
     return cache
 
 
@@ -71,7 +72,7 @@ def sequential_logits(model, prefix, tokens, tree: Tree) -> torch.Tensor:
     for leaf_path in tree.leaf_paths or [[]]:
         cache = prefill(model, prefix)
         for node in [0, *leaf_path]:
-            out = model(tokens[:, node : node + 1], cache=cache, use_cache=True)
+            out = model(tokens[:, node : node + 1], **cache_arg(cache), use_cache=True)
             logits[node] = out.logits[0, -1]
     return logits
 
@@ -89,16 +90,16 @@ def test_tree_forward_equals_sequential(arch, attn, tree_name):
 
     cache = prefill(model, prefix)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # `cache=` is the 5.x kwarg; `past_key_values=` warns (deprecated)
-        out = model(tokens, cache=cache, use_cache=True, attention_mask=tree_attention_mask(tree, PREFIX),
+        warnings.simplefilter("error")  # the release's own cache keyword (treespec.compat) never warns
+        out = model(tokens, **cache_arg(cache), use_cache=True, attention_mask=tree_attention_mask(tree, PREFIX),
                     position_ids=tree_position_ids(tree, PREFIX))
-    assert out.cache is cache and cache.get_seq_length() == PREFIX + tree.num_nodes
+    assert output_cache(out) is cache and cache.get_seq_length() == PREFIX + tree.num_nodes
     tree_logits = out.logits[0]  # [N, V]
     reference = sequential_logits(model, prefix, tokens, tree)
     torch.testing.assert_close(tree_logits, reference, atol=ATOL, rtol=0)
 
     # power: plain causal attention over the same tokens (siblings see each other) must differ
-    causal = model(tokens, cache=prefill(model, prefix), position_ids=tree_position_ids(tree, PREFIX)).logits[0]
+    causal = model(tokens, **cache_arg(prefill(model, prefix)), position_ids=tree_position_ids(tree, PREFIX)).logits[0]
     assert (causal - reference).abs().max() > 100 * ATOL
 
 
@@ -111,8 +112,9 @@ def test_bool_mask_is_wrong_with_eager():
     prefix = torch.randint(VOCAB, (1, PREFIX), generator=gen)
     tokens = torch.randint(VOCAB, (1, tree.num_nodes), generator=gen)
     kwargs = dict(position_ids=tree_position_ids(tree, PREFIX))
-    as_float = model(tokens, cache=prefill(model, prefix), attention_mask=tree_attention_mask(tree, PREFIX), **kwargs)
-    as_bool = model(tokens, cache=prefill(model, prefix), attention_mask=tree_allowed(tree, PREFIX)[None, None],
+    as_float = model(tokens, **cache_arg(prefill(model, prefix)), attention_mask=tree_attention_mask(tree, PREFIX),
+                     **kwargs)
+    as_bool = model(tokens, **cache_arg(prefill(model, prefix)), attention_mask=tree_allowed(tree, PREFIX)[None, None],
                     **kwargs)
     assert (as_float.logits - as_bool.logits).abs().max() > 0.1
 
@@ -262,6 +264,6 @@ def test_flex_model_forward_equals_sdpa():
     logits = {}
     for attn, mask in [("sdpa", tree_attention_mask(tree, PREFIX)), ("flex_attention", tree_block_mask(tree, PREFIX))]:
         model = tiny_model("llama", attn)
-        logits[attn] = model(tokens, cache=prefill(model, prefix), attention_mask=mask,
+        logits[attn] = model(tokens, **cache_arg(prefill(model, prefix)), attention_mask=mask,
                              position_ids=tree_position_ids(tree, PREFIX)).logits
     torch.testing.assert_close(logits["flex_attention"], logits["sdpa"], atol=ATOL, rtol=0)

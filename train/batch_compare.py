@@ -28,6 +28,7 @@ import torch
 
 from treespec.autotree import cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure
+from treespec.compat import NO_EOS
 from treespec.inputs import left_padded
 from treespec.result import GenerationResult, RowResult
 from treespec.timing import forward_step, median_time
@@ -47,7 +48,7 @@ def batched_peer(target, pad_token_id: int = 0, eos_token_id=None):
     ``eos_token_id`` each row stops where treespec's does (its end tokens; a row's tokens counted up to its
     first); without, every row generates the whole budget."""
     ends = set(eos_token_id or ())
-    stop = {"eos_token_id": list(ends)} if ends else {"eos_token_id": None}
+    stop = {"eos_token_id": list(ends)} if ends else {"eos_token_id": NO_EOS}
 
     def generated(row: list[int]) -> int:
         return next((i + 1 for i, token in enumerate(row) if token in ends), len(row))

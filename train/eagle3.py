@@ -116,7 +116,7 @@ def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
     draft_vocab = min(int(d.draft_vocab_size or vocab), vocab)
     d2t, t2d = build_vocab_map(counts, draft_vocab)
     coverage = counts[t2d].sum().item() / max(1, counts.sum().item())
-    model = Eagle3Model(target, aux_layers=d.aux_layers, vocab_map=(d2t, t2d))
+    model = Eagle3Model(target, aux_layers=d.aux_layers, vocab_map=(d2t, t2d), layer=d.get("layer", "llama"))
 
     def loss(batch):
         return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay)

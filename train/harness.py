@@ -37,6 +37,7 @@ from treespec.autotree import (
     predict_generation,
 )
 from treespec.bench import Config, Row, measure
+from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
 from treespec.tree import Tree
@@ -114,7 +115,7 @@ def hf_peer(target, kind: str, assistant=None, eos_token_id=None):
     """A bench.Config runner for transformers' own generate(): greedy/sampling, assisted, prompt lookup. With
     ``eos_token_id`` it stops where treespec does (end tokens); without, it runs the whole budget."""
     extra = {"assisted": {"assistant_model": assistant}, "prompt_lookup": {"prompt_lookup_num_tokens": 4}}.get(kind, {})
-    stop = {"eos_token_id": list(eos_token_id)} if eos_token_id else {"eos_token_id": None}
+    stop = {"eos_token_id": list(eos_token_id)} if eos_token_id else {"eos_token_id": NO_EOS}
 
     def run(prompt, max_new_tokens, temperature, top_p, generator):
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \

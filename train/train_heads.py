@@ -30,6 +30,7 @@ from . import config_checks, distributed, eagle, eagle3, expected_tau, medusa, r
 from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .distributed import record
+from .exportable import check_export_names, check_export_targets
 from .features import FeatureBatches, FeatureStore, WindowSamples, prepare, split_layers
 from .lm import fingerprint
 from .log import RunLogger
@@ -56,6 +57,7 @@ def check_config(cfg) -> None:
     config_checks.check_job(cfg)
     config_checks.check_drafter(cfg.drafter)
     config_checks.check_eval(cfg.eval)
+    check_export_names(cfg)
     chat = cfg.data.get("chat")
     if chat is not None and not chat.get("source"):
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
@@ -238,6 +240,7 @@ def run(cfg) -> dict:
 def _run(cfg, ctx) -> dict:
     t, d = cfg.trainer, cfg.drafter
     target, tokenizer = load_target(cfg, ctx)
+    check_export_targets(cfg, target, RECIPES[d.name], log=ctx.is_main)  # every rank refuses alike
     with distributed.rank0_first(ctx):  # rank 0 fills the data caches, the others read them
         data = training_data(cfg, target, tokenizer, progress=ctx.is_main)
 

@@ -62,11 +62,12 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import DynamicLayer
 
+from treespec.compat import empty_layer, layer_types_and_kwargs
 from treespec.masks import mask_for
 
-# Layer types (transformers' get_layer_types_and_kwargs) treespec cannot roll back, and why.
+# Layer types (treespec.compat.layer_types_and_kwargs) treespec cannot roll back, and why.
 UNSUPPORTED_LAYERS = {
     "linear_attention": "recurrent state (linear attention / state-space layers) integrates every token of a tree "
                         "pass, siblings included, and cannot be rolled back to the accepted path",
@@ -171,6 +172,7 @@ class PreallocatedLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
+        empty_layer(self)
         self._kv = self._buffers = None
 
 
@@ -199,6 +201,7 @@ class SlidingWindowLayer(DynamicLayer):
 
     def reset(self) -> None:
         super().reset()
+        empty_layer(self)
         self.start = 0
 
 
@@ -207,7 +210,7 @@ def attention_layers(config) -> list[int | None]:
     DynamicCache classifies them. Raises ValueError naming the model and the layer types treespec cannot
     roll back (see UNSUPPORTED_LAYERS), and interleaved windows a single mask cannot express."""
     decoder = config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(decoder)
+    types, kwargs = layer_types_and_kwargs(decoder)
     bad = sorted(set(types) - {"full_attention", "sliding_attention"})
     if bad:
         reasons = "; ".join(f"{t!r} ({types.count(t)} of {len(types)} layers): "

@@ -26,6 +26,7 @@ import torch
 
 from treespec.attention import TreeAttention
 from treespec.cache import TreeCache, check_filled
+from treespec.compat import cache_arg
 from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
@@ -277,7 +278,7 @@ def forward(run: Run, cache: TreeCache, input_ids: torch.Tensor, **mask_inputs):
     """The target over ``input_ids`` [b, n] after what ``cache`` holds → (logits [b, n or 1, V], the drafter's
     features [b, n, L·h] or None)."""
     with timed(run.observer, TARGET):
-        out = run.target(input_ids=input_ids, cache=cache, use_cache=True,
+        out = run.target(input_ids=input_ids, **cache_arg(cache), use_cache=True,
                          output_hidden_states=bool(run.feature_layers), **mask_inputs)
     return out.logits, stack_features(out.hidden_states, run.feature_layers) if run.feature_layers else None
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from treespec.cache import TreeCache
+from treespec.compat import cache_arg
 
 TARGET, DRAFT = "target", "draft"  # the parts a StepTimer charges: target forwards, drafter calls
 
@@ -101,11 +102,11 @@ def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: 
     prefix = torch.randint(0, vocab, (batch, past_len), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (batch, n_tokens), generator=gen).to(model.device)
     cache = TreeCache(model.config, preallocate=preallocate)
-    model(input_ids=prefix, cache=cache, use_cache=True)
+    model(input_ids=prefix, **cache_arg(cache), use_cache=True)
 
     @torch.no_grad()
     def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
-        model(input_ids=new, cache=cache, use_cache=True)
+        model(input_ids=new, **cache_arg(cache), use_cache=True)
         cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
 
     return step
