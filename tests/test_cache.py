@@ -15,7 +15,7 @@ from treespec.cache import PreallocatedLayer, TreeCache, keep_row_paths, keep_tr
 from treespec.heads import DraftModel
 from treespec.rows import RowSlots
 
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .helpers import hf_greedy, perturbed, tiny_llama
 
 
 @pytest.fixture(scope="module")
