@@ -16,8 +16,7 @@ from treespec.train.checkpoint import CheckpointMismatch
 from treespec.train.regenerate import check_responses, regenerate
 from treespec.train.report import rerender
 
-from .test_chat import WORDS, chat_tokenizer, conversations, write_jsonl
-from .tiny_models import compose_cfg
+from .helpers import WORDS, chat_tokenizer, compose_cfg, conversations, write_jsonl
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 

@@ -14,7 +14,7 @@ from treespec.heads.eagle import EagleModel
 from treespec.heads.medusa import MedusaHeads
 from treespec.reference import load_model
 
-from .tiny_models import tiny_llama
+from .helpers import tiny_llama
 
 
 # -- drafter folders ----------------------------------------------------------------------------------------

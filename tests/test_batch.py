@@ -20,11 +20,16 @@ from treespec.inputs import left_padded
 from treespec.sampling import Sampling, probs
 from treespec.train.architectures import build, full_attention
 
-from .stats import chi2_pvalue
-from .test_eagle import random_eagle, scratch_logits, scratch_proposal
-from .test_eagle3 import random_eagle3
-from .test_medusa import random_heads
-from .tiny_models import perturbed, tiny_llama
+from .helpers import (
+    chi2_pvalue,
+    perturbed,
+    random_eagle,
+    random_eagle3,
+    random_heads,
+    scratch_logits,
+    scratch_proposal,
+    tiny_llama,
+)
 
 LENGTHS = (3, 17, 9, 1)  # very different prompt lengths, one of a single token
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 3, 2)}
@@ -145,7 +150,7 @@ def ragged_walker(seed=0):
 def test_batched_proposals_match_recomputation_per_row(target, kind, tree, monkeypatch):
     import importlib
 
-    from .tiny_models import record_proposals
+    from .helpers import record_proposals
 
     drafter = {"draft": lambda: DraftModel(perturbed(target, 0.3)), "eagle": lambda: Eagle(random_eagle(target)),
                "eagle3": lambda: Eagle3(random_eagle3(target, draft_vocab=24))}[kind]()

@@ -16,7 +16,7 @@ from treespec.compat import cache_arg
 from treespec.heads import DraftModel
 from treespec.rows import RowSlots
 
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .helpers import hf_greedy, perturbed, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ from treespec.train.report import rerender
 from treespec.tree import Tree
 from treespec.tree_spec import build_tree
 
-from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama
-from .wandb_files import wandb_run_contains
+from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama, wandb_run_contains
 
 ACC = [[0.6, 0.15, 0.05], [0.45, 0.1, 0.05], [0.3, 0.1], [0.2, 0.05]]
 

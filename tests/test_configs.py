@@ -7,7 +7,7 @@ import pytest
 
 from treespec.train import compare, lm, train_heads
 
-from .tiny_models import CONF, compose_cfg
+from .helpers import CONF, compose_cfg
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 # experiment / debug configs by the job they are written for (file name prefix)

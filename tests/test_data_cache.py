@@ -10,7 +10,7 @@ from treespec.io import weights_digest
 from treespec.train import data
 from treespec.train.data import corpus_digest, prepare_tokens, self_distill
 
-from .tiny_models import tiny_llama
+from .helpers import tiny_llama
 
 
 def make_corpus(root):

@@ -18,16 +18,24 @@ from treespec.sampling import Sampling
 from treespec.train.data import TokenBatches
 from treespec.tree_spec import build_tree
 
-from .stats import chi2_pvalue
-from .test_lossless import RUNS, VOCAB, exact_distribution, sampled_counts
-from .tiny_models import compose_cfg, hf_greedy, perturbed, record_proposals, tiny_llama, tiny_trained_target
+from .helpers import (
+    RUNS,
+    VOCAB,
+    chi2_pvalue,
+    compose_cfg,
+    exact_distribution,
+    hf_greedy,
+    perturbed,
+    random_eagle,
+    record_proposals,
+    sampled_counts,
+    scratch_logits,
+    scratch_proposal,
+    tiny_llama,
+    tiny_trained_target,
+)
 
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
-
-
-def random_eagle(target, feature_layers=(-1,), seed=0):
-    torch.manual_seed(seed)
-    return EagleModel(target, feature_layers=feature_layers).eval()
 
 
 @pytest.fixture(scope="module")
@@ -72,57 +80,6 @@ def test_default_tree_and_short_budgets(target, prompt):
 
 
 # -- the drafter's cache stays in sync: each proposal equals a recomputation from scratch ---------------
-def eagle_features(target, model, committed):
-    """Recomputed from scratch: entry j pairs committed token j + 1 with the target's feature at j."""
-    with torch.no_grad():
-        hidden = target(input_ids=committed[:, :-1], output_hidden_states=True).hidden_states
-        features = model.fuse(torch.cat([hidden[i] for i in model.feature_layers], dim=-1))  # [1, L-1, h]
-    return committed[:, 1:], features
-
-
-def scratch_logits(drafter, target, committed):
-    """path (tokens after the root) → draft logits [V] at its end, with no cache at all."""
-    if isinstance(drafter, DraftModel):
-        def logits(path):
-            ids = torch.cat([committed, torch.tensor([path], dtype=torch.long)], dim=1)
-            return drafter.model(input_ids=ids).logits[0, -1]
-
-        return logits
-    model = drafter.model
-    tokens, features = eagle_features(target, model, committed)
-
-    def logits(path):
-        ids, feats = tokens, features
-        for token in path:  # a tree node pairs its token with its parent's output
-            g = model(ids, feats)
-            ids, feats = torch.cat([ids, torch.tensor([[token]])], 1), torch.cat([feats, g[:, -1:]], 1)
-        return model.logits(model(ids, feats)[0, -1])
-
-    return logits
-
-
-def scratch_proposal(logits_at, tree) -> dict:
-    """{tree path: token}, growing the tree as the drafter should: static ranks or EAGLE-2's beam."""
-    if isinstance(tree, Tree):
-        tokens = {(): []}  # rank path → token path
-        for path in tree.paths:
-            parent = tokens[path[:-1]]
-            tokens[path] = [*parent, int(logits_at(parent).topk(path[-1] + 1).indices[-1])]
-        return {p: t[-1] for p, t in tokens.items() if p}
-    grown = [((), (), 0.0)]  # (rank path, token path, cumulative log q)
-    frontier = [grown[0]]
-    for _ in range(tree.depth):
-        children = []
-        for ranks, toks, score in frontier:
-            top = torch.log_softmax(logits_at(list(toks)), -1).topk(tree.top_k)
-            children += [(ranks + (r,), toks + (int(t),), min(score + float(v), score))
-                         for r, (v, t) in enumerate(zip(top.values, top.indices, strict=True))]
-        grown += children
-        frontier = sorted(children, key=lambda c: -c[2])[: tree.top_k]  # stable: ties keep growth order
-    kept = sorted(grown[1:], key=lambda c: -c[2])[: tree.total_tokens]
-    return {ranks: toks[-1] for ranks, toks, _ in kept}
-
-
 def accept_deepest(logits, proposal, sampling, **kwargs):
     """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's
     cache must absorb long accepted paths (a random drafter is rarely right)."""

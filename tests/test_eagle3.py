@@ -21,10 +21,17 @@ from treespec.heads.unroll import unrolled
 from treespec.sampling import Sampling
 from treespec.train.eagle3 import eagle3_loss, token_counts
 
-from .stats import chi2_pvalue
-from .test_eagle import scratch_proposal
-from .test_lossless import VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, record_proposals, tiny_llama
+from .helpers import (
+    VOCAB,
+    chi2_pvalue,
+    exact_distribution,
+    hf_greedy,
+    random_eagle3,
+    record_proposals,
+    sampled_counts,
+    scratch_proposal,
+    tiny_llama,
+)
 
 UPSTREAM_KEYS = {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
                  "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
@@ -33,15 +40,6 @@ UPSTREAM_KEYS = {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self
                  "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "norm.weight", "lm_head.weight",
                  "d2t", "t2d"}
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
-
-
-def random_eagle3(target, draft_vocab=None, seed=0, aux_layers=None, layer="llama"):
-    """A random drafter; ``draft_vocab`` < V picks a random reduced vocabulary."""
-    g = torch.Generator().manual_seed(seed + 100)
-    vocab = target.config.vocab_size
-    vocab_map = build_vocab_map(torch.randint(0, 1000, (vocab,), generator=g), draft_vocab) if draft_vocab else None
-    torch.manual_seed(seed)
-    return Eagle3Model(target, aux_layers=aux_layers, vocab_map=vocab_map, layer=layer).eval()
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +322,7 @@ def test_rank_accuracy(target):
 def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
     from treespec.train.eagle3 import recipe
 
-    from .tiny_models import compose_cfg
+    from .helpers import compose_cfg
 
     cfg = compose_cfg("train_heads", ["experiment=reference_eagle3", "drafter.draft_vocab_size=16",
                                       "drafter.unroll_steps=2", "drafter.accuracy_depth=3"])

@@ -14,9 +14,7 @@ from treespec.reference import load_model
 from treespec.train import train_heads
 from treespec.train.features import FeatureStore
 
-from .test_chat import conversations, heads_cfg, tiny_chat_target, write_jsonl
-from .test_distributed import assert_ok, run_ranks
-from .tiny_models import compose_cfg
+from .helpers import assert_ok, compose_cfg, conversations, heads_cfg, run_ranks, tiny_chat_target, write_jsonl
 
 STEPS = 3
 

@@ -9,9 +9,16 @@ from treespec.heads import DraftModel
 from treespec.heads.vocab import DraftVocab, ReducedHead
 from treespec.sampling import Sampling
 
-from .stats import chi2_pvalue
-from .test_lossless import VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, perturbed, record_proposals, tiny_llama
+from .helpers import (
+    VOCAB,
+    chi2_pvalue,
+    exact_distribution,
+    hf_greedy,
+    perturbed,
+    record_proposals,
+    sampled_counts,
+    tiny_llama,
+)
 
 FR_RUNS = 1500  # enough to fail the negative control of test_lossless by a wide margin at this table size
 

@@ -7,7 +7,7 @@ from treespec import Tree, generate
 from treespec.drafter import Committed
 from treespec.heads import DraftModel, PromptLookup
 
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .helpers import hf_greedy, perturbed, tiny_llama
 
 TREES = {
     "chain": Tree.chain(3),

@@ -13,9 +13,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, Eagle, EagleModel, PromptLookup
 from treespec.sampling import Sampling
 
-from .stats import chi2_pvalue
-from .test_lossless import PROMPT, VOCAB, exact_distribution
-from .tiny_models import hf_greedy, perturbed, tiny_llama
+from .helpers import PROMPT, VOCAB, chi2_pvalue, exact_distribution, hf_greedy, perturbed, tiny_llama
 
 DEVICE = os.environ.get("TREESPEC_TEST_DEVICE", "cuda")
 pytestmark = [pytest.mark.gpu,

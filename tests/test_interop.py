@@ -31,9 +31,7 @@ from treespec.heads.medusa import MedusaHeads
 from treespec.heads.upstream import Refused
 from treespec.sampling import Sampling, probs
 
-from .stats import chi2_pvalue
-from .test_lossless import VOCAB, exact_distribution, sampled_counts
-from .tiny_models import hf_greedy, tiny_llama
+from .helpers import VOCAB, chi2_pvalue, exact_distribution, hf_greedy, sampled_counts, tiny_llama
 
 load_module = importlib.import_module("treespec.heads.load")  # the module (treespec.heads.load is the function)
 
@@ -1025,7 +1023,7 @@ def test_training_checks_export_targets_at_start_up(capsys):
     from treespec.train import eagle3 as eagle3_recipe
     from treespec.train.exportable import check_export_targets
 
-    from .tiny_models import compose_cfg
+    from .helpers import compose_cfg
 
     qwen3 = tiny_qwen3()
     state = torch.random.get_rng_state()

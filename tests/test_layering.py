@@ -3,7 +3,8 @@ and those below it: masks/ is a leaf that imports nothing of treespec, the core 
 jobs, heads/ never train/; so no two layers import each other, and no module import cycles exist inside a
 layer. Every import counts, also inside functions and under TYPE_CHECKING. ruff's banned-api rules
 (per-folder ruff.toml) enforce the same in the linter; this test runs ruff too, so the README's test command
-fails on a new violation."""
+fails on a new violation. The test suite has one rule of its own: test modules take shared helpers from
+tests/helpers and never import one another."""
 
 import ast
 import subprocess
@@ -25,20 +26,27 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every treespec module ``name`` imports (relative imports resolved; ``from pkg import mod`` is mod)."""
-    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def imported(source: str, package: str):
+    """(module, names imported from it) for every import statement in ``source``, a module of ``package``
+    (relative imports resolved; ``import a.b`` is ("a.b", []))."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            yield from ((a.name, []) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+            yield base, [a.name for a in node.names]
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every treespec module ``name`` imports (relative imports resolved; ``from pkg import mod`` is mod)."""
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
+    found = set()
+    for base, names in imported(path.read_text(), package):
+        found.add(base)
+        found |= {f"{base}.{n}" for n in names if f"{base}.{n}" in known}
     return {m for m in found if m == "treespec" or m.startswith("treespec.")}
 
 
@@ -108,3 +116,38 @@ def test_ruff_is_clean():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True,
                           text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+# -- the tests: shared helpers live in tests/helpers, and no test module imports another ----------------------
+TESTS = ROOT / "tests"
+
+
+def suite_imports(source: str, path: Path) -> set[str]:
+    """Every tests.* module that ``source`` (the text of ``path``, a file under tests/) imports, relative imports
+    resolved; ``from . import test_x`` is tests.test_x."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    found = {m for base, names in imported(source, package) for m in (base, *(f"{base}.{n}" for n in names))}
+    # only modules and packages of the suite: ``from .helpers import VOCAB`` names tests.helpers, not VOCAB
+    as_path = lambda m: ROOT / m.replace(".", "/")
+    return {m for m in found if m.startswith("tests.") and (as_path(m).with_suffix(".py").is_file()
+                                                            or as_path(m).is_dir())}
+
+
+def not_helpers(found: set[str]) -> list[str]:
+    return sorted(m for m in found if m != "tests.helpers" and not m.startswith("tests.helpers."))
+
+
+@pytest.mark.parametrize("path", sorted([*TESTS.glob("*.py"), *TESTS.glob("helpers/*.py")]),
+                         ids=lambda p: p.relative_to(TESTS).as_posix())
+def test_the_suite_imports_helpers_only_from_tests_helpers(path):
+    bad = not_helpers(suite_imports(path.read_text(), path))
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: a helper two test modules share goes in tests/helpers"
+
+
+def test_the_suite_import_checker_sees_a_test_module_import():
+    """A function-local relative import, ``from . import`` and an absolute one are all found."""
+    source = ("def f():\n    from .test_eagle import target\nfrom . import test_chat\nimport tests.conftest\n"
+              "from .helpers import VOCAB, chat\n")
+    found = suite_imports(source, TESTS / "test_x.py")
+    assert not_helpers(found) == ["tests.conftest", "tests.test_chat", "tests.test_eagle"]
+    assert not_helpers(suite_imports("from . import models\nfrom .chat import x\n", TESTS / "helpers" / "x.py")) == []

@@ -21,7 +21,7 @@ from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.masks import ancestor_mask
 from treespec.train.architectures import build, full_attention
 
-from .tiny_models import hf_greedy, perturbed, record_proposals, tiny_llama
+from .helpers import hf_greedy, perturbed, record_proposals, tiny_llama
 
 LEAN_FAMILIES = ["Llama", "Qwen3", "Mistral", "Qwen2"]  # the last two once every layer attends fully
 

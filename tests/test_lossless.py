@@ -8,55 +8,21 @@ draft model, sampled or top-k, and prompt lookup). A drafter that was wrongly ve
 accepted) fails the same test, so the test can fail.
 """
 
-import itertools
-import os
 
-import numpy as np
 import pytest
 import torch
 
-from treespec import Tree, generate
+from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup
 from treespec.sampling import Sampling, probs
 
-from .stats import chi2_pvalue
-from .tiny_models import perturbed, tiny_llama
-
-# 20k generations per case take ~90 s each on one CPU core; the default suite runs 3k per case (as many as
-# the negative control below, which they reject by a wide margin) to stay within its time budget. Set
-# TREESPEC_LOSSLESS_RUNS=20000 for the full-strength test.
-VOCAB, NEW = 4, 3
-RUNS = int(os.environ.get("TREESPEC_LOSSLESS_RUNS", 3000))
-PROMPT = torch.tensor([[1, 3, 0, 1, 3]])
+from .helpers import VOCAB, chi2_pvalue, exact_distribution, perturbed, sampled_counts, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)  # all 64 cells informative
-
-
-def exact_distribution(target, sampling: Sampling) -> np.ndarray:
-    """P(x1, x2, x3 | prompt) by enumeration under the same temperature / top-p: array [V, V, V]."""
-    dist = np.zeros((VOCAB,) * NEW)
-    with torch.no_grad():
-        for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
-            ids = torch.cat([PROMPT, torch.tensor([prefix])], dim=1).to(target.device)
-            p = probs(target(input_ids=ids).logits[0, -NEW:], sampling).double().cpu().numpy()  # [NEW, V]
-            dist[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
-    return dist
-
-
-def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, seed: int = 0,
-                   acceptance: str = "rejection") -> np.ndarray:
-    """How often each 3-token continuation came out of generate(): array [V, V, V]."""
-    gen = torch.Generator().manual_seed(seed)
-    counts = np.zeros((VOCAB,) * NEW)
-    for _ in range(runs):
-        out = generate(target, PROMPT, drafter=drafter, tree=tree, max_new_tokens=NEW, acceptance=acceptance,
-                       temperature=sampling.temperature, top_p=sampling.top_p, generator=gen)
-        counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
-    return counts
 
 
 CASES = {

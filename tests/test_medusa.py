@@ -14,21 +14,20 @@ from treespec.sampling import Sampling
 from treespec.train.data import TokenBatches
 from treespec.train.medusa import medusa_loss
 
-from .stats import chi2_pvalue
-from .test_lossless import PROMPT, RUNS, VOCAB, exact_distribution, sampled_counts
-from .tiny_models import compose_cfg, hf_greedy, tiny_llama, tiny_trained_target
-from .wandb_files import wandb_run_contains
-
-
-def random_heads(target, num_heads=3, share=True, seed=0, scale=0.5):
-    """Heads with random (non-zero) residual weights, so their candidates are sometimes right, often wrong."""
-    torch.manual_seed(seed)
-    heads = MedusaHeads(target.config.hidden_size, target.config.vocab_size, num_heads=num_heads,
-                        share_lm_head=share, lm_head=target.get_output_embeddings())
-    with torch.no_grad():
-        for block in heads.blocks:
-            block[0].linear.weight.normal_(0, scale)
-    return heads.eval()
+from .helpers import (
+    PROMPT,
+    RUNS,
+    VOCAB,
+    chi2_pvalue,
+    compose_cfg,
+    exact_distribution,
+    hf_greedy,
+    random_heads,
+    sampled_counts,
+    tiny_llama,
+    tiny_trained_target,
+    wandb_run_contains,
+)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from treespec.train.compare import run_job
 from treespec.train.stamp import collect, flatten, prompts_digest
 from treespec.train.stats import Estimate, groups_of, median_interval, tau_interval
 
-from .tiny_models import compose_cfg, tiny_llama
+from .helpers import compose_cfg, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 # drafter → [(tree, nodes, depth, mean τ, median speedup, predicted)]; prompt lookup and dynamic trees have no

@@ -6,7 +6,7 @@ import torch
 
 from treespec.sampling import Sampling, argmax, nucleus, probs, sample, top_k
 
-from .stats import chi2_pvalue
+from .helpers import chi2_pvalue
 
 
 def test_draws_follow_p_and_never_pick_zero_mass():

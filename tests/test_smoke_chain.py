@@ -13,7 +13,7 @@ from treespec.sampling import GREEDY
 from treespec.train import compare, data, lm, train_heads
 from treespec.train.checkpoint import CheckpointMismatch
 
-from .tiny_models import compose_cfg
+from .helpers import compose_cfg
 
 DRAFTERS = ("medusa", "eagle", "eagle3")
 

@@ -13,8 +13,7 @@ from treespec.train import run_summary
 from treespec.train.expected_tau import against_measured, expected_taus, tau_metrics
 from treespec.tree import Tree
 
-from .tiny_models import compose_cfg, tiny_llama, tiny_trained_target
-from .wandb_files import wandb_run_contains
+from .helpers import compose_cfg, tiny_llama, tiny_trained_target, wandb_run_contains
 
 ACC = [[0.5, 0.2], [0.4, 0.1]]
 
@@ -65,7 +64,7 @@ def test_resume_command_under_hydra_repeats_the_command_line():
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    from .tiny_models import CONF
+    from .helpers import CONF
 
     assert run_summary.hydra_overrides() is None  # a config composed in code
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):

@@ -72,7 +72,7 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     from treespec.heads.accuracy import write_accuracy
     from treespec.heads.eagle import EagleModel
 
-    from .tiny_models import tiny_llama
+    from .helpers import tiny_llama
 
     target = tiny_llama(seed=0)
     torch.manual_seed(0)

@@ -2,10 +2,10 @@
 without replacement (recursive rejection sampling, Jeon et al. 2024): lossless, greedy-exact, faithful to Sun et
 al.'s block verification on chains, and accepting at least as much as token-level rejection.
 
-Losslessness is shown two ways on the toy world of tests/test_verify.py. Exactly: the walker's trials give
-the law of its output for one draft (Σ_k Π_{j<k}(1 − a_j) · a_k · next-token law at trial k), which summed
-over every draft of a tiny vocabulary (weighted by its draft probability) must equal the target's law of
-the first two tokens to float precision. Statistically: a chi-square test on the walks themselves, which
+Losslessness is shown two ways on the walker's toy world (tests/helpers/walker_world.py). Exactly: the
+walker's trials give the law of its output for one draft (Σ_k Π_{j<k}(1 − a_j) · a_k · next-token law at trial
+k), which summed over every draft of a tiny vocabulary (weighted by its draft probability) must equal the
+target's law of the first two tokens to float precision. Statistically: a chi-square test on the walks themselves, which
 also covers the uniforms and the sampling. A biased variant fails both (negative controls).
 """
 
@@ -25,8 +25,7 @@ from treespec.sampling import Sampling, probs, sample_without_replacement
 from treespec.tree import Tree
 from treespec.verify import sequence_trials, walk
 
-from .stats import chi2_pvalue
-from .test_verify import ALPHA, GREEDY, T1, UNEVEN, World, first_two_counts, logits_with_argmax
+from .helpers import ALPHA, GREEDY, T1, UNEVEN, World, chi2_pvalue, first_two_counts, logits_with_argmax
 
 T06 = Sampling(0.6, top_p=0.95)
 
@@ -262,7 +261,7 @@ def test_dynamic_trees_refuse_sampled_candidates():
     from treespec.dynamic_tree import DynamicTree
     from treespec.heads import DraftModel
 
-    from .tiny_models import tiny_llama
+    from .helpers import tiny_llama
 
     target = tiny_llama(vocab=8, hidden=16, layers=1)
     drafter = DraftModel(tiny_llama(vocab=8, hidden=16, layers=1), candidates="without_replacement")

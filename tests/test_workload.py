@@ -2,7 +2,6 @@
 prompt format, datasets folders and parquet files, seeded selection, chat templates and end tokens, turns
 answered by the target itself, and a whole run by category on a tiny chat model."""
 
-import json
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from treespec.train.chat import CHATML
 from treespec.train.templates import PromptTemplate, continuation_windows, timed_prompts
 from treespec.train.workload import Item, load_workload, read_dataset, read_jsonl, read_texts, select
 
-from .tiny_models import compose_cfg, hf_greedy, perturbed, tiny_llama
+from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama, write_jsonl
 
 SPEC_BENCH = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now make it rhyme."]},
@@ -33,11 +32,6 @@ OTHER_FORMATS = [
     {"neither": 1},
     {"turns": []},
 ]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def chat_tokenizer():

@@ -1,4 +1,5 @@
-"""Tiny random-weight causal LMs for tests (built from configs: nothing is downloaded)."""
+"""Tiny random-weight causal LMs and drafters for tests (built from configs: nothing is downloaded), and the
+hydra configs composed as the scripts compose them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+from treespec.heads.eagle import EagleModel
+from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map
+from treespec.heads.medusa import MedusaHeads
 from treespec.train.lossless import hf_greedy, perturbed  # noqa: F401 - the suite's references, re-exported
 
 
@@ -23,7 +27,7 @@ def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0
     return LlamaForCausalLM(config).eval()
 
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def compose_cfg(config_name: str, overrides: list[str]):
@@ -45,17 +49,27 @@ def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
     return tmp_path / "lm" / "final", cache
 
 
-def record_proposals(drafter) -> list:
-    """Wrap ``drafter.propose`` so every step's (committed [1, L], tree, proposal) of every row is kept (row after
-    row within a step); returns that list."""
-    seen = []
-    propose = drafter.propose
+# -- random drafters for a target ----------------------------------------------------------------------
+def random_eagle(target, feature_layers=(-1,), seed=0):
+    torch.manual_seed(seed)
+    return EagleModel(target, feature_layers=feature_layers).eval()
 
-    def recording(committed, feature, step_tree, sampling, generator=None):
-        proposals = propose(committed, feature, step_tree, sampling, generator)
-        rows = range(len(committed.lengths))
-        seen.extend((committed.row(b)[None].clone(), step_tree, proposals.row(b)) for b in rows)
-        return proposals
 
-    drafter.propose = recording
-    return seen
+def random_eagle3(target, draft_vocab=None, seed=0, aux_layers=None, layer="llama"):
+    """A random drafter; ``draft_vocab`` < V picks a random reduced vocabulary."""
+    g = torch.Generator().manual_seed(seed + 100)
+    vocab = target.config.vocab_size
+    vocab_map = build_vocab_map(torch.randint(0, 1000, (vocab,), generator=g), draft_vocab) if draft_vocab else None
+    torch.manual_seed(seed)
+    return Eagle3Model(target, aux_layers=aux_layers, vocab_map=vocab_map, layer=layer).eval()
+
+
+def random_heads(target, num_heads=3, share=True, seed=0, scale=0.5):
+    """Heads with random (non-zero) residual weights, so their candidates are sometimes right, often wrong."""
+    torch.manual_seed(seed)
+    heads = MedusaHeads(target.config.hidden_size, target.config.vocab_size, num_heads=num_heads,
+                        share_lm_head=share, lm_head=target.get_output_embeddings())
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.normal_(0, scale)
+    return heads.eval()
