@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.specforge,
 SMALL = {"batch": 2, "seq_len": 32, "draft_vocab": 1024}
 
 
-@pytest.mark.parametrize("loss_mask", ["none", "spans"])
+# the span-mask case runs with -m slow (the windows case already checks every TTT length against SpecForge)
+@pytest.mark.parametrize("loss_mask", ["none", pytest.param("spans", marks=pytest.mark.slow)])
 def test_training_step_matches_specforge(loss_mask):
     report = specforge_check.check(python=PYTHON, lengths=(1, 2, 7), loss_mask=loss_mask, **SMALL)
     assert report.ok, "\n".join(report.lines + report.failures)
