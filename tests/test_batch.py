@@ -21,6 +21,7 @@ from treespec.sampling import Sampling, probs
 from treespec.train.architectures import build, full_attention
 
 from .helpers import (
+    accept_everything,
     chi2_pvalue,
     perturbed,
     random_eagle,
@@ -262,13 +263,6 @@ def test_sampling_is_lossless_per_row(small, case):
 def test_wrong_acceptance_is_detected_per_row(small, monkeypatch):
     """Negative control: accepting every drafted token (ignoring p_target) fails the same test."""
     import importlib
-
-    from treespec.verify import Walk
-
-    def accept_everything(logits, proposal, sampling, **kwargs):
-        path = torch.tensor(proposal.tree.leaf_paths[0]) if len(proposal.tree) else torch.empty(0, dtype=torch.long)
-        last = int(path[-1]) if len(path) else 0
-        return Walk(path=path, next_token=int(probs(logits[last], sampling).argmax()))
 
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
     sampling = Sampling(1.0)

@@ -10,14 +10,13 @@ accepted) fails the same test, so the test can fail.
 
 
 import pytest
-import torch
 
 from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup
-from treespec.sampling import Sampling, probs
+from treespec.sampling import Sampling
 
-from .helpers import VOCAB, chi2_pvalue, exact_distribution, perturbed, sampled_counts, tiny_llama
+from .helpers import VOCAB, accept_everything, chi2_pvalue, exact_distribution, perturbed, sampled_counts, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +67,6 @@ def test_sampling_matches_exact_distribution(target, case):
 def test_wrong_acceptance_is_detected(target, monkeypatch):
     """Negative control: accepting every drafted token (ignoring p_target) must fail the test."""
     import importlib
-
-    from treespec.verify import Walk
-
-    def accept_everything(logits, proposal, sampling, **kwargs):
-        path = torch.tensor(proposal.tree.leaf_paths[0]) if len(proposal.tree) else torch.empty(0, dtype=torch.long)
-        last = int(path[-1]) if len(path) else 0
-        return Walk(path=path, next_token=int(probs(logits[last], sampling).argmax()))
 
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
     sampling = Sampling(1.0)

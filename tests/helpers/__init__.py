@@ -3,7 +3,7 @@ import ...``), never from one another (tests/test_layering.py checks it)."""
 
 from .chat import BAD_ROWS, WORDS, chat_tokenizer, conversations, heads_cfg, tiny_chat_target, write_jsonl
 from .distributed import assert_ok, free_port, run_ranks
-from .lossless import NEW, PROMPT, RUNS, VOCAB, chi2_pvalue, exact_distribution, sampled_counts
+from .lossless import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
     compose_cfg,
@@ -21,7 +21,8 @@ from .wandb_logs import wandb_run_contains
 
 __all__ = [
     "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "NEW", "PROMPT", "RUNS", "T07", "T1", "UNEVEN", "VOCAB", "WALKS", "WORDS",
-    "World", "assert_ok", "chat_tokenizer", "chi2_pvalue", "compose_cfg", "conversations", "exact_distribution",
+    "World", "accept_everything", "assert_ok", "chat_tokenizer", "chi2_pvalue", "compose_cfg", "conversations",
+    "exact_distribution",
     "first_two_counts", "free_port", "heads_cfg", "hf_greedy", "logits_with_argmax", "perturbed", "random_eagle",
     "random_eagle3", "random_heads", "record_proposals", "run_ranks", "sampled_counts", "scratch_logits",
     "scratch_proposal", "tiny_chat_target", "tiny_llama", "tiny_trained_target", "wandb_run_contains",

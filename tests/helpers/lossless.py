@@ -10,6 +10,7 @@ import torch
 from treespec import generate
 from treespec.sampling import Sampling, probs
 from treespec.train.lossless import chi2_pvalue  # noqa: F401 - one implementation, shared with the matrix
+from treespec.verify import Walk
 
 # 20k generations per case take ~90 s each on one CPU core; the default suite runs 3k per case (as many as
 # the negative control of tests/test_lossless.py, which they reject by a wide margin) to stay within its time
@@ -40,3 +41,11 @@ def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, 
                        temperature=sampling.temperature, top_p=sampling.top_p, generator=gen)
         counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
     return counts
+
+
+def accept_everything(logits, proposal, sampling, **kwargs):
+    """A biased walk for the negative controls: accepts a whole leaf path whatever p_target says, then takes the
+    argmax. Monkeypatched in for ``treespec.generate.walk``, it must fail the chi-square tests."""
+    path = torch.tensor(proposal.tree.leaf_paths[0]) if len(proposal.tree) else torch.empty(0, dtype=torch.long)
+    last = int(path[-1]) if len(path) else 0
+    return Walk(path=path, next_token=int(probs(logits[last], sampling).argmax()))
