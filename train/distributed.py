@@ -165,6 +165,16 @@ def _is_comm_error(err: BaseException) -> bool:
                             "broken pipe", "peer"))
 
 
+def run_job(cfg, job):
+    """A training job's start: the trainer's thread count, then ``job(cfg, ctx)`` inside a ``session`` (every
+    rank under torchrun)."""
+    t = cfg.trainer
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    with session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
+        return job(cfg, ctx)
+
+
 @contextlib.contextmanager
 def session(strategy: str = "ddp", timeout_s: float | None = DEFAULT_TIMEOUT_S):
     """``setup`` for the duration of a job; an error is printed with this process's rank before it

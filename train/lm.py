@@ -84,11 +84,7 @@ def run(cfg) -> dict:
     """The ``scripts/train_lm.py`` job: tokens → model → the training loop → exported model (every rank under
     torchrun; rank 0 writes and returns the summary)."""
     check_config(cfg)
-    t = cfg.trainer
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    with distributed.session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
-        return _run(cfg, ctx)
+    return distributed.run_job(cfg, _run)
 
 
 def _run(cfg, ctx) -> dict:

@@ -230,11 +230,7 @@ def load_target(cfg, ctx):
 def run(cfg) -> dict:
     """The ``scripts/train_heads.py`` job (every rank under torchrun; rank 0 returns the summary)."""
     check_config(cfg)
-    t = cfg.trainer
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    with distributed.session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
-        return _run(cfg, ctx)
+    return distributed.run_job(cfg, _run)
 
 
 def _run(cfg, ctx) -> dict:
