@@ -137,7 +137,7 @@ def _failing(rank, run_dir, how):
     return {"message": None}
 
 
-@pytest.mark.parametrize("how", ["dies", "hangs"])
+@pytest.mark.parametrize("how", ["dies", pytest.param("hangs", marks=pytest.mark.slow)])  # a hang waits out a timeout
 def test_a_dead_or_hung_rank_ends_the_others_with_a_clear_error(tmp_path, how):
     """A crash is seen at once (the peer's socket closes); a hang when the group's timeout (here 3 s) expires."""
     results = run_ranks(_failing, tmp_path, how, timeout_s=3.0, wait_s=6.0)

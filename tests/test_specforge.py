@@ -19,7 +19,7 @@ specforge_check = sys.modules.setdefault("specforge_check", importlib.util.modul
 _spec.loader.exec_module(specforge_check)  # registered first: its dataclasses look their module up
 
 PYTHON = specforge_check.specforge_python()
-pytestmark = [pytest.mark.specforge,
+pytestmark = [pytest.mark.specforge, pytest.mark.slow,  # opt-in: python -m pytest -m specforge
               pytest.mark.skipif(PYTHON is None, reason="no python with SpecForge (set TREESPEC_SPECFORGE_PYTHON; "
                                                         "setup in docs/specforge_check.md)")]
 SMALL = {"batch": 2, "seq_len": 32, "draft_vocab": 1024}
