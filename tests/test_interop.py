@@ -984,7 +984,7 @@ def test_shipped_eagle_drafter_still_loads_as_the_treespec_variant():
     assert not any(re.match(r"embed_tokens", k) for k in model.state_dict())
 
 
-# -- exports as their consumers load them (issue 25) -------------------------------------------------------------
+# -- exports as their consumers load them -------------------------------------------------------------
 def tiny_qwen3(vocab=64, layers=4, seed=0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
