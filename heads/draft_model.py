@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from treespec.cache import TreeCache
+from treespec.cache import TreeCache, is_hybrid
 from treespec.compat import cache_arg
 from treespec.drafter import CANDIDATE_MODES
 from treespec.inputs import max_positions
@@ -36,6 +36,10 @@ class DraftModel(ExpandingDrafter):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0);
         draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless);
         lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
+        if is_hybrid(model.config):
+            raise ValueError(f"a {model.config.model_type} draft model has recurrent layers: its tree expansion "
+                             "feeds a whole depth of siblings per pass, which a recurrent state cannot take; use an "
+                             "attention-only draft (a hybrid TARGET is fine: treespec/recurrent.py)")
         super().__init__(model, default_tree if default_tree is not None else Tree.chain(4), candidates)
         self.max_positions = max_positions(model.config)
         if draft_vocab is not None and getattr(model.config, "final_logit_softcapping", None):

@@ -18,6 +18,7 @@ import transformers
 
 from treespec.cache import TreeCache
 from treespec.train import architectures as matrix
+from treespec.train import hybrids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +32,13 @@ COLUMNS = [  # header, check, arguments after the family name
     ("draft model, own windows", matrix.check_same_architecture_draft, ()),
     ("EAGLE", matrix.check_eagle, ()),
     ("Medusa", matrix.check_medusa, ()),
+]
+HYBRID_COLUMNS = [  # header, check, arguments after the family name
+    *[(tree, hybrids.check_greedy, (tree,)) for tree in hybrids.TREES],
+    ("draft model", hybrids.check_draft_model, ()),
+    ("EAGLE", hybrids.check_eagle, ()),
+    ("EAGLE, dynamic tree", hybrids.check_eagle, (True,)),
+    ("Medusa", hybrids.check_medusa, ()),
 ]
 
 
@@ -63,7 +71,7 @@ def layers(family) -> str:
 
 
 def render(notes: Notes, rows: list[list[str]], sampling: list[list[str]], refused: list[list[str]],
-           seconds: float) -> str:
+           hybrid_rows: list[list[str]], hybrid_sampling: list[list[str]], seconds: float) -> str:
     def table(header, body):
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
@@ -89,8 +97,25 @@ def render(notes: Notes, rows: list[list[str]], sampling: list[list[str]], refus
         f"counts against the law of the same model with its windows removed (what an implementation that ignores "
         f"the window would sample) must give p < 1e-3.",
         table(["attention", "family", "p-value", "p-value, windows removed"], sampling),
+        "## Hybrid targets (recurrent layers beside attention: treespec/recurrent.py)",
+        f"Tiny random models (hidden 32, 2–4 layers, vocabulary 64), a {hybrids.PROMPT_LEN}-token prompt (longer than "
+        f"every convolution window), {hybrids.NEW} new tokens, equal to transformers' greedy `generate` token for "
+        "token. Tree columns: a noisy oracle (the target's own greedy token at rank 0 with probability 0.7, random "
+        "tokens elsewhere) proposes a chain of 3, a 2×2 tree or an uneven tree (leaves at depths 2 and 3), so "
+        "paths stop at every depth (accepts: the range of tokens committed per pass). *draft model*: a random "
+        "Llama draft (rejections at the first depth mostly). EAGLE: one full-attention decoder layer of the "
+        "family's own class, untrained; dynamic tree: 6 nodes, depth 3, top 2. *cost*: the median time of one "
+        "verification pass over the 2×2 tree (path rows) ÷ one plain one-token step, after 64 cached tokens; "
+        "*+ replay*: the same when the walk stops before a leaf (restore and replay the accepted path). *cached vs "
+        "full*: the largest logit difference between the model's own cached one-token decode and its cache-free "
+        "forward (transformers against itself; a family far above float noise cannot be matched by any decoder).",
+        table(["family", "mixer", "layers", "cached vs full", *[c[0] for c in HYBRID_COLUMNS], "cost", "cost + replay"],
+              hybrid_rows),
+        f"Sampling (temperature 1, the noisy oracle's uneven tree, vocabulary {hybrids.S_VOCAB}, {hybrids.S_RUNS} "
+        f"generations of {hybrids.S_NEW} tokens, against the enumerated law): lossless when p > 1e-3.",
+        table(["family", "p-value"], hybrid_sampling),
         "## Refused at generate's door",
-        "State that a tree pass cannot roll back is an error before any forward, naming the layer type:",
+        "State that treespec cannot roll back is an error before any forward, naming the layer type:",
         table(["family", "error"], refused),
         "## Notes",
         "\n".join(f"{i + 1}. {reason}" for i, reason in enumerate(notes.reasons)) or "None.",
@@ -119,6 +144,23 @@ def main() -> None:
         except Exception as err:
             sampling.append([kind, name, "✗ " + notes.mark(f"{type(err).__name__}: {err}"), ""])
         print(" | ".join(sampling[-1]), flush=True)
+    hybrid_rows = []
+    for family in hybrids.HYBRIDS:
+        try:
+            cost = [f"{ratio:.2f}×" for ratio in hybrids.verification_cost(family.name)]
+        except Exception as err:
+            cost = ["✗ " + notes.mark(f"{type(err).__name__}: {err}"), ""]
+        hybrid_rows.append([family.name, family.mixer, hybrids.layers(family.name),
+                            f"{hybrids.cached_vs_full(family.name):.0e}",
+                            *[cell(notes, check, family.name, *a) for _, check, a in HYBRID_COLUMNS], *cost])
+        print(" | ".join(hybrid_rows[-1]), flush=True)
+    hybrid_sampling = []
+    for name in hybrids.SAMPLING:
+        try:
+            p_value = hybrids.check_sampling(name)
+            hybrid_sampling.append([name, f"{'✓' if p_value > 1e-3 else '✗'} {p_value:.3f}"])
+        except Exception as err:
+            hybrid_sampling.append([name, "✗ " + notes.mark(f"{type(err).__name__}: {err}")])
     refused = []
     for name in matrix.REFUSED:
         try:
@@ -127,7 +169,7 @@ def main() -> None:
             refused.append([name, "✗ " + notes.mark(f"{type(err).__name__}: {err}")])
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = render(notes, rows, sampling, refused, time.perf_counter() - start)
+    text = render(notes, rows, sampling, refused, hybrid_rows, hybrid_sampling, time.perf_counter() - start)
     args.out.write_text(text)
     print(f"wrote {args.out}")
 

@@ -140,10 +140,9 @@ def test_transformers_sliding_cache_is_refused():
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("Qwen3-Next", "cannot be verified with tree passes: 'linear_attention' (1 of 2 layers): recurrent state"),
-    ("Mamba", "cannot be verified with tree passes: 'linear_attention'"),
-    ("Falcon-H1", "cannot be verified with tree passes: 'hybrid'"),
+    ("Mamba", "mamba has no attention layer"),
     ("Llama 4", "cannot be verified with tree passes: 'chunked_attention'"),
+    ("Gemma-3n", "cannot be verified with tree passes: 'dummy' (1 of 2 layers): layers that reuse another layer's"),
     ("RWKV", "RwkvForCausalLM keeps a recurrent state"),
     ("xLSTM", "xLSTMForCausalLM keeps a recurrent state"),
 ])
@@ -152,10 +151,10 @@ def test_state_that_cannot_be_rolled_back_is_refused(name, expected):
 
 
 def test_refused_at_generates_door():
-    """Before any forward: by layer type (Mamba), or by transformers' stateful flag (RWKV)."""
+    """Before any forward: by layer type (Mamba: recurrent layers only), or by transformers' stateful flag (RWKV)."""
     mamba = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
                                                                    state_size=4)).eval()
-    with pytest.raises(ValueError, match="mamba cannot be verified with tree passes: 'linear_attention'"):
+    with pytest.raises(ValueError, match="mamba has no attention layer"):
         generate(mamba, torch.tensor([[1, 2, 3]]), max_new_tokens=2)
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16)).eval()

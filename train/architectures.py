@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,13 +27,13 @@ import torch
 import transformers
 
 from treespec import Tree, generate
-from treespec.cache import attention_layers, check_layer, check_rollback
+from treespec.cache import check_layer, check_layer_types, check_rollback
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.medusa import Medusa, MedusaHeads
-from treespec.sampling import Sampling, probs
+from treespec.sampling import Sampling
 
-from .lossless import chi2_pvalue, hf_greedy, perturbed
+from .lossless import chi2_pvalue, enumerate_law, hf_greedy, perturbed
 
 WINDOW, PROMPT_LEN, NEW = 8, 20, 24
 TREES = {"chain": Tree.chain(3), "tree": Tree.full(2, 2)}
@@ -194,13 +193,7 @@ S_PROMPT = torch.tensor([[1, 3, 0, 2, 1, 3]])  # longer than the window
 
 def exact_distribution(model, sampling: Sampling) -> np.ndarray:
     """P(x1, x2, x3 | prompt) by enumeration with the model's own causal forward: array [V, V, V]."""
-    dist = np.zeros((S_VOCAB,) * S_NEW)
-    with torch.no_grad():
-        for prefix in itertools.product(range(S_VOCAB), repeat=S_NEW - 1):
-            ids = torch.cat([S_PROMPT, torch.tensor([prefix])], dim=1)
-            p = probs(model(input_ids=ids).logits[0, -S_NEW:], sampling).double().numpy()  # [NEW, V]
-            dist[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
-    return dist
+    return enumerate_law(model, S_PROMPT, sampling, S_VOCAB, S_NEW)
 
 
 def check_sampling(kind: str, runs: int = S_RUNS) -> tuple[float, float | None]:
@@ -225,10 +218,9 @@ def check_sampling(kind: str, runs: int = S_RUNS) -> tuple[float, float | None]:
 
 
 REFUSED = {  # where it is refused: "config" (its layer types) or "model" (transformers' stateful flag)
-    "Qwen3-Next": ("config", "Qwen3NextConfig", {"layer_types": ["linear_attention", "full_attention"]}),
     "Mamba": ("config", "MambaConfig", {}),
-    "Falcon-H1": ("config", "FalconH1Config", {}),
     "Llama 4": ("config", "Llama4TextConfig", {"attention_chunk_size": 8}),
+    "Gemma-3n": ("config", "Gemma3nTextConfig", {"num_kv_shared_layers": 1, "layer_types": ["full_attention"] * 2}),
     "RWKV": ("model", "RwkvForCausalLM", {"attention_hidden_size": 16}),
     "xLSTM": ("model", "xLSTMForCausalLM", {"num_heads": 2}),
 }
@@ -239,7 +231,7 @@ def check_refused(name: str) -> str:
     where, cls, kwargs = REFUSED[name]
     if where == "config":
         config = getattr(transformers, cls)(num_hidden_layers=2, **kwargs)
-        check = functools.partial(attention_layers, config)
+        check = functools.partial(check_layer_types, config)
     else:
         model_class = getattr(transformers, cls)
         config = model_class.config_class(vocab_size=64, hidden_size=16, num_hidden_layers=2, **kwargs)

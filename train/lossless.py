@@ -7,6 +7,7 @@ rejected). The architecture matrix (train/architectures.py) and the test suite u
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 import torch
@@ -45,3 +46,17 @@ def chi2_pvalue(counts, expected_probs):
         observed = np.append(observed[~small], observed[small].sum())
         expected = np.append(expected[~small], expected[small].sum())
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def enumerate_law(model, prompt: torch.Tensor, sampling, vocab: int, new: int = 3) -> np.ndarray:
+    """P(x1 .. x_new | prompt) under ``sampling``, enumerated with the model's own cache-free forward over every
+    prefix: array [vocab] * new (tiny vocabularies only: vocab ** (new − 1) forwards)."""
+    from treespec.sampling import probs
+
+    law = np.zeros((vocab,) * new)
+    with torch.no_grad():
+        for prefix in itertools.product(range(vocab), repeat=new - 1):
+            ids = torch.cat([prompt, torch.tensor([prefix], dtype=prompt.dtype)], dim=1).to(model.device)
+            p = probs(model(input_ids=ids).logits[0, -new:], sampling).double().cpu().numpy()  # [new, V]
+            law[prefix] = np.prod([p[i, prefix[i]] for i in range(new - 1)]) * p[new - 1]
+    return law

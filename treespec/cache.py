@@ -48,13 +48,17 @@ for trees. Sliding-window layers count positions by slot, so they take one row o
 for a batch). Finished rows leave the batch (``select_rows``: an index_select on the batch dimension of
 every layer), so they stop costing compute; the slots stay as long as the longest row needs them.
 
-**What cannot be rolled back** is refused before any forward (``attention_layers``, called at generate's
-door, ``check_rollback``): recurrent state (linear attention, state-space and convolution layers: Mamba,
-Qwen3-Next, Falcon-H1, RWKV, xLSTM, ...; by layer type, or by transformers' ``_is_stateful`` flag)
-integrates every token a pass feeds, siblings included, and cannot drop the rejected ones; chunked
-attention (Llama 4), caches shared across layers and sparse indexer caches have masks or layouts
-treespec does not build. ``check_filled`` catches, after the prefill, any other model that keeps its state
-outside the cache it was given.
+**Recurrent state** (hybrid targets: linear-attention, state-space and short-convolution layers, by the cache
+layer types ``linear_attention``, ``conv`` and ``hybrid``) integrates every token a pass feeds, siblings
+included, and has no mask: those targets keep transformers' own ``DynamicCache`` and are verified by
+treespec/recurrent.py (root-to-leaf paths as batch rows, a state snapshot, restore and replay), one prompt at
+a time.
+
+**What cannot be rolled back** is refused before any forward (``check_rollback``, called at generate's door):
+sliding windows inside recurrent layers (``hybrid_sliding``), chunked attention (Llama 4), caches shared
+across layers, sparse indexer caches, models without any attention layer, and models transformers marks
+stateful whose layer types say nothing recurrent (their state lives outside the cache). ``check_filled``
+catches, after the prefill, any other model that keeps its state outside the cache it was given.
 """
 
 from __future__ import annotations
@@ -66,15 +70,16 @@ from transformers.cache_utils import DynamicLayer
 
 from treespec.compat import empty_layer, layer_types_and_kwargs
 from treespec.masks import mask_for
+from treespec.recurrent import RECURRENT_LAYER_TYPES, is_recurrent
 
-# Layer types (treespec.compat.layer_types_and_kwargs) treespec cannot roll back, and why.
+# Layer types (treespec.compat.layer_types_and_kwargs) a TreeCache cannot hold, and why; the recurrent ones
+# (RECURRENT_LAYER_TYPES) are verified by treespec/recurrent.py instead
 UNSUPPORTED_LAYERS = {
-    "linear_attention": "recurrent state (linear attention / state-space layers) integrates every token of a tree "
-                        "pass, siblings included, and cannot be rolled back to the accepted path",
-    "conv": "convolution state integrates every token of a tree pass and cannot be rolled back to the accepted path",
-    "hybrid": "recurrent state (attention + state-space hybrid layers) cannot be rolled back to the accepted path",
-    "hybrid_sliding": "recurrent state (attention + state-space hybrid layers) cannot be rolled back to the accepted "
-                      "path",
+    "linear_attention": "recurrent state (linear attention / state-space layers): treespec/recurrent.py verifies it",
+    "conv": "convolution state: treespec/recurrent.py verifies it",
+    "hybrid": "recurrent state beside attention: treespec/recurrent.py verifies it",
+    "hybrid_sliding": "a sliding-window attention layer inside a recurrent one: the path rows of "
+                      "treespec/recurrent.py would need windows per row, which treespec does not build yet",
     "chunked_attention": "chunked attention (Llama 4) needs chunk-aligned tree masks, which treespec does not build "
                          "yet",
     "dummy": "layers that reuse another layer's KV cache (KV sharing) are not supported yet",
@@ -225,11 +230,45 @@ def attention_layers(config) -> list[int | None]:
     return windows
 
 
+def is_hybrid(config) -> bool:
+    """Whether ``config``'s decoder has recurrent layers (verified by treespec/recurrent.py)."""
+    types, _ = layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return bool(RECURRENT_LAYER_TYPES & set(types))
+
+
+def check_hybrid(config) -> None:
+    """Raise ValueError naming what treespec/recurrent.py cannot verify in a hybrid ``config``."""
+    decoder = config.get_text_config(decoder=True)
+    types, _ = layer_types_and_kwargs(decoder)
+    kv_shared = getattr(decoder, "kv_sharing_modes", None) or getattr(decoder, "num_kv_shared_layers", 0)
+    allowed = RECURRENT_LAYER_TYPES | {"full_attention"} | (set() if kv_shared else {"dummy"})  # dummy: MLP/MoE
+    bad = sorted(set(types) - allowed)
+    if bad:
+        reasons = "; ".join(f"{t!r} ({types.count(t)} of {len(types)} layers): "
+                            f"{UNSUPPORTED_LAYERS.get(t, 'a cache layer type treespec does not know')}" for t in bad)
+        raise ValueError(f"{config.model_type} cannot be verified with tree passes: {reasons}")
+    if not {"full_attention", "hybrid"} & set(types):
+        raise ValueError(f"{config.model_type} has no attention layer: treespec verifies recurrent layers only beside "
+                         "attention ones (transformers' cache counts the tokens it holds by its attention layers)")
+
+
+def check_layer_types(config) -> str:
+    """"hybrid" (recurrent layers, verified by treespec/recurrent.py) or "attention" (a TreeCache holds every
+    layer); raises ValueError naming the layer types neither can roll back."""
+    if is_hybrid(config):
+        check_hybrid(config)
+        return "hybrid"
+    attention_layers(config)
+    return "attention"
+
+
 def check_rollback(model) -> None:
     """Raise ValueError, naming the reason, if tree passes cannot be rolled back in ``model``'s state: cache
-    layer types treespec does not handle (``attention_layers``), or a model transformers marks stateful (it
-    keeps a recurrent state, and transformers refuses assisted generation for it for the same reason)."""
-    attention_layers(model.config)
+    layer types treespec does not handle (``attention_layers``; ``check_hybrid`` for recurrent ones), or a model
+    transformers marks stateful whose layer types are all attention (it keeps its state elsewhere, and
+    transformers refuses assisted generation for it for the same reason)."""
+    if check_layer_types(model.config) == "hybrid":
+        return
     if getattr(model, "_is_stateful", False):
         raise ValueError(f"{type(model).__name__} keeps a recurrent state (transformers marks it stateful) that every "
                          "token of a tree pass updates, siblings included, and that cannot be rolled back to the "
@@ -253,7 +292,9 @@ class TreeCache(DynamicCache):
 def check_filled(cache, length: int, model) -> None:
     """After a prefill of ``length`` tokens, every layer must hold them: a model that keeps its state elsewhere
     (its own cache class, a recurrent state) would be verified without its past."""
-    held = {layer.get_seq_length() if layer.is_initialized else 0 for layer in cache.layers}
+    # recurrent layers and those without a cache (MLP/MoE layers of a hybrid: DummyLayer) count no tokens
+    held = {layer.get_seq_length() if layer.is_initialized else 0 for layer in cache.layers
+            if isinstance(layer, DynamicLayer) or not (is_recurrent(layer) or getattr(layer, "keys", 0) is None)}
     if held != {length}:
         raise ValueError(f"{type(model).__name__} did not fill the KV cache it was given (a prefill of {length} tokens "
                          f"left layers holding {sorted(held)}): it keeps its state elsewhere, which treespec cannot "

@@ -23,13 +23,15 @@ import inspect
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from treespec.attention import TreeAttention
-from treespec.cache import TreeCache, check_filled
+from treespec.cache import TreeCache, check_filled, is_hybrid
 from treespec.compat import cache_arg
 from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
+from treespec.recurrent import RecurrentVerifier
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
@@ -66,9 +68,10 @@ class DecodeState:
     lengths: list[int]                  # tokens committed per row, prompt included
     ends: list[int]                     # prompt + max_new_tokens: no token of a row is committed at or after it
     roots: list[int]                    # each row's root token, on the host (eos tests)
-    cache: TreeCache                    # the target's: every committed token of a row but its root
+    cache: TreeCache | DynamicCache     # the target's: every committed token of a row but its root
     slots: RowSlots                     # which of the cache's slots hold each row's tokens
     attention: TreeAttention            # the verification passes' masks, with parts kept across steps
+    recurrent: RecurrentVerifier | None  # a hybrid target's passes (treespec/recurrent.py), else None
     features: torch.Tensor | None       # [b, k, L·h]: target hidden states at the last tokens each row committed
     feature_counts: list[int]           # row b's entries of ``features`` (the root's feature is the last)
     accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
@@ -156,7 +159,10 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     input_ids, mask, lengths = inputs.input_ids, inputs.attention_mask, inputs.prompt_lengths
     batch, width = input_ids.shape
     device = input_ids.device
-    cache = TreeCache(run.target.config)  # sliding-window layers too can be rolled back (treespec/cache.py)
+    # sliding-window layers too can be rolled back (treespec/cache.py); a hybrid's recurrent layers keep
+    # transformers' own cache layers, verified by treespec/recurrent.py
+    hybrid = is_hybrid(run.target.config)
+    cache = DynamicCache(config=run.target.config) if hybrid else TreeCache(run.target.config)
     # only the last position's logits are needed (a full-prompt [P, V] projection costs as much as a few steps)
     kwargs = prefill_kwargs(run.target)
     if mask is not None:  # left padding: transformers' own padding mask and positions (a row counts from 0)
@@ -177,7 +183,8 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     feature_counts = [width] * batch  # the prompts' last features produced the roots (left padding)
     ends = [n + inputs.max_new_tokens for n in lengths]
     return DecodeState(list(range(batch)), tokens, [n + 1 for n in lengths], ends, roots.tolist(), cache, slots,
-                       TreeAttention(run.target, cache), features, feature_counts, [[] for _ in range(batch)])
+                       TreeAttention(run.target, cache), RecurrentVerifier(run.target, cache) if hybrid else None,
+                       features, feature_counts, [[] for _ in range(batch)])
 
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
@@ -204,7 +211,11 @@ def verify(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Wal
     device = state.tokens.device
     roots = torch.tensor(state.roots, device=device)[:, None]  # [b, 1]
     tokens = torch.cat([roots, proposals.tokens.to(device)], dim=1)  # [b, N]
-    logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
+    if state.recurrent is not None:  # a hybrid: root-to-leaf paths as rows (one prompt)
+        logits, features = state.recurrent.verify(lambda ids: forward(run, state.cache, ids), tokens,
+                                                  proposals.trees[0])
+    else:
+        logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
     # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'
     return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling, acceptance=run.acceptance,
                  generator=run.generator) for b in range(len(state.rows))], features
@@ -227,7 +238,11 @@ def commit(run: Run, state: DecodeState, proposals: Proposals, accepted: list[Wa
         state.lengths[b] += len(new)
         state.roots[b] = new[-1]
         state.accept_lengths[state.rows[b]].append(len(new))
-    state.slots.keep(state.cache, keeps)
+    if state.recurrent is not None:
+        state.recurrent.keep(lambda ids: replay(run, state.cache, ids), keeps[0])
+        state.slots.append(len(keeps[0]))
+    else:
+        state.slots.keep(state.cache, keeps)
     state.features = kept_entries(features, keeps)  # [b, 1 + k_max, L·h]: each row's root's, then its accepted nodes'
     state.feature_counts = [len(keep) for keep in keeps]
     state.passes += 1
@@ -281,6 +296,13 @@ def forward(run: Run, cache: TreeCache, input_ids: torch.Tensor, **mask_inputs):
         out = run.target(input_ids=input_ids, **cache_arg(cache), use_cache=True,
                          output_hidden_states=bool(run.feature_layers), **mask_inputs)
     return out.logits, stack_features(out.hidden_states, run.feature_layers) if run.feature_layers else None
+
+
+def replay(run: Run, cache, input_ids: torch.Tensor) -> None:
+    """The target over ``input_ids`` [1, n] after what ``cache`` holds, for its state only (a hybrid's replay of
+    the accepted path: treespec/recurrent.py)."""
+    with timed(run.observer, TARGET):
+        run.target(input_ids=input_ids, **cache_arg(cache), use_cache=True, **prefill_kwargs(run.target))
 
 
 def until_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:

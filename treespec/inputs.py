@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from treespec.cache import attention_layers, check_rollback
+from treespec.cache import attention_layers, check_rollback, is_hybrid
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import TREE_MASK_ATTENTION
@@ -245,6 +245,9 @@ def check_batch(target, drafter, batch_size: int) -> None:
     differ per row."""
     if batch_size == 1:
         return
+    if is_hybrid(target.config):
+        raise ValueError(f"a batch of {batch_size} prompts cannot be decoded on {target.config.model_type}'s "
+                         "recurrent layers yet (treespec/recurrent.py verifies one row): call generate once per prompt")
     windows = [w for w in attention_layers(target.config) if w is not None]
     if windows:
         raise ValueError(f"a batch of {batch_size} prompts cannot be decoded on {target.config.model_type}'s "
