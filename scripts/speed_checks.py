@@ -7,7 +7,10 @@
    with treespec's preallocated one (treespec/cache.py), in ms.
 2. One drafting step of each drafter, plain and lean (heads/lean.py): a depth over 4 frontier nodes after 256
    cached entries (Medusa: a whole proposal), in ms and as c = that time ÷ one target forward over one token.
-3. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
+3. The walker per verification rule at temperature 1 on a 64-node tree (the first 64 nodes of a full 4-ary
+   tree) over the target's vocabulary, with random drafts (nothing accepted early: the traversal's worst case)
+   and with the target's own top-k: ms and % of one target forward over the 65 tree tokens.
+4. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
    (treespec.bench.measure): the median of per-prompt ratios.
 
 Medians of repeated timings in one process; on a shared machine compare the ratios, not the milliseconds.
@@ -21,11 +24,38 @@ import torch
 
 from treespec import reference
 from treespec.bench import Config, measure
+from treespec.drafter import Proposal
 from treespec.heads import registry
-from treespec.timing import forward_time
+from treespec.sampling import Sampling
+from treespec.timing import forward_time, median_time
 from treespec.train.harness import hf_peer
+from treespec.tree import Tree
+from treespec.verify import walk
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
+
+
+def walker_costs(target) -> dict:
+    """Section 3: {drafts: {rule: ms}}, printed as a table against a 65-token forward."""
+    tree = Tree(Tree.full(4, 3).paths[:64])
+    n, vocab = tree.num_nodes, target.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    forward_ms = 1e3 * forward_time(target, n)
+    logits = torch.randn(n, vocab, generator=gen) * 3  # [N, V], a broad T = 1 distribution per node
+    drafts = {"random drafts": torch.randint(0, vocab, (n - 1,), generator=gen),
+              "the target's top-k": torch.tensor([int(logits[tree.parent_list[i]].topk(4).indices[int(tree.ranks[i])])
+                                                  for i in range(1, n)])}
+    print(f"\n| walker, 64-node tree, T = 1 | rule | ms | % of a {n}-token forward ({forward_ms:.1f} ms) |")
+    print("|---|---|---|---|")
+    costs = {}
+    for label, tokens in drafts.items():
+        proposal = Proposal(tree=tree, tokens=tokens)
+        for rule in ("rejection", "traversal"):
+            ms = 1e3 * median_time(lambda p=proposal, r=rule: walk(logits, p, Sampling(1.0), acceptance=r,
+                                                                      generator=gen), repeats=50)
+            costs.setdefault(label, {})[rule] = ms
+            print(f"| {label} | {rule} | {ms:.3f} | {100 * ms / forward_ms:.1f}% |")
+    return costs
 
 
 def main() -> None:
@@ -59,6 +89,8 @@ def main() -> None:
                                  name == "medusa" else "depth of 4 nodes"}
         print(f"| {name} ({out['drafting'][name]['unit']}) | {ms[False]:.2f} ms | {ms[True]:.2f} ms | "
               f"{ms[True] / ms[False]:.2f} | {ms[False] / one_token:.2f} | {ms[True] / one_token:.2f} |")
+
+    out["walk"] = walker_costs(target)
 
     prompts = [tokenizer(t, return_tensors="pt").input_ids for t in reference.prompts()[: args.prompts]]
     rows = measure(target, [Config("transformers greedy", run=hf_peer(target, "greedy"))], prompts,

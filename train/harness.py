@@ -164,6 +164,7 @@ def merge_rows(parts: list[list[Row]]) -> list[Row]:
         overhead = [(r.overhead_fraction, k) for r, k in zip(rows, runs, strict=True)
                     if not math.isnan(r.overhead_fraction)]
         drafting = [(r.draft_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.draft_time_per_pass)]
+        walking = [(r.walk_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.walk_time_per_pass)]
         out.append(Row(
             name=rows[0].name,
             tokens_per_s=statistics.median(x for r in rows for x in r.prompt_tokens_per_s),
@@ -176,6 +177,8 @@ def merge_rows(parts: list[list[Row]]) -> list[Row]:
             prompt_speedups=[x for r in rows for x in r.prompt_speedups],
             prompt_accept_lengths=[x for r in rows for x in r.prompt_accept_lengths],
             draft_time_per_pass=sum(t * p for t, p in drafting) / max(1, sum(p for _, p in drafting)) if drafting
+            else math.nan,
+            walk_time_per_pass=sum(t * p for t, p in walking) / max(1, sum(p for _, p in walking)) if walking
             else math.nan))
     return out
 
@@ -298,6 +301,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
             rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
             rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
+            rec["walk_ms_per_pass"] = _finite(1e3 * row.walk_time_per_pass)  # part of the engine overhead
         return {
             "format": 3,
             "complete": False,       # true once every prompt run and the peers are measured

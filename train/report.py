@@ -134,7 +134,8 @@ def summary_records(a: dict) -> list[dict]:
 
 def grid_table(a: dict) -> tuple[list[str], list[list]]:
     header = ["drafter", "tree", "nodes", "depth", f"τ ({level_text(a)} CI)", "predicted τ", "tokens/s",
-              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "draft ms/depth", "c",
+              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "walk ms/pass",
+              "draft ms/depth", "c",
               "vs the run's best"]
     rows = []
     for c in a["configs"].values():
@@ -143,7 +144,8 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
                      with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
-                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("draft_ms_per_depth")),
+                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("walk_ms_per_pass"), ".2f"),
+                     num(c.get("draft_ms_per_depth")),
                      num(c.get("c")), VERDICT.get(c.get("verdict"), DASH)])
     return header, rows
 

@@ -48,6 +48,7 @@ class Row:
     prompt_speedups: list[float] = field(default_factory=list)      # tokens/s ÷ vanilla's on the same prompt
     prompt_accept_lengths: list[list[int]] = field(default_factory=list)
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
+    walk_time_per_pass: float = float("nan")   # seconds in the walker (verify.py) per verification pass
 
 
 def rows_of(results: dict[str, list]) -> list[Row]:
@@ -72,6 +73,8 @@ def rows_of(results: dict[str, list]) -> list[Row]:
             prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
             draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
                                  if lengths else float("nan")),
+            walk_time_per_pass=(sum(o.walk_time for o in outs) / max(1, sum(o.target_passes for o in outs))
+                                if lengths else float("nan")),
         ))
     return rows
 

@@ -35,7 +35,7 @@ from treespec.recurrent import RecurrentVerifier
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
-from treespec.timing import DRAFT, TARGET, StepTimer, clock, timed
+from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.verify import Walk, walk
 
@@ -149,7 +149,8 @@ def generate(
     spent = {} if observer is None else observer.seconds
     return GenerationResult(sequences=sequences, prompt_length=inputs.given.shape[1],
                             accept_lengths=[n for row in rows for n in row.accept_lengths], wall_time=wall_time,
-                            target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0), rows=rows,
+                            target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0),
+                            walk_time=spent.get(WALK, 0.0), rows=rows,
                             passes=state.passes)
 
 
@@ -217,8 +218,9 @@ def verify(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Wal
     else:
         logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
     # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'
-    return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling, acceptance=run.acceptance,
-                 generator=run.generator) for b in range(len(state.rows))], features
+    with timed(run.observer, WALK):
+        return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling,
+                     acceptance=run.acceptance, generator=run.generator) for b in range(len(state.rows))], features
 
 
 def commit(run: Run, state: DecodeState, proposals: Proposals, accepted: list[Walk],

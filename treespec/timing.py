@@ -20,7 +20,8 @@ import torch
 from treespec.cache import TreeCache
 from treespec.compat import cache_arg
 
-TARGET, DRAFT = "target", "draft"  # the parts a StepTimer charges: target forwards, drafter calls
+TARGET, DRAFT, WALK = "target", "draft", "walk"  # the parts a StepTimer charges: target forwards, drafter
+#                                                   calls, the walker (verify.py) over a pass's logits
 
 
 def wait_for(device=None) -> None:
@@ -31,7 +32,7 @@ def wait_for(device=None) -> None:
 
 class StepTimer:
     """An observer of one generate() call (a fresh one per call: its totals add up): seconds inside the
-    target's forwards and the drafter's calls.
+    target's forwards, the drafter's calls and the walker.
 
     generate() wraps each of those calls in ``timing(TARGET)`` or ``timing(DRAFT)`` and reads its wall clock
     from ``clock()``, only when given an observer. With ``synchronize`` each boundary first waits for the
@@ -39,7 +40,7 @@ class StepTimer:
 
     def __init__(self, synchronize: bool = True, device=None):
         self.synchronize, self.device = synchronize, device
-        self.seconds = {TARGET: 0.0, DRAFT: 0.0}
+        self.seconds = {TARGET: 0.0, DRAFT: 0.0, WALK: 0.0}
 
     def clock(self) -> float:
         if self.synchronize:

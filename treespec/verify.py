@@ -71,6 +71,8 @@ LOSSLESS_MODES = ("rejection", "block", "traversal")
 _EMPTY_MASS = 1e-6
 # Below this many logits ([N, V]) the walk turns all of them into p_target in one call (see _walk_rejection).
 _ONE_CALL_NUMEL = 1 << 14
+# Up to this many logits, the traversal makes the rows of a tree's internal nodes in one call (sequence_trials).
+_INTERNAL_ROWS_NUMEL = 1 << 19
 
 
 @dataclass
@@ -291,10 +293,17 @@ def sequence_trials(logits: torch.Tensor, proposal: Proposal, sampling: Sampling
     ``walk`` draws against, and what tests sum to the walk's exact output law. Rows of p_target and
     q_draft are made and brought to the host only for the nodes the traversal reaches."""
     tree, q_draft = proposal.tree, proposal.q_draft
-    p_table = probs(logits, sampling).cpu() if logits.numel() <= _ONE_CALL_NUMEL else None  # [N, V] or None
+    # a trial weighs children against their parent's row: every internal node's row may be needed (all of them
+    # when drafts are poor), so they are made in one call when they are few; a leaf's only if it is accepted
+    internal = [i for i in range(tree.num_nodes) if tree.children[i]]
+    table = {}
+    if internal and len(internal) * logits.shape[-1] <= _INTERNAL_ROWS_NUMEL:
+        index = torch.tensor(internal, dtype=torch.long, device=logits.device)
+        rows = probs(logits[index], sampling).cpu()  # [n_internal, V]
+        table = dict(zip(internal, rows, strict=True))
 
     def target_row(node: int) -> torch.Tensor:
-        return p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()
+        return table[node] if node in table else probs(logits[node], sampling).cpu()
 
     tokens = proposal.tokens.tolist()
     drafts: dict[int, torch.Tensor | None] = {}  # child → the law it was drawn from

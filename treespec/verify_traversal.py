@@ -70,11 +70,19 @@ class Mass:
         self.total = weight  # w
         self._row, self._scale, self._removed = row, weight, set()
         self._dense: torch.Tensor | None = None  # [V] host float32, once a dense draft was subtracted
+        self._empty = False  # nothing left (no [V] row allocated for it: most rejected nodes end so)
+        self._values = None  # P as a numpy view: one element read costs no tensor op
 
     def at(self, token: int) -> float:
+        if self._empty:
+            return 0.0
         if self._dense is not None:
             return float(self._dense[token])
-        return 0.0 if token in self._removed else self._scale * float(self._row()[token])
+        if token in self._removed:
+            return 0.0
+        if self._values is None:
+            self._values = self._row().numpy()
+        return self._scale * float(self._values[token])
 
     def reject(self, token: int, draft: torch.Tensor | None) -> None:
         """A child with ``token``, drafted from ``draft`` ([V]; None: the point mass at ``token``), was
@@ -108,10 +116,12 @@ class Mass:
         # is there only through rounding (its P equals the draft): keep its mass, as token-level rejection
         # keeps p when max(p − q, 0) is empty.
         if self.total < 1.0 - EMPTY_MASS:
-            self._dense, self.total = torch.zeros_like(self._row()), 0.0
+            self._empty, self.total = True, 0.0
 
     def dense(self) -> torch.Tensor:
         """m as a row [V] (not normalised: it sums to w)."""
+        if self._empty:
+            return torch.zeros_like(self._row())
         if self._dense is None:
             row = self._row() * self._scale
             if self._removed:
