@@ -5,6 +5,7 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py medusa              # after scripts/train_heads.py drafter=medusa
     python scripts/ship_drafter.py eagle               # after scripts/train_heads.py experiment=reference_eagle
     python scripts/ship_drafter.py medusa --skip-copy  # re-measure the shipped drafter only
+    python scripts/ship_drafter.py eagle3 --run-dir /root/runs/eagle3_ttt7   # a run elsewhere (run_dir=...)
 """
 
 import argparse
@@ -26,10 +27,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("name", choices=trainable)
     parser.add_argument("--skip-copy", action="store_true")
+    parser.add_argument("--run-dir", type=Path, default=None, help="the training run (default: runs/heads/<name>)")
     args = parser.parse_args()
     out = reference.MODELS_DIR / args.name
     if not args.skip_copy:
-        run_dir = ROOT / "runs" / "heads" / args.name
+        run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
         if not (run_dir / "final").is_dir():
             raise FileNotFoundError(f"{run_dir / 'final'} does not exist: train it first (scripts/train_heads.py)")
         shutil.rmtree(out, ignore_errors=True)
