@@ -27,6 +27,7 @@ from .helpers import (
     hf_greedy,
     perturbed,
     random_eagle,
+    random_eagle3,
     record_proposals,
     sampled_counts,
     scratch_logits,
@@ -266,3 +267,22 @@ def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
     hist = [r["histogram"]["eval/accept_length"] for r in rows if "histogram" in r]
     assert hist and sum(hist[0]) / len(hist[0]) == pytest.approx(whole["eval_mean_accept_length"])
+
+
+def test_hass_topk_distillation_term():
+    """HASS's top-K distillation: −Σ_{top-K of p} p log q, computed by hand; K ≥ V is the full cross-entropy;
+    switched on, it adds exactly its weighted mean to EAGLE's and EAGLE-3's losses (0 weight: unchanged)."""
+    from treespec.train.eagle import eagle_loss
+    from treespec.train.eagle3 import eagle3_loss
+    from treespec.train.recipe import topk_distillation
+
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    log_q = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+    assert torch.allclose(topk_distillation(p, log_q, 2), -(0.5 * log_q[0, 0] + 0.3 * log_q[0, 1]))
+    assert torch.allclose(topk_distillation(p, log_q, 9), -(p * log_q).sum(-1))
+    target = tiny_llama(seed=0)
+    batch = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    for loss, model in ((eagle_loss, random_eagle(target)), (eagle3_loss, random_eagle3(target))):
+        plain = loss(target, model, batch, unroll_steps=1)[0]
+        assert torch.equal(loss(target, model, batch, unroll_steps=1, topk_distill=4, topk_weight=0.0)[0], plain)
+        assert loss(target, model, batch, unroll_steps=1, topk_distill=4)[0] > plain

@@ -25,7 +25,7 @@ from treespec.heads.target_states import target_hidden
 from treespec.heads.unroll import unrolled
 
 from .features import batch_parts, shifted_mask
-from .recipe import Recipe, mean_metrics
+from .recipe import Recipe, mean_metrics, topk_distillation
 
 
 def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
@@ -52,9 +52,10 @@ def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: in
 
 
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
-              mask: torch.Tensor | None = None) -> tuple:
+              mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
     """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool or a slice; mask [b, n] bool or None (every
-    entry) → (loss, feature loss, CE, top-1 agreement) over the valid, masked entries."""
+    entry) → (loss, feature loss, CE, top-1 agreement) over the valid, masked entries; ``topk_distill`` = K > 0
+    adds HASS's top-K distillation × ``topk_weight`` (train/recipe.py)."""
     if mask is None:
         g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
     else:
@@ -67,11 +68,15 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
     log_q = torch.log_softmax(model.logits(g).float(), dim=-1)  # [b, n', V]
     ce = -(p_target * log_q).sum(-1).mean()
     top1 = (log_q.argmax(-1) == p_target.argmax(-1)).float().mean()
-    return feature_weight * feature + token_weight * ce, feature, ce, top1
+    loss = feature_weight * feature + token_weight * ce
+    if topk_distill:
+        loss = loss + topk_weight * topk_distillation(p_target, log_q, topk_distill).mean()
+    return loss, feature, ce, top1
 
 
 def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
-               feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8) -> tuple:
+               feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8,
+               topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
     """batch [b, S] (or a dict batch, train/data.py) → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 +
     token_weight · CE) over steps 0..unroll_steps, metrics)."""
     ids, loss_mask, target = batch_parts(batch, target, model.device)
@@ -80,7 +85,8 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     mask = None if loss_mask is None else shifted_mask(loss_mask, 2, f_next.shape[1])  # entry j predicts token j + 2
     total, metrics = 0.0, {}
     for k, g, valid in steps:
-        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, mask)
+        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, mask,
+                                            topk_distill, topk_weight)
         total = total + unroll_decay**k * loss
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item()})
     return total, metrics
@@ -110,7 +116,8 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
 
     def loss(batch):
         return eagle_loss(target, model, batch, noise_std=d.noise_std, token_weight=d.token_weight,
-                          feature_weight=d.feature_weight, unroll_steps=d.unroll_steps, unroll_decay=d.unroll_decay)
+                          feature_weight=d.feature_weight, unroll_steps=d.unroll_steps, unroll_decay=d.unroll_decay,
+                          topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0))
 
     return Recipe(model, loss, lambda val: eagle_metrics(target, model, val, d.unroll_steps),
                   lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth), lambda: Eagle(model),

@@ -30,7 +30,7 @@ from treespec.heads.target_states import target_states
 from treespec.heads.unroll import unrolled
 
 from .features import batch_parts, shifted_mask
-from .recipe import Recipe, mean_metrics
+from .recipe import Recipe, mean_metrics, topk_distillation
 
 
 def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,12 +58,16 @@ class RestrictedTarget:
         if scored is not None:
             self.valid = self.valid & scored
 
-    def kl(self, draft_logits: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def kl(self, draft_logits: torch.Tensor, start: int, topk_distill: int = 0,
+           topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """KL(p || q) with q = softmax(draft_logits [b, S - start, Vd]) at positions start.., averaged over
-        the valid ones → (loss, top-1 agreement on the valid ones), both 0-d."""
+        the valid ones → (loss, top-1 agreement on the valid ones), both 0-d; ``topk_distill`` = K > 0 adds
+        HASS's top-K distillation over the draft vocabulary × ``topk_weight`` (train/recipe.py)."""
         valid = self.valid[:, start:]
         log_q = torch.log_softmax(draft_logits.float(), dim=-1)
         kl = self.neg_entropy[:, start:] - (self.p[:, start:] * log_q).sum(-1)  # [b, S - start]
+        if topk_distill:
+            kl = kl + topk_weight * topk_distillation(self.p[:, start:], log_q, topk_distill)
         if not bool(valid.any()):
             return kl.sum() * 0.0, kl.new_zeros(())  # keeps the graph: a batch with nothing to learn
         top1 = (draft_logits.argmax(-1) == self.argmax[:, start:])[valid].float().mean()
@@ -71,7 +75,7 @@ class RestrictedTarget:
 
 
 def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
-                decay: float = 0.8) -> tuple[torch.Tensor, dict]:
+                decay: float = 0.8, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
     """batch [b, S] token windows (or a dict batch, train/data.py) → (Σ_i decay^i · KL_i over unrolled steps
     i = 0..unroll_steps, metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept
     positions) and ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
@@ -84,7 +88,7 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     total, metrics = 0.0, {"kept_fraction": kept.item()}
     for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
-        kl, top1 = restricted.kl(model.draft_logits(out), 1 + i)
+        kl, top1 = restricted.kl(model.draft_logits(out), 1 + i, topk_distill, topk_weight)
         total = total + decay**i * kl
         metrics.update({f"kl{i}": kl.item(), f"top1_{i}": top1.item()})
     return total, metrics
@@ -119,7 +123,8 @@ def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
     model = Eagle3Model(target, aux_layers=d.aux_layers, vocab_map=(d2t, t2d), layer=d.get("layer", "llama"))
 
     def loss(batch):
-        return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay)
+        return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay,
+                           topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0))
 
     def evaluate(val):
         return {f"eagle3_{k}": v for k, v in eagle3_metrics(target, model, val, d.unroll_steps).items()}

@@ -46,3 +46,11 @@ def mean_metrics(loss: Callable, windows, batch_size: int) -> dict:
         for k, v in loss(batch)[1].items():
             totals[k] = totals.get(k, 0.0) + v / len(batches)
     return totals
+
+
+def topk_distillation(p_target: torch.Tensor, log_q: torch.Tensor, k: int) -> torch.Tensor:
+    """HASS's harmonized objective distillation (Zhang et al. 2024, "Learning Harmonized Representations for
+    Speculative Sampling", eq. 4): −Σ_{x ∈ top-k of p} p(x) log q(x), per position: the drafter's ranking is
+    pulled towards the target's on the k tokens a tree's top ranks draft. p_target, log_q [..., V] → [...]."""
+    top_p, top_x = p_target.topk(min(k, p_target.shape[-1]), dim=-1)
+    return -(top_p * log_q.gather(-1, top_x)).sum(-1)
