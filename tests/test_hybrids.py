@@ -20,7 +20,8 @@ from .helpers.lossless import accept_everything
 # one family per mixer kind in the default suite, the rest with -m slow (the matrix runs them all); Bamba's own
 # cached decode disagrees with its full forward (see docs/hybrids.md)
 GREEDY = ["Qwen3.5", "Qwen3-Next", "Nemotron-H", "LFM2", "Jamba",
-          *[pytest.param(name, marks=pytest.mark.slow) for name in ("Granite-4 hybrid", "Falcon-H1", "OLMo-hybrid")]]
+          *[pytest.param(name, marks=pytest.mark.slow) for name in ("Granite-4 hybrid", "Falcon-H1", "OLMo-hybrid",
+                                                                         "Kimi Linear")]]
 
 
 @pytest.mark.parametrize("tree", list(hybrids.TREES))
