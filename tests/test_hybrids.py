@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec import Tree, generate
+from treespec.compat import cache_arg
 from treespec.recurrent import Snapshot, path_rows, select_rows
 from treespec.train import hybrids
 from treespec.train.architectures import NotApplicable
@@ -80,18 +81,29 @@ def test_snapshot_restores_every_state_after_a_wider_pass():
     target = hybrids.build("Nemotron-H")
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=hybrids.prompt(), cache=cache, use_cache=True)
-        before = [(layer.conv_states[0].clone(), layer.recurrent_states[0].clone()) if hasattr(layer, "conv_states")
-                  else getattr(layer, "keys", None) for layer in cache.layers]
+        target(input_ids=hybrids.prompt(), **cache_arg(cache), use_cache=True)
+        before = states(cache)
+        assert sum(name != "keys" for name, _ in before) >= 4  # conv and recurrent states of both Mamba layers
         snapshot = Snapshot(cache)
         select_rows(cache, torch.zeros(3, dtype=torch.long))
-        target(input_ids=torch.randint(0, 64, (3, 4)), cache=cache, use_cache=True)
+        target(input_ids=torch.randint(0, 64, (3, 4)), **cache_arg(cache), use_cache=True)
+        assert not all(torch.equal(a, b) for (_, a), (_, b) in zip(before, states(cache), strict=True))
         snapshot.restore(cache)
-    for layer, was in zip(cache.layers, before, strict=True):
-        if isinstance(was, tuple):
-            assert torch.equal(layer.conv_states[0], was[0]) and torch.equal(layer.recurrent_states[0], was[1])
-        elif was is not None:
-            assert torch.equal(layer.keys, was)
+    after = states(cache)
+    assert len(after) == len(before)
+    assert all(n == m and torch.equal(a, b) for (n, a), (m, b) in zip(before, after, strict=True))
+
+
+def states(cache) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a cache holds, cloned: conv and recurrent states (a dict per layer, or one tensor on older
+    transformers), attention keys."""
+    out = []
+    for layer in cache.layers:
+        for name in ("conv_states", "recurrent_states", "keys"):
+            value = getattr(layer, name, None)
+            values = value.values() if isinstance(value, dict) else [value]
+            out += [(name, t.clone()) for t in values if isinstance(t, torch.Tensor)]
+    return out
 
 
 def test_verification_cost_is_measured():
@@ -111,3 +123,12 @@ def test_bamba_disagrees_with_itself_in_transformers():
     to float noise), so no decoder can equal transformers' greedy for it."""
     assert hybrids.cached_vs_full("Bamba") > 0.1
     assert hybrids.cached_vs_full("Nemotron-H") < 1e-3
+
+
+def test_an_older_transformers_is_refused_for_hybrids(monkeypatch):
+    import treespec.compat
+
+    monkeypatch.setattr(treespec.compat, "TRANSFORMERS_VERSION", "5.8.1")
+    monkeypatch.setattr(treespec.compat, "release", lambda version="5.8.1": (5, 8))
+    with pytest.raises(ValueError, match=r"treespec verifies with transformers >= 5.19 only \(this is 5.8.1"):
+        generate(hybrids.build("Qwen3.5"), torch.tensor([[1, 2, 3]]), max_new_tokens=2)

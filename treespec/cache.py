@@ -68,6 +68,7 @@ from einops import rearrange
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from treespec import compat
 from treespec.compat import empty_layer, layer_types_and_kwargs
 from treespec.masks import mask_for
 from treespec.recurrent import RECURRENT_LAYER_TYPES, is_recurrent
@@ -240,6 +241,11 @@ def check_hybrid(config) -> None:
     """Raise ValueError naming what treespec/recurrent.py cannot verify in a hybrid ``config``."""
     decoder = config.get_text_config(decoder=True)
     types, _ = layer_types_and_kwargs(decoder)
+    if compat.release() < compat.HYBRID_MIN_VERSION:
+        oldest = ".".join(map(str, compat.HYBRID_MIN_VERSION))
+        raise ValueError(f"{config.model_type} has recurrent layers, which treespec verifies with transformers >= "
+                         f"{oldest} only (this is {compat.TRANSFORMERS_VERSION}: its hybrid models were not all found "
+                         "lossless): upgrade transformers")
     kv_shared = getattr(decoder, "kv_sharing_modes", None) or getattr(decoder, "num_kv_shared_layers", 0)
     allowed = RECURRENT_LAYER_TYPES | {"full_attention"} | (set() if kv_shared else {"dummy"})  # dummy: MLP/MoE
     bad = sorted(set(types) - allowed)

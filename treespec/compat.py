@@ -58,8 +58,9 @@ _RENAMED_LAYER_TYPES = {"mamba": "linear_attention", "moe": "dummy", "mlp": "dum
 def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
     """(cache layer type of each decoder layer, the kwargs its cache layer is built with: ``sliding_window`` for
     sliding and chunked layers) of a decoder ``config``, as this release's DynamicCache classifies them."""
-    if _library_layer_types is not None:
-        return _library_layer_types(config)
+    if _library_layer_types is not None:  # before 5.24 it left Nemotron-H's "mlp" and "moe" blocks as they are
+        types, kwargs = _library_layer_types(config)
+        return [_RENAMED_LAYER_TYPES.get(t, t) for t in types], kwargs
     window = getattr(config, "sliding_window", None)
     chunk = getattr(config, "attention_chunk_size", None)
     types = getattr(config, "layer_types", None)
@@ -72,6 +73,17 @@ def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
     kwargs = [{"sliding_window": window or chunk} if t == "sliding_attention" else
               {"sliding_window": chunk or window} if t == "chunked_attention" else {} for t in types]
     return types, kwargs
+
+
+#: the oldest release whose hybrid models treespec/recurrent.py is checked against (tests/test_hybrids.py passes
+#: on 5.19 and 5.24; on 5.8.1 LFM2's cached multi-token path disagrees with its own greedy decoding)
+HYBRID_MIN_VERSION = (5, 19)
+
+
+def release(version: str = TRANSFORMERS_VERSION) -> tuple[int, int]:
+    """(major, minor) of a transformers version string."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 #: transformers' ``generate(eos_token_id=...)`` for "never stop early", accepted by every supported release
