@@ -31,7 +31,8 @@ def test_greedy_equals_transformers(name, tree):
     hybrids.check_greedy(name, tree)
 
 
-@pytest.mark.parametrize("name", ["Qwen3.5", "Nemotron-H", "LFM2", "Jamba"])
+@pytest.mark.parametrize("name", ["Qwen3.5", "Nemotron-H", *[pytest.param(name, marks=pytest.mark.slow)
+                                                             for name in ("LFM2", "Jamba")]])
 def test_eagle_static_and_dynamic_trees(name):
     hybrids.check_eagle(name)
     hybrids.check_eagle(name, dynamic=True)

@@ -52,7 +52,7 @@ CASES = {
 
 # the default suite runs one case per sequence-level rule and tree kind; the rest run with -m slow (the walker's
 # own tests, tests/test_verify_sequence.py, cover them all fast, exactly and by chi-square)
-SLOW = {"block-chain-prompt-lookup", "traversal-dynamic-topk", "traversal-tree-sampled-t06-top_p",
+SLOW = {"chain-topk", "block-chain-prompt-lookup", "traversal-dynamic-topk", "traversal-tree-sampled-t06-top_p",
         "traversal-prompt-lookup-tree", "without-replacement-traversal-top_p"}
 
 
