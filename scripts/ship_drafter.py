@@ -6,11 +6,16 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py eagle               # after scripts/train_heads.py experiment=reference_eagle
     python scripts/ship_drafter.py medusa --skip-copy  # re-measure the shipped drafter only
     python scripts/ship_drafter.py eagle3 --run-dir /root/runs/eagle3_ttt7   # a run elsewhere (run_dir=...)
+    python scripts/ship_drafter.py medusa2    # Medusa-2: the heads and their fine-tuned target (stored in bf16)
+
+A Medusa-2 run's heads are measured against its own fine-tuned target (``<name>/target``), the one they pair with.
 """
 
 import argparse
 import shutil
 from pathlib import Path
+
+import torch
 
 from treespec import reference
 from treespec.heads import registry
@@ -24,6 +29,7 @@ WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/tra
 def main() -> None:
     trainable = [kind.name for kind in registry.KINDS
                  if kind.has_weights and kind.name not in ("draft", "auto")]  # drafters trained by train_heads.py
+    trainable.append("medusa2")  # Medusa heads with the target they were trained jointly with
     parser = argparse.ArgumentParser()
     parser.add_argument("name", choices=trainable)
     parser.add_argument("--skip-copy", action="store_true")
@@ -38,10 +44,16 @@ def main() -> None:
         shutil.copytree(run_dir / "final", out)
         shutil.copy(run_dir / "summary.json", out / "training_summary.json")
 
-    target, tokenizer = reference.load("target")
+    joint = args.name == "medusa2"
+    if joint and not args.skip_copy:  # stored in bf16 as the reference target is (loaders upcast)
+        tuned, tuned_tokenizer = reference.load_model(out / "target")
+        tuned.to(torch.bfloat16).save_pretrained(out / "target")
+        tuned_tokenizer.save_pretrained(out / "target")
+    target, tokenizer = reference.load_model(out / "target") if joint else reference.load("target")
     windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
-    module = registry.load(args.name, target, out)
-    acc = registry.get(args.name).rank_accuracy(target, module, windows)
+    kind = "medusa" if joint else args.name
+    module = registry.load(kind, target, out)
+    acc = registry.get(kind).rank_accuracy(target, module, windows)
     write_accuracy(out, acc)
     print(f"{args.name}: top-1 per depth " + " ".join(f"{row[0]:.3f}" for row in acc))
     print("         top-5 per depth " + " ".join(f"{sum(row[:5]):.3f}" for row in acc))

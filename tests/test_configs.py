@@ -27,7 +27,9 @@ CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
 CASES += [("train_heads", [f"drafter={d}"]) for d in train_heads.RECIPES]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
-CASES += [("compare", [f"drafters=[{d}]"]) for d in group("drafter") if d != "upstream"]
+# every drafter the comparison offers (medusa2 is a training recipe: its heads pair with their own fine-tuned target)
+AVAILABLE = sorted(compose_cfg("compare", []).available)
+CASES += [("compare", [f"drafters=[{d}]"]) for d in AVAILABLE if d != "upstream"]
 CASES += [("compare", ["drafters=[upstream]", "available.upstream.source=/some/checkpoint"])]
 
 
@@ -39,6 +41,8 @@ def test_config_composes_and_passes_the_start_up_check(job, overrides):
 def test_every_config_is_covered():
     covered = {o[0].split("=")[1] for _, o in CASES if o and o[0].split("=")[0] in ("experiment", "debug")}
     assert covered == set(group("experiment")) | set(group("debug"))
+    # every conf/drafter/ file is an entry of the comparison's `available` (same name) or a training recipe
+    assert set(group("drafter")) == set(AVAILABLE) | set(train_heads.RECIPES)
 
 
 @pytest.mark.parametrize("job, overrides, message", [

@@ -104,3 +104,43 @@ def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkey
     assert hist and sum(hist[0]) / len(hist[0]) == pytest.approx(whole["eval_mean_accept_length"])
     assert wandb_run_contains(tmp_path / "a", "eval/accept_length")
     assert (tmp_path / "b" / "final" / "head_accuracy.json").is_file()
+
+
+def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_path, monkeypatch):
+    """drafter=medusa2: heads warm up alone, then train with the target; the export holds the heads and the
+    fine-tuned target, the original stays as it was, and decoding with the pair equals the fine-tuned target's
+    own greedy decoding. An interrupted run (stopped after the warm-up's end) resumes to the same weights."""
+    from treespec.train import train_heads as heads_training
+
+    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
+    common = ["debug=tiny_heads", "drafter=medusa2", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6",
+              "drafter.heads_warmup_steps=20", "trainer.max_steps=40", "logger=none", "eval.expected_tau=null"]
+    heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=25"]))
+    resumed = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
+    whole = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}"]))
+    assert whole["steps"] == resumed["steps"] == 40
+    for name in ("medusa.safetensors", "target/model.safetensors"):
+        a, b = (load_file(tmp_path / r / "final" / name) for r in "ab")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+    original, _ = load_model(str(target_dir))
+    tuned, _ = load_model(str(tmp_path / "b" / "final" / "target"))  # a stock model folder, tokenizer included
+    before, after = original.state_dict(), tuned.state_dict()
+    assert any(not torch.equal(before[k], after[k].to(before[k].dtype)) for k in before)  # the target was trained
+    assert whole["target_lm_loss_before"] > 0 and whole["kl_to_original"] >= 0
+
+    heads = MedusaHeads.from_pretrained(tmp_path / "b" / "final", tuned)
+    prompt = torch.randint(0, tuned.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(3))
+    for tree in (Tree.chain(3), Tree.full(2, 2)):
+        out = generate(tuned, prompt, drafter=Medusa(heads), tree=tree, max_new_tokens=24)
+        assert torch.equal(out.sequences, hf_greedy(tuned, prompt, 24))
+
+
+def test_medusa2_refuses_settings_it_cannot_train():
+    from treespec.train import train_heads as heads_training
+
+    with pytest.raises(ValueError, match="leaves no joint step"):
+        heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "trainer.max_steps=100",
+                                                                "drafter.heads_warmup_steps=100"]))
+    with pytest.raises(ValueError, match="stored target features"):
+        heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "data.features=/tmp/x"]))

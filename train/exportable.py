@@ -33,7 +33,7 @@ def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
     ``export_to`` names one it cannot reach. Returns the reachable formats."""
     wanted = check_export_names(cfg)
     with torch.random.fork_rng(devices=[]):
-        module = recipe(cfg, target, torch.arange(vocab_size_of(target))).module
+        module = recipe(cfg, target, torch.arange(vocab_size_of(target))).drafter()  # its weights (export.module_of)
     reach = formats(module, target, before_training=True)
     ok = [c for c, why in reach.items() if why is None]
     name = cfg.drafter.name

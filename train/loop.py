@@ -70,13 +70,16 @@ def changed_settings(saved: dict, now: dict, step: int) -> list[str]:
     return lines
 
 
-def make_optimizer(params, cfg: OptimConfig) -> torch.optim.AdamW:
-    # No weight decay on norms and biases (1-D tensors), as in nanoGPT.
-    params = [p for p in params if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over ``module``'s trainable parameters. No weight decay on norms and biases (1-D tensors), as in
+    nanoGPT. A module with ``lr_scales() -> [(parameters, scale), ...]`` trains each part at ``scale`` × the
+    schedule's rate (Medusa-2's smaller rate for the fine-tuned target; the group's ``lr_scale``)."""
+    parts = module.lr_scales() if hasattr(module, "lr_scales") else [(module.parameters(), 1.0)]
+    groups = []
+    for params, scale in parts:
+        params = [p for p in params if p.requires_grad]
+        groups += [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": scale},
+                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
@@ -151,7 +154,7 @@ def train(
     settings = {"optim": {**asdict(optim), "betas": list(optim.betas)}, "total_steps": total_steps}  # may change
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     wrapped = distributed.wrap(module, loss_fn, ctx)
-    opt = make_optimizer(module.parameters(), optim)  # after wrapping: FSDP replaces parameters by DTensors
+    opt = make_optimizer(module, optim)  # after wrapping: FSDP replaces parameters by DTensors
     step, tokens_seen, elapsed = 0, 0, 0.0
     previous: list[str] = []  # the checkpoint to keep beside the next one
     say = print if ctx.is_main else (lambda *a, **k: None)
@@ -196,7 +199,9 @@ def train(
         while step < end:
             t0 = time.perf_counter()
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, total_steps, optim)
+                group["lr"] = lr_at(step, total_steps, optim) * group.get("lr_scale", 1.0)
+            if hasattr(module, "set_step"):  # a module whose loss changes with the step (Medusa-2's heads warm-up)
+                module.set_step(step)
             batch = batch_at(step)
             rows = batch_size_of(batch)
             n_micro = ctx.world_size * grad_accum

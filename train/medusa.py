@@ -25,6 +25,13 @@ def medusa_loss(target, heads: MedusaHeads, batch, decay: float) -> tuple[torch.
     """batch [b, s + 1] (or a dict batch, train/data.py). Head k at position t is scored on token t + k + 2."""
     batch, loss_mask, target = batch_parts(batch, target, next(heads.parameters()).device)
     _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
+    return heads_loss(heads, hidden, batch, loss_mask, decay)
+
+
+def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, loss_mask: torch.Tensor | None,
+               decay: float) -> tuple[torch.Tensor, dict]:
+    """Σ_k decay^k · CE_k of the heads on ``hidden`` [b, s, h], the target's last hidden states over
+    ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None."""
     logits = heads(hidden)  # [K, b, s, V]
     s = hidden.shape[1]
     total, metrics = 0.0, {}

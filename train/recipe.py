@@ -27,9 +27,12 @@ class Recipe:
     rank_accuracy: Callable[[torch.Tensor], list]        # validation windows → acc[d][r], at export
     drafter: Callable[[], object]                        # the trained module as a treespec Drafter
     description: str
+    target: torch.nn.Module | None = None                # the fine-tuned target the drafter pairs with (Medusa-2);
+                                                         # None: the job's frozen target
 
     def export(self, windows: torch.Tensor, folder) -> tuple[dict, list[list[float]]]:
-        """Save the trained module with its measured per-depth accuracies → (metrics, accuracies)."""
+        """Save the trained module (with a fine-tuned target, that too: its ``save_pretrained``) and its measured
+        per-depth accuracies → (metrics, accuracies)."""
         acc = self.rank_accuracy(windows)
         self.module.save_pretrained(Path(folder))
         write_accuracy(folder, acc)

@@ -26,7 +26,7 @@ from treespec.io import weights_digest
 from treespec.reference import load_model
 from treespec.tree_spec import build_tree, check_tree_spec
 
-from . import config_checks, distributed, eagle, eagle3, expected_tau, medusa, run_summary
+from . import config_checks, distributed, eagle, eagle3, expected_tau, medusa, medusa2, run_summary
 from .chat import SampleBatches, Samples, prepare_chat
 from .data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from .distributed import record
@@ -36,8 +36,10 @@ from .lm import fingerprint
 from .log import RunLogger
 from .loop import OptimConfig, train
 
-RECIPES = {"medusa": medusa.recipe, "eagle": eagle.recipe, "eagle3": eagle3.recipe}  # registry name → recipe
-TARGET_LAYERS = {"medusa": medusa.target_layers, "eagle": eagle.target_layers, "eagle3": eagle3.target_layers}
+# drafter config name → recipe, each training a kind of the registry (medusa2: Medusa heads, with the target)
+RECIPES = {"medusa": medusa.recipe, "medusa2": medusa2.recipe, "eagle": eagle.recipe, "eagle3": eagle3.recipe}
+TARGET_LAYERS = {"medusa": medusa.target_layers, "medusa2": medusa2.target_layers, "eagle": eagle.target_layers,
+                 "eagle3": eagle3.target_layers}
 
 
 def eval_tree_spec(cfg):
@@ -63,6 +65,8 @@ def check_config(cfg) -> None:
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
     if chat is None and cfg.data.get("corpus") is None:
         raise ValueError("no training data: data.corpus (data=stdlib) or data.chat (data=chat)")
+    if cfg.drafter.name == "medusa2":
+        medusa2.check_settings(cfg)
 
 
 def training_tokens(cfg, target, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,7 +293,7 @@ def _run(cfg, ctx) -> dict:
     if warnings:
         summary["warnings"] = warnings
     if result.step >= total_steps:
-        print(end_of_run(cfg, target, recipe, probe, data, result, summary, logger))
+        print(end_of_run(cfg, target, tokenizer, recipe, probe, data, result, summary, logger))
     else:
         resume = run_summary.resume_command(run_summary.hydra_overrides(), cfg.run_dir, ctx.world_size)
         print(run_summary.text([("resume", [resume])],
@@ -300,25 +304,33 @@ def _run(cfg, ctx) -> dict:
     return summary
 
 
-def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: dict, logger) -> str:
+def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result, summary: dict, logger) -> str:
     """Export, the decoding evaluation beside the expected τ, and the run's summary (updates ``summary``) →
-    the summary's text."""
+    the summary's text. A recipe that fine-tunes the target (Medusa-2) is exported, evaluated and decoded with
+    its fine-tuned target: the one its drafter is lossless against."""
     d, step = cfg.drafter, result.step
     final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
+    decoder, target_name = target, str(cfg.target)
+    rows = []
+    if recipe.target is not None:
+        decoder, target_name = recipe.target.eval(), f"{cfg.export_dir}/{medusa2.TARGET_FOLDER}"
+        tokenizer.save_pretrained(target_name)  # the folder loads as a target on its own
+        rows.append(("target", target_lines(result.eval_metrics, summary, target_name)))
     # beside the accuracies, this device's cost curve: generate(tree={"kind": "auto"}) chooses with it
-    save_cost_curve(cfg.export_dir, measure_cost_curve(target), device=str(target.device))
+    save_cost_curve(cfg.export_dir, measure_cost_curve(decoder), device=str(decoder.device))
     summary.update(final_metrics)
     probe_acc = probe.last() if probe is not None else None
     tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None
-    eval_metrics, row, tree, row16 = decoding_eval(cfg, target, recipe, accuracy, data.prompts, tree16)
+    eval_metrics, row, tree, row16 = decoding_eval(cfg, decoder, recipe, accuracy, data.prompts, tree16)
     summary.update(eval_metrics)
     log_accept_lengths(logger, row, step)
     logger.log({**eval_metrics, **{f"export/{k}": v for k, v in final_metrics.items()}}, step=step)
-    formats = export_formats(recipe.module, target)
+    formats = export_formats(recipe.drafter(), decoder)
     summary["export_formats"] = {to: reason or "ok" for to, reason in formats.items()}
     run_dir = cfg.run_dir
     files = "metrics.jsonl, summary.json" + (f", {expected_tau.PLOT_FILE}" if probe is not None else "")
-    rows = [("outputs", [f"{cfg.export_dir} (the trained drafter, head_accuracy.json)", f"{run_dir}: {files}"])]
+    rows.insert(0, ("outputs", [f"{cfg.export_dir} (the trained drafter, head_accuracy.json)",
+                                f"{run_dir}: {files}"]))
     if probe_acc is not None:
         tau = expected_tau.expected_taus(probe_acc)
         comparison, lines = expected_tau.against_measured(probe_acc, row16.tau, tree, row.tau)
@@ -329,13 +341,26 @@ def end_of_run(cfg, target, recipe, probe, data: TrainingData, result, summary: 
     else:
         rows.append(("τ", [f"measured {row.tau:.2f} (decoding evaluation; eval.expected_tau is off)"]))
     rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
-    rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, str(cfg.target))))
-    rows.append(("compare", [run_summary.compare_command(d.name, cfg.export_dir, str(cfg.target))]))
+    rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, target_name)))
+    kind = "medusa" if recipe.target is not None else d.name  # Medusa-2 heads load as the medusa kind
+    rows.append(("compare", [run_summary.compare_command(kind, cfg.export_dir, target_name)]))
     if summary.get("warnings"):
         rows.append(("warnings", summary["warnings"]))
     title = (f"{d.name} run finished: {step} steps, {result.tokens_seen:,} tokens, {result.wall_time:.0f} s of "
              f"training; speedup {eval_metrics['eval_speedup']:.2f}x over vanilla decoding")
     return run_summary.text(rows, title)
+
+
+def target_lines(val_metrics: dict, summary: dict, folder: str) -> list[str]:
+    """Where the fine-tuned target went and how its held-out LM loss moved (the last evaluation's
+    ``lm_ce`` against the original's ``original_lm_ce``; updates ``summary``)."""
+    lines = [f"{folder} (the fine-tuned target: decode with it, the heads are lossless against it)"]
+    if "lm_ce" in val_metrics:
+        summary.update({"target_lm_loss_before": val_metrics["original_lm_ce"],
+                        "target_lm_loss_after": val_metrics["lm_ce"], "kl_to_original": val_metrics["kl_to_original"]})
+        lines.append(f"held-out LM loss {val_metrics['original_lm_ce']:.4f} (original) → {val_metrics['lm_ce']:.4f} "
+                     f"(fine-tuned); KL(original ‖ fine-tuned) {val_metrics['kl_to_original']:.4f} per token")
+    return lines
 
 
 # -- offline target features (scripts/prepare_features.py) ------------------------------------------------
