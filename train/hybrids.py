@@ -169,15 +169,18 @@ def check_greedy(name: str, tree: str) -> str:
     return tau(out)
 
 
-def check_draft_model(name: str) -> str:
-    """A separate (attention-only) random draft model samples nothing: rejections at the first depth mostly."""
+def llama(vocab: int = 64, seed: int = 1):
+    """A tiny random attention-only Llama (one layer): the plain draft of a hybrid, or the plain target of one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    target = build(name)
-    torch.manual_seed(1)
-    draft = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, initializer_range=0.2)).eval()
-    return tau(expect_greedy(target, DraftModel(draft), Tree.full(2, 2)))
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, initializer_range=0.2)).eval()
+
+
+def check_draft_model(name: str) -> str:
+    """A separate (attention-only) random draft model samples nothing: rejections at the first depth mostly."""
+    return tau(expect_greedy(build(name), DraftModel(llama()), Tree.full(2, 2)))
 
 
 def check_eagle(name: str, dynamic: bool = False) -> str:

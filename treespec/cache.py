@@ -295,6 +295,12 @@ class TreeCache(DynamicCache):
         self.layer_types = getattr(config.get_text_config(decoder=True), "layer_types", None)
 
 
+def decoding_cache(config):
+    """The cache a model of ``config`` decodes tree passes over: a ``TreeCache``, or for a hybrid transformers' own
+    ``DynamicCache``, whose recurrent layers treespec/recurrent.py rolls back."""
+    return DynamicCache(config=config) if is_hybrid(config) else TreeCache(config)
+
+
 def check_filled(cache, length: int, model) -> None:
     """After a prefill of ``length`` tokens, every layer must hold them: a model that keeps its state elsewhere
     (its own cache class, a recurrent state) would be verified without its past."""
