@@ -13,7 +13,8 @@ treespec/recurrent.py verifies as a target) drafts the same trees, chains and br
 static and dynamic, one prompt at a time: each depth's frontier nodes are rows of its cache, each gathered from
 its parent's row (``treespec.recurrent.DraftRows``), and after the walk the cache holds the deepest accepted
 node's row, or the root's restored state with the accepted tokens fed again by the next step's first pass.
-A model whose mixers take one token per pass (Jamba) is fed its committed tokens one at a time.
+A model whose mixers take one token per pass (Jamba) is fed its committed tokens one at a time; one without
+any attention layer (Mamba, Mamba-2) drafts too (its row slots count its tokens).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class DraftModel(ExpandingDrafter):
         draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless);
         lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
         try:  # the draft's cache is rolled back as a target's is
-            check_rollback(model)
+            check_rollback(model, drafting=True)
         except ValueError as err:
             raise ValueError(f"this draft model cannot draft trees: {err}") from None
         self._one_token = one_token_at_a_time(model.config)  # committed tokens fed one per pass (Jamba)

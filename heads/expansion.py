@@ -292,6 +292,18 @@ class ExpandingDrafter(Drafter):
         self._rows(batch)
         self._fill_for_timing(torch.zeros(batch, past_len, dtype=torch.long, device=device))
         self.slots.append(past_len)
+        if self._path_rows is not None:  # a recurrent draft: n_tokens rows of the root, its state restored after
+            self.check_batch(batch)
+            self._path_rows.start()
+            grown = GrownNodes()
+            frontier = [grown.add(0, 0) for _ in range(n_tokens)]
+
+            @torch.no_grad()
+            def rows_depth():
+                self._expand_rows(grown, frontier, None)
+                self._path_rows.keep([])
+
+            return rows_depth
         tokens = torch.zeros(batch, n_tokens, dtype=torch.long, device=device)  # [b, F]
         mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=self.model.dtype, device=device)  # sees all
         positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
