@@ -133,7 +133,8 @@ class ExpandingDrafter(Drafter):
         """One cached forward over grown ``nodes`` (tokens [b, F]; node ids and their ``parents`` [b or 1, F])
         with the mask of ``treespec.cache.attention_masks`` or ``RowSlots.mask`` (float [b or 1, 1, F,
         slots + K]; a dict of them keyed by layer type when sliding and full layers differ) and positions
-        [b or 1, F] → draft logits at those nodes [b, F, V]."""
+        [b or 1, F] → draft logits at those nodes [b, F, V]. A recurrent draft's rows (``_expand_rows``): tokens,
+        nodes and parents [F, 1], no mask and no positions (causal after the cache) → [F, 1, V]."""
         raise NotImplementedError
 
     # -- the batch's rows on the cache -------------------------------------------------------------
