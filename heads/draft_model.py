@@ -7,16 +7,25 @@ temperature > 0, the classic speculative-sampling chain), or, with a ``DynamicTr
 confidence-grown tree. A chain is the width-1 case, i.e. ordinary autoregressive drafting. The draft
 keeps its own KV cache: committed tokens it has already seen stay cached, the tree nodes it expanded
 are compacted to the accepted path after each step (treespec/cache.py).
+
+A hybrid draft model (gated delta nets, Mamba-2, short convolutions beside attention: every family
+treespec/recurrent.py verifies as a target) drafts the same trees, chains and branching, greedy and sampled,
+static and dynamic, one prompt at a time: each depth's frontier nodes are rows of its cache, each gathered from
+its parent's row (``treespec.recurrent.DraftRows``), and after the walk the cache holds the deepest accepted
+node's row, or the root's restored state with the accepted tokens fed again by the next step's first pass.
+A model whose mixers take one token per pass (Jamba) is fed its committed tokens one at a time; one without
+any attention layer (Mamba, Mamba-2) drafts too (its row slots count its tokens).
 """
 
 from __future__ import annotations
 
 import torch
 
-from treespec.cache import TreeCache, is_hybrid
+from treespec.cache import check_rollback, decoding_cache
 from treespec.compat import cache_arg
 from treespec.drafter import CANDIDATE_MODES
 from treespec.inputs import max_positions
+from treespec.recurrent import one_token_at_a_time, steps
 from treespec.reference import load_model
 from treespec.rows import gather_last
 from treespec.sampling import GREEDY, Sampling
@@ -36,10 +45,11 @@ class DraftModel(ExpandingDrafter):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0);
         draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless);
         lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
-        if is_hybrid(model.config):
-            raise ValueError(f"a {model.config.model_type} draft model has recurrent layers: its tree expansion "
-                             "feeds a whole depth of siblings per pass, which a recurrent state cannot take; use an "
-                             "attention-only draft (a hybrid TARGET is fine: treespec/recurrent.py)")
+        try:  # the draft's cache is rolled back as a target's is
+            check_rollback(model, drafting=True)
+        except ValueError as err:
+            raise ValueError(f"this draft model cannot draft trees: {err}") from None
+        self._one_token = one_token_at_a_time(model.config)  # committed tokens fed one per pass (Jamba)
         super().__init__(model, default_tree if default_tree is not None else Tree.chain(4), candidates)
         self.max_positions = max_positions(model.config)
         if draft_vocab is not None and getattr(model.config, "final_logit_softcapping", None):
@@ -67,12 +77,14 @@ class DraftModel(ExpandingDrafter):
         check_same_vocab(self.model, target, "draft model")
 
     def _new_cache(self):
-        return TreeCache(self.model.config)  # sliding-window drafts too (treespec/cache.py)
+        return decoding_cache(self.model.config)  # sliding-window and hybrid drafts too (treespec/cache.py)
 
     def _start(self, committed, feature):
         slots = self._rows(len(committed.lengths))
         pending, counts = committed.tails(slots.counts)  # [b, m]: each row's tokens not yet seen, root last
-        logits = self._logits(pending.to(self.model.device), **self._committed_inputs(counts))  # [b, m, V]
+        inputs = self._committed_inputs(counts)  # {} for one prompt (the only batch a recurrent draft takes)
+        feeds = steps(pending.to(self.model.device), self._one_token and slots.length > 0)
+        logits = torch.cat([self._logits(ids, **inputs) for ids in feeds], dim=1)  # [b, m, V]
         slots.append(pending.shape[1], counts)
         return gather_last(logits, counts)  # [b, V]
 

@@ -22,6 +22,12 @@ one of two ways:
 stay cached when their keys/values are what a sequential decode would hold (``keeps_expanded_path``),
 everything else is dropped (treespec/cache.py).
 
+**Recurrent drafts** (a hybrid draft model: gated delta nets, Mamba-2, short convolutions beside attention) cannot
+take a flattened depth: each frontier node is then one batch row of the drafter's cache, gathered from its
+parent's row, fed one token per row with no mask (``treespec.recurrent.DraftRows``); ``accept`` keeps the deepest
+accepted node's row when the last pass fed it, else restores the root's state, and the accepted tokens are fed
+again with the next ``_start``. One prompt at a time.
+
 **Batches.** Every forward runs over all rows at once: the committed tokens each row has not seen yet,
 right-padded to the longest, then one [b, F] forward per depth (F frontier nodes per row: the static tree's,
 or ``top_k`` per row for a dynamic tree, each row growing its own with the same node budget). The drafter's
@@ -36,6 +42,7 @@ import torch
 from treespec.cache import SlidingWindowLayer, attention_masks
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
+from treespec.recurrent import DraftRows, is_recurrent
 from treespec.rows import RowSlots, causal_rows
 from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
 from treespec.tree import Tree
@@ -87,12 +94,17 @@ class ExpandingDrafter(Drafter):
 
     def reset(self) -> None:
         self.cache = self._new_cache()
+        # a recurrent draft's cache: one row per frontier node (treespec/recurrent.py); None: tree masks
+        self._path_rows = DraftRows(self.cache) if any(is_recurrent(layer) for layer in self.cache.layers) else None
         self.slots: RowSlots | None = None  # the cache's rows (committed entries); made for the first batch
         self._expanded: list[list[int]] = []  # grown nodes whose keys/values follow them, in cache order: one
         #                                       list shared by every row (static tree) or one per row
         self._grown_of: list[list[int]] = []  # per row: grown node of each node of the last proposal's tree
 
     def check_batch(self, batch_size: int) -> None:
+        if batch_size > 1 and self._path_rows is not None:
+            raise ValueError(f"{type(self).__name__}'s model has recurrent layers, whose tree expansion takes one "
+                             "batch row per tree node (treespec/recurrent.py): it drafts for one prompt at a time")
         if batch_size > 1 and any(isinstance(layer, SlidingWindowLayer) for layer in self.cache.layers):
             raise ValueError(f"{type(self).__name__}'s model has sliding-window layers, whose windows count slots: "
                              "it drafts for one prompt at a time")
@@ -121,7 +133,8 @@ class ExpandingDrafter(Drafter):
         """One cached forward over grown ``nodes`` (tokens [b, F]; node ids and their ``parents`` [b or 1, F])
         with the mask of ``treespec.cache.attention_masks`` or ``RowSlots.mask`` (float [b or 1, 1, F,
         slots + K]; a dict of them keyed by layer type when sliding and full layers differ) and positions
-        [b or 1, F] → draft logits at those nodes [b, F, V]."""
+        [b or 1, F] → draft logits at those nodes [b, F, V]. A recurrent draft's rows (``_expand_rows``): tokens,
+        nodes and parents [F, 1], no mask and no positions (causal after the cache) → [F, 1, V]."""
         raise NotImplementedError
 
     # -- the batch's rows on the cache -------------------------------------------------------------
@@ -147,6 +160,8 @@ class ExpandingDrafter(Drafter):
     @torch.no_grad()
     def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposals:
         logits = self._start(committed, feature)[:, None]  # [b, 1, V]: the root is the only frontier node
+        if self._path_rows is not None:
+            self._path_rows.start()
         if isinstance(tree, DynamicTree):
             if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
                 raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={self.candidates!r} "
@@ -160,6 +175,8 @@ class ExpandingDrafter(Drafter):
         per row), whose keys/values join the cache after the nodes expanded before them; each sees the row's
         committed entries, its expanded ancestors and itself. ``tokens`` [b, F]: the frontier's tokens in each
         row (None: those ``grown`` holds, one entry per row)."""
+        if self._path_rows is not None:
+            return self._expand_rows(grown[0], frontiers[0], tokens)
         device = self.model.device
         kv_nodes = [done + frontier for done, frontier in zip(self._expanded, frontiers, strict=True)]
         # [b or 1, F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
@@ -182,6 +199,19 @@ class ExpandingDrafter(Drafter):
         logits = self._forward_nodes(tokens.to(device), nodes, parents, mask, positions[:, -width:])
         self._expanded = kv_nodes
         return logits
+
+    def _expand_rows(self, grown: GrownNodes, frontier: list[int], tokens: torch.Tensor | None) -> torch.Tensor:
+        """``_expand`` for a recurrent draft (one prompt): frontier node j is cache row j, gathered from its parent's
+        row, fed its one token → draft logits [1, F, V]. Every row holds the same number of entries (the past and its
+        path), so the model's own causal positions and masks are right."""
+        device = self.model.device
+        parents = [grown.parents[f] for f in frontier]
+        self._path_rows.gather(parents)
+        tokens = torch.tensor([grown.tokens[f] for f in frontier]) if tokens is None else tokens[0]  # [F]
+        logits = self._forward_nodes(tokens.to(device)[:, None], torch.tensor(frontier, device=device)[:, None],
+                                     torch.tensor(parents, device=device)[:, None], None, None)  # [F, 1, V]
+        self._path_rows.fed(frontier)
+        return logits.transpose(0, 1)
 
     def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposals:
         """Every row grows ``tree``'s shape, with its own tokens (one forward per depth for all rows)."""
@@ -263,6 +293,18 @@ class ExpandingDrafter(Drafter):
         self._rows(batch)
         self._fill_for_timing(torch.zeros(batch, past_len, dtype=torch.long, device=device))
         self.slots.append(past_len)
+        if self._path_rows is not None:  # a recurrent draft: n_tokens rows of the root, its state restored after
+            self.check_batch(batch)
+            self._path_rows.start()
+            grown = GrownNodes()
+            frontier = [grown.add(0, 0) for _ in range(n_tokens)]
+
+            @torch.no_grad()
+            def rows_depth():
+                self._expand_rows(grown, frontier, None)
+                self._path_rows.keep([])
+
+            return rows_depth
         tokens = torch.zeros(batch, n_tokens, dtype=torch.long, device=device)  # [b, F]
         mask = torch.zeros(1, 1, n_tokens, past_len + n_tokens, dtype=self.model.dtype, device=device)  # sees all
         positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
@@ -279,6 +321,10 @@ class ExpandingDrafter(Drafter):
     def accept(self, paths: list[torch.Tensor], features) -> None:
         # Expanded nodes on a row's accepted path form a prefix of it (nodes are expanded depth by depth), in
         # cache order; path tokens not kept here are fed again by the next _start.
+        if self._path_rows is not None:  # one row: its accepted path's deepest fed node, or the root's state
+            path = [self._grown_of[0][i] for i in paths[0].tolist()] if self.keeps_expanded_path else []
+            self.slots.append(self._path_rows.keep(path))
+            return
         keeps = [[] for _ in paths]
         if self.keeps_expanded_path:
             for b, path in enumerate(paths):

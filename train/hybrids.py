@@ -80,7 +80,13 @@ HYBRIDS = [
     Hybrid("LFM2", "lfm2", "short convolution",
            {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "block_auto_adjust_ff_dim": False}),
 ]
-BY_NAME = {h.name: h for h in HYBRIDS}
+# recurrent-only families (no attention layer): refused as targets (treespec.cache.check_hybrid), drafts only
+RECURRENT_ONLY = [
+    Hybrid("Mamba", "mamba", "Mamba-1 (no attention)", {"num_hidden_layers": 2, "state_size": 8, "use_mambapy": False}),
+    Hybrid("Mamba-2", "mamba2", "Mamba-2 (no attention)",
+           {"num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "state_size": 8, "n_groups": 1, "chunk_size": 8}),
+]
+BY_NAME = {h.name: h for h in HYBRIDS + RECURRENT_ONLY}
 SAMPLING = ("Qwen3.5", "Nemotron-H")  # one gated-delta-net and one Mamba-2 family
 
 
@@ -93,7 +99,8 @@ def build(name: str, *, vocab: int = 64, hidden: int = 32, init_std: float = 0.2
                  num_key_value_heads=1, head_dim=16, max_position_embeddings=256, initializer_range=init_std,
                  pad_token_id=None, bos_token_id=None, eos_token_id=None)
     config = AutoConfig.for_model(family.model_type, **(sizes | family.kwargs))
-    config._attn_implementation = "sdpa"
+    if family not in RECURRENT_ONLY:  # whose models take no attention implementation
+        config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
 
@@ -104,6 +111,18 @@ def layers(name: str) -> str:
              "LinearAttentionAndFullAttentionLayer": "recurrent + attention"}
     return " / ".join(kinds.get(type(layer).__name__, type(layer).__name__)
                       for layer in DynamicCache(config=model.config).layers)
+
+
+def cache_states(cache) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a cache holds, cloned, with its kind: conv and recurrent states (a dict per layer, or one tensor on
+    older transformers), attention keys."""
+    out = []
+    for layer in cache.layers:
+        for name in ("conv_states", "recurrent_states", "keys"):
+            value = getattr(layer, name, None)
+            values = value.values() if isinstance(value, dict) else [value]
+            out += [(name, t.clone()) for t in values if isinstance(t, torch.Tensor)]
+    return out
 
 
 class NoisyOracle(Drafter):
@@ -169,15 +188,18 @@ def check_greedy(name: str, tree: str) -> str:
     return tau(out)
 
 
-def check_draft_model(name: str) -> str:
-    """A separate (attention-only) random draft model samples nothing: rejections at the first depth mostly."""
+def llama(vocab: int = 64, seed: int = 1):
+    """A tiny random attention-only Llama (one layer): the plain draft of a hybrid, or the plain target of one."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    target = build(name)
-    torch.manual_seed(1)
-    draft = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, initializer_range=0.2)).eval()
-    return tau(expect_greedy(target, DraftModel(draft), Tree.full(2, 2)))
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, initializer_range=0.2)).eval()
+
+
+def check_draft_model(name: str) -> str:
+    """A separate (attention-only) random draft model samples nothing: rejections at the first depth mostly."""
+    return tau(expect_greedy(build(name), DraftModel(llama()), Tree.full(2, 2)))
 
 
 def check_eagle(name: str, dynamic: bool = False) -> str:

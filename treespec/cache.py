@@ -237,8 +237,10 @@ def is_hybrid(config) -> bool:
     return bool(RECURRENT_LAYER_TYPES & set(types))
 
 
-def check_hybrid(config) -> None:
-    """Raise ValueError naming what treespec/recurrent.py cannot verify in a hybrid ``config``."""
+def check_hybrid(config, *, drafting: bool = False) -> None:
+    """Raise ValueError naming what treespec/recurrent.py cannot verify in a hybrid ``config`` (``drafting``: what
+    its ``DraftRows`` cannot draft with: the same, but a model without attention layers is fine, its drafter's row
+    slots counting its tokens)."""
     decoder = config.get_text_config(decoder=True)
     types, _ = layer_types_and_kwargs(decoder)
     if compat.release() < compat.HYBRID_MIN_VERSION:
@@ -253,27 +255,27 @@ def check_hybrid(config) -> None:
         reasons = "; ".join(f"{t!r} ({types.count(t)} of {len(types)} layers): "
                             f"{UNSUPPORTED_LAYERS.get(t, 'a cache layer type treespec does not know')}" for t in bad)
         raise ValueError(f"{config.model_type} cannot be verified with tree passes: {reasons}")
-    if not {"full_attention", "hybrid"} & set(types):
+    if not drafting and not {"full_attention", "hybrid"} & set(types):
         raise ValueError(f"{config.model_type} has no attention layer: treespec verifies recurrent layers only beside "
                          "attention ones (transformers' cache counts the tokens it holds by its attention layers)")
 
 
-def check_layer_types(config) -> str:
+def check_layer_types(config, *, drafting: bool = False) -> str:
     """"hybrid" (recurrent layers, verified by treespec/recurrent.py) or "attention" (a TreeCache holds every
-    layer); raises ValueError naming the layer types neither can roll back."""
+    layer); raises ValueError naming the layer types neither can roll back (``drafting``: in a draft model)."""
     if is_hybrid(config):
-        check_hybrid(config)
+        check_hybrid(config, drafting=drafting)
         return "hybrid"
     attention_layers(config)
     return "attention"
 
 
-def check_rollback(model) -> None:
+def check_rollback(model, *, drafting: bool = False) -> None:
     """Raise ValueError, naming the reason, if tree passes cannot be rolled back in ``model``'s state: cache
     layer types treespec does not handle (``attention_layers``; ``check_hybrid`` for recurrent ones), or a model
     transformers marks stateful whose layer types are all attention (it keeps its state elsewhere, and
-    transformers refuses assisted generation for it for the same reason)."""
-    if check_layer_types(model.config) == "hybrid":
+    transformers refuses assisted generation for it for the same reason). ``drafting``: as a draft model."""
+    if check_layer_types(model.config, drafting=drafting) == "hybrid":
         return
     if getattr(model, "_is_stateful", False):
         raise ValueError(f"{type(model).__name__} keeps a recurrent state (transformers marks it stateful) that every "
@@ -293,6 +295,12 @@ class TreeCache(DynamicCache):
         full = PreallocatedLayer if preallocate else DynamicLayer
         self.layers = [full() if w is None else SlidingWindowLayer(w) for w in windows]
         self.layer_types = getattr(config.get_text_config(decoder=True), "layer_types", None)
+
+
+def decoding_cache(config):
+    """The cache a model of ``config`` decodes tree passes over: a ``TreeCache``, or for a hybrid transformers' own
+    ``DynamicCache``, whose recurrent layers treespec/recurrent.py rolls back."""
+    return DynamicCache(config=config) if is_hybrid(config) else TreeCache(config)
 
 
 def check_filled(cache, length: int, model) -> None:

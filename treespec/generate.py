@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.attention import TreeAttention
-from treespec.cache import TreeCache, check_filled, is_hybrid
+from treespec.cache import TreeCache, check_filled, decoding_cache, is_hybrid
 from treespec.compat import cache_arg
 from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
@@ -163,7 +163,7 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     # sliding-window layers too can be rolled back (treespec/cache.py); a hybrid's recurrent layers keep
     # transformers' own cache layers, verified by treespec/recurrent.py
     hybrid = is_hybrid(run.target.config)
-    cache = DynamicCache(config=run.target.config) if hybrid else TreeCache(run.target.config)
+    cache = decoding_cache(run.target.config)
     # only the last position's logits are needed (a full-prompt [P, V] projection costs as much as a few steps)
     kwargs = prefill_kwargs(run.target)
     if mask is not None:  # left padding: transformers' own padding mask and positions (a row counts from 0)

@@ -37,6 +37,14 @@ in transformers starts its multi-token scan from a zero SSM state instead of the
 more than one token after a prefix is wrong (its own generate() only ever feeds one token at a time). Its
 rows are fed one depth at a time: D passes of R tokens each, lossless but with no verification speedup.
 
+**A hybrid drafter** (``DraftRows``) expands its tree the same way, one depth per pass: the cache holds one row per
+node of the last depth expanded (after the root's pass: one row), and the pass over depth d's frontier gathers each
+frontier node's row from its parent's (``select_rows``) and feeds one token per row, so every node's state and
+attention past are its own path's and no mask is needed (a chain is one row, token by token). After the walk the
+drafter's cache keeps the row of the deepest accepted node if the last pass fed it, else it is restored to the
+root's snapshot and the accepted tokens are fed again with the next step's committed ones (in that pass: no
+replay of its own).
+
 A batch of several prompts is refused for these targets (one prompt at a time), and so are sliding-window
 attention layers inside hybrid layers (``hybrid_sliding``), KV-shared layers and models without an attention
 layer (``cache.check_rollback``).
@@ -64,6 +72,16 @@ _STATES = ("conv_states", "recurrent_states")
 
 def is_recurrent(layer) -> bool:
     return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def one_token_at_a_time(config) -> bool:
+    """Whether ``config``'s mixers must be fed one token per pass after a prefix (``ONE_TOKEN_AT_A_TIME``)."""
+    return config.get_text_config(decoder=True).model_type in ONE_TOKEN_AT_A_TIME
+
+
+def steps(input_ids: torch.Tensor, one_token: bool) -> list[torch.Tensor]:
+    """``input_ids`` [b, n] as the passes that feed it: one, or n of one token each."""
+    return [input_ids[:, d : d + 1] for d in range(input_ids.shape[1])] if one_token else [input_ids]
 
 
 def _each(value, fn):
@@ -126,7 +144,7 @@ class RecurrentVerifier:
 
     def __init__(self, target, cache):
         self.cache = cache
-        self.one_token = target.config.get_text_config(decoder=True).model_type in ONE_TOKEN_AT_A_TIME
+        self.one_token = one_token_at_a_time(target.config)
         self.snapshot: Snapshot | None = None
         self.tokens: torch.Tensor | None = None  # [1, N]: the last pass's root and candidates
         self.rows: torch.Tensor | None = None
@@ -143,12 +161,9 @@ class RecurrentVerifier:
         if len(rows) > 1:
             select_rows(self.cache, torch.zeros(len(rows), dtype=torch.long))
         inputs = tokens[0][rows]  # [R, D]
-        if self.one_token:  # one depth per pass (ONE_TOKEN_AT_A_TIME)
-            outs = [forward(inputs[:, d : d + 1]) for d in range(inputs.shape[1])]
-            logits = torch.cat([o[0] for o in outs], dim=1)
-            features = None if outs[0][1] is None else torch.cat([o[1] for o in outs], dim=1)
-        else:
-            logits, features = forward(inputs)  # [R, D, V], [R, D, F]
+        outs = [forward(step) for step in steps(inputs, self.one_token)]  # one depth per pass: ONE_TOKEN_AT_A_TIME
+        logits = torch.cat([o[0] for o in outs], dim=1)  # [R, D, V]
+        features = None if outs[0][1] is None else torch.cat([o[1] for o in outs], dim=1)  # [R, D, F]
         self.tokens_fed += inputs.numel()
         # node i's outputs: its first row's, at its depth
         first_row = torch.full((tree.num_nodes,), -1, dtype=torch.long)
@@ -168,10 +183,47 @@ class RecurrentVerifier:
                 return
         self.snapshot.restore(self.cache)
         replayed = self.tokens[:, torch.tensor(keep, device=self.tokens.device)]  # [1, 1 + k]
-        if self.one_token:
-            for d in range(replayed.shape[1]):
-                replay(replayed[:, d : d + 1])
-        else:
-            replay(replayed)
+        for step in steps(replayed, self.one_token):
+            replay(step)
         self.tokens_fed += replayed.numel()
         self.replays += 1
+
+
+class DraftRows:
+    """A hybrid drafter's own cache while it expands a tree depth by depth, one prompt (module docstring).
+    ``nodes``: the tree node each cache row holds the state after (the last depth fed)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.snapshot: Snapshot | None = None
+        self.nodes: list[int] = []
+
+    def start(self) -> None:
+        """After the pass that fed the root: one row, the root's state, remembered for ``keep``."""
+        self.snapshot = Snapshot(self.cache)
+        self.nodes = [0]
+
+    def gather(self, parents: list[int]) -> None:
+        """Before a pass over frontier nodes: each one's row starts from its parent's row (``parents``: nodes
+        the last pass fed, or the root)."""
+        rows = [self.nodes.index(p) for p in parents]
+        if rows != list(range(len(self.nodes))):
+            select_rows(self.cache, torch.tensor(rows, dtype=torch.long))
+
+    def fed(self, frontier: list[int]) -> None:
+        """After that pass: row j holds the state after ``frontier[j]``."""
+        self.nodes = list(frontier)
+
+    def keep(self, path: list[int]) -> int:
+        """After the walk: the cache keeps the row of the deepest node of the accepted ``path`` (nodes in depth
+        order, root excluded) if the last pass fed it, else it is restored to the root's state. Returns how many
+        path nodes it then holds (their depth; 0 when restored), the rest to be fed again."""
+        for depth in range(len(path), 0, -1):
+            if path[depth - 1] in self.nodes:
+                if len(self.nodes) > 1:
+                    select_rows(self.cache, torch.tensor([self.nodes.index(path[depth - 1])]))
+                self.nodes = [path[depth - 1]]
+                return depth
+        self.snapshot.restore(self.cache)
+        self.nodes = [0]
+        return 0
