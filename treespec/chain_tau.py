@@ -163,6 +163,10 @@ def measure_chain_tau(target, drafter: Drafter, windows, *, depth: int, sampling
     the ``lead`` prompt tokens (the text decoding would verify). Off the decoding path: one drafting call per
     depth and two target passes per batch of contexts."""
     windows = [windows] if isinstance(windows, torch.Tensor) else list(windows)
+    try:
+        drafter.check_batch(max(w.shape[0] for w in windows))
+    except ValueError:  # a drafter that drafts one prompt at a time: one window after another
+        windows = [row[None] for w in windows for row in w]
     parts = []
     for batch in windows:
         length = batch.shape[1]
