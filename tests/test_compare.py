@@ -289,3 +289,32 @@ def test_acceptance_rules_side_by_side(tmp_path):
     assert acceptance_rules(OmegaConf.create({"acceptance": ["rejection", "traversal"]})) == ["rejection", "traversal"]
     with pytest.raises(ValueError, match="'greedy'"):
         acceptance_rules(OmegaConf.create({"acceptance": ["rejection", "greedy"]}))
+
+
+def test_sampled_chains_are_predicted_per_rule(tmp_path):
+    """A drafter that samples its candidates, with its chain τ measured (treespec/chain_tau.py): each rule's row is
+    predicted from that rule's closed form (traversal on a chain is block verification), tree=auto picks a chain
+    from it, and a branching tree is not predicted."""
+    from treespec.chain_tau import measure_chain_tau
+    from treespec.sampling import Sampling
+
+    target = tiny_llama(seed=0)
+    drafter = DraftModel(perturbed(target, 0.05), candidates="sample")
+    windows = torch.randint(0, 64, (4, 20), generator=torch.Generator().manual_seed(1))
+    chain = measure_chain_tau(target, drafter, windows, depth=3, sampling=Sampling(1.0), lead=8, cuts=2,
+                              generator=torch.Generator().manual_seed(0))
+    assert all(b >= r - 1e-6 for b, r in zip(chain.tau["block"], chain.tau["rejection"], strict=True))
+    drafters = [DrafterSpec("draft", drafter, chain_tau=chain)]
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(0))]
+    result = run_comparison(target, drafters, [{"kind": "chain", "depth": 2}, {"kind": "full", "width": 2, "depth": 2},
+                                               {"kind": "auto"}, {"kind": "accuracy", "nodes": 4}],
+                            prompts, max_new_tokens=6, temperature=1.0, cost_sizes=(1, 2, 4), peers=False,
+                            out_dir=tmp_path, log=lambda *_: None, acceptance=["rejection", "block", "traversal"])
+    rows = {r["config"]: r for r in result["records"]}
+    for rule, table in (("rejection", "rejection"), ("block", "block"), ("traversal", "block")):
+        assert rows[f"draft | chain γ=2 | {rule}"]["predicted_tau"] == pytest.approx(chain.tau[table][2])
+        auto = rows[f"draft | auto | {rule}"]  # a chain γ = 0..3 (γ = 0: no speculation)
+        assert auto["depth"] <= 3 and auto["predicted_tau"] == pytest.approx(chain.tau[table][auto["depth"]])
+    assert rows["draft | full 2×2 | traversal"]["predicted_tau"] is None
+    assert any("accuracy trees grow top-k ranks" in s["reason"] for s in result["skipped"])
+    assert result["chain_tau"]["draft"]["drafts"] == chain.drafts

@@ -23,6 +23,8 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from treespec import reference
+from treespec.chain_tau import measure_chain_tau
+from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
 from treespec.sampling import Sampling
@@ -45,6 +47,7 @@ REFERENCE_TARGET = "reference:target"
 REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "medusa", "eagle")  # drafters: null on the reference target
 SOURCES = ("reference", "jsonl", "dataset", "texts")
 LEAD = 16  # prompt tokens kept before each held-out continuation (train/data.py's own_continuations)
+CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
 
 
 def is_reference_target(cfg) -> bool:
@@ -208,6 +211,14 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         if candidates == "topk" and draft_vocab is None and windows() is not None:
             accuracy = rank_accuracy_on(kind, target, module, windows(), sampling)  # None: no fixed ranks to score
         drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
+        chain = None
+        if candidates in SAMPLED_CANDIDATES and not sampling.greedy and windows() is not None:
+            # sampled candidates: each rule's τ in closed form on chains drafted by the drafter itself
+            depth = min(CHAIN_DEPTH, kind.max_depth(module) or CHAIN_DEPTH)
+            chain = measure_chain_tau(target, drafter, windows(), depth=depth, sampling=sampling, lead=LEAD,
+                                      generator=torch.Generator().manual_seed(0))
+            log(f"predicted τ of {label}'s sampled chains γ = 0..{depth} ({chain.drafts} drafts): " + "; ".join(
+                f"{rule} " + " ".join(f"{t:.2f}" for t in chain.tau[rule]) for rule in chain.tau))
         # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
         # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
         # each other: the first call's extra cost is charged once per step
@@ -220,7 +231,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
                                  max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),
                                  drafting_step=step, entry={"name": entry.name, "source": entry.get("source"),
-                                                            "candidates": candidates}))
+                                                            "candidates": candidates}, chain_tau=chain))
     return specs
 
 

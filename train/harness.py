@@ -35,6 +35,7 @@ from treespec.autotree import (
     measure_prefill_curve,
     predict,
     predict_generation,
+    tau_source,
 )
 from treespec.bench import Config, Row, measure
 from treespec.compat import NO_EOS
@@ -60,6 +61,12 @@ class DrafterSpec:
     drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
     checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
+    chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
+
+    def tau_source(self, rule: str = "rejection"):
+        """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
+        (None where no closed form exists: typical acceptance), else the top-k rank accuracies."""
+        return self.chain_tau.source(rule) if self.chain_tau is not None else self.accuracy
 
 
 def expand_specs(specs) -> list[dict]:
@@ -93,14 +100,19 @@ def tree_file(config: str) -> str:
     return "trees/" + re.sub(r"[^A-Za-z0-9._=-]+", "_", config.replace(" | ", "__")).strip("_") + ".json"
 
 
-def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int, baseline: float | None = None):
-    """The tree this drafter verifies for ``spec``, or (None, reason) when it cannot fill it. ``curve``: the
-    drafter's cost curve; ``baseline``: vanilla's seconds per token (default the curve's one-token cost)."""
-    if spec.get("kind") in NEEDS_ACCURACY and d.accuracy is None:
-        return None, f"{d.name} has no measured accuracies"
+def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int, baseline: float | None = None,
+                 rule: str = "rejection"):
+    """The tree this drafter verifies for ``spec`` under acceptance ``rule``, or (None, reason) when it cannot fill
+    it. ``curve``: the drafter's cost curve; ``baseline``: vanilla's seconds per token (default the curve's
+    one-token cost)."""
+    source = d.tau_source(rule)
+    if spec.get("kind") in NEEDS_ACCURACY and source is None:
+        return None, f"{d.name} has no measured accuracies" + (f" (no closed-form τ for {rule})" if d.chain_tau else "")
+    if spec.get("kind") == "accuracy" and d.chain_tau is not None:
+        return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
-    tree = build_tree(spec, accuracy=d.accuracy,
+    tree = build_tree(spec, accuracy=source,
                       choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
@@ -268,7 +280,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
     configs, meta, skipped = [], {}, []
     for d, spec, rule in itertools.product(drafters, expand_specs(tree_specs), rules):
-        tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline)
+        tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline, rule=rule)
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
             tree, reason = None, "block verification verifies chains"
@@ -277,9 +289,11 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
             continue
         configs.append(Config(name, d.drafter, tree, acceptance=rule))
-        pred = predict(tree, d.accuracy, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
+        # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
+        source = d.tau_source(rule)
+        pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
                        baseline=baseline) \
-            if d.accuracy is not None and isinstance(tree, Tree) else None
+            if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None
         # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
         whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
                                                      baseline) for p in prompt_info) if pred else None
@@ -317,6 +331,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "records": records, "skipped": skipped,
             "best": max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla",
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
+            "chain_tau": {d.name: {"tau": d.chain_tau.tau, "stderr": d.chain_tau.stderr, "drafts": d.chain_tau.drafts}
+                          for d in drafters if d.chain_tau is not None},
             "peers": None, "wall_s": time.perf_counter() - started,
         }
 

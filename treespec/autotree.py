@@ -7,10 +7,13 @@ the drafter's accuracy *and* the device. So:
 
     predicted speedup(tree) = τ(tree) / [(cost(N) + draft cost(tree)) / cost(1)]
 
-with τ from the drafter's measured per-depth top-k accuracies (analysis.expected_tree_tokens_from_rank
-_accuracy), cost(N) from the measured cost curve, and candidate trees grown greedily by accuracy
+with cost(N) from the measured cost curve and τ and the candidate trees from a τ source (one chooser, two
+strategies): ``RankAccuracy``, the drafter's measured per-depth top-k accuracies
+(analysis.expected_tree_tokens_from_rank_accuracy) with candidate trees grown greedily by accuracy
 (analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
-al. 2024, optimises the same trade-off with a hardware-aware search).
+al. 2024, optimises the same trade-off with a hardware-aware search); or ``ChainTable``, chains γ = 0..D with
+each acceptance rule's τ measured in closed form on sampled drafts (treespec/chain_tau.py: token-level
+rejection, Sun et al. 2024's block verification), for drafters that sample their candidates.
 
 A whole generation also pays the prefill, which speculation does not shorten: ``predict_generation``
 turns a per-step prediction into the speedup of one prompt's generation (its prompt length, its number
@@ -89,16 +92,61 @@ class Prediction:
     speedup: float          # predicted tokens/s over vanilla decoding
 
 
+class RankAccuracy:
+    """τ from per-depth top-k rank accuracies acc[d][r] (Medusa's estimate, depths independent): the trees are
+    the accuracy-grown ones at every node budget 0..max_nodes (analysis.grow_tree)."""
+
+    def __init__(self, accuracy):
+        self.accuracy = accuracy
+
+    def trees(self, max_nodes: int) -> list[Tree]:
+        acc = self.accuracy
+        max_paths = sum(math.prod(len(row) for row in acc[:d]) for d in range(1, len(acc) + 1))
+        return [grow_tree(acc, b) for b in range(0, min(max_nodes, max_paths) + 1)]
+
+    def predicts(self, tree: Tree) -> bool:
+        return True  # expected_tree_tokens_from_rank_accuracy names a tree it cannot cover
+
+    def tau(self, tree: Tree) -> float:
+        return expected_tree_tokens_from_rank_accuracy(tree, self.accuracy)
+
+
+class ChainTable:
+    """τ[γ] of chains γ = 0..D measured for one acceptance rule (treespec.chain_tau: the closed form per sampled
+    draft, averaged over drafts): the trees are those chains. Branching trees are not predicted (no closed form
+    for traversal verification of a tree here)."""
+
+    def __init__(self, tau: list[float], rule: str = ""):
+        self.table, self.rule = [float(t) for t in tau], rule
+
+    def trees(self, max_nodes: int) -> list[Tree]:
+        return [Tree.chain(g) for g in range(0, min(max_nodes, len(self.table) - 1) + 1)]
+
+    def predicts(self, tree: Tree) -> bool:
+        return tree.is_chain and tree.depth < len(self.table)
+
+    def tau(self, tree: Tree) -> float:
+        if not self.predicts(tree):
+            raise ValueError(f"{tree!r}: chain τ is measured for chains of depth <= {len(self.table) - 1} only")
+        return self.table[tree.depth]
+
+
+def tau_source(accuracy) -> RankAccuracy | ChainTable:
+    """What τ predictions come from: a source as is, or rank accuracies acc[d][r] (RankAccuracy)."""
+    return accuracy if isinstance(accuracy, (RankAccuracy, ChainTable)) else RankAccuracy(accuracy)
+
+
 def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth: float = 0.0,
             draft_cost_fixed: float = 0.0, baseline: float | None = None) -> Prediction:
-    """Predicted τ and speedup of ``tree``. Drafting costs ``draft_cost_fixed`` + depth × per-depth seconds
+    """Predicted τ and speedup of ``tree``. ``accuracy``: rank accuracies acc[d][r], or a ``tau_source`` (a
+    ``ChainTable`` for sampled chains). Drafting costs ``draft_cost_fixed`` + depth × per-depth seconds
     (a draft model runs one forward per depth; Medusa heads one call in all). ``baseline``: seconds per token
     of vanilla decoding (default the curve's one-token cost; pass the target-alone cost when ``curve`` was
     timed between drafting calls)."""
     baseline = cost_at(curve, 1) if baseline is None else baseline
     if not len(tree):  # no candidates: nothing is drafted, so this is vanilla decoding
         return Prediction(tree, 1.0, baseline, 1.0)
-    tau = expected_tree_tokens_from_rank_accuracy(tree, accuracy)
+    tau = tau_source(accuracy).tau(tree)
     step = cost_at(curve, tree.num_nodes) + draft_cost_fixed + tree.depth * draft_cost_per_depth
     return Prediction(tree, tau, step, tau * baseline / step)
 
@@ -118,20 +166,20 @@ def predict_generation(pred: Prediction, prompt_tokens: int, new_tokens: int, pr
 
 def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,
                 draft_cost_fixed: float = 0.0, baseline: float | None = None) -> tuple[Prediction, list[Prediction]]:
-    """The accuracy-grown tree (budgets 0..max_nodes) with the highest predicted speedup, and all
-    candidates' predictions. Budget 0 is no speculation at all: when no tree is predicted to beat vanilla
+    """The candidate tree with the highest predicted speedup, and all candidates' predictions. ``accuracy``:
+    rank accuracies (the accuracy-grown trees, budgets 0..max_nodes) or a ``tau_source`` (a ``ChainTable``:
+    chains γ = 0..D). Budget 0 / γ = 0 is no speculation at all: when no tree is predicted to beat vanilla
     decoding (a drafter that rarely agrees with the target at this temperature), "auto" does not draft."""
-    max_paths = sum(math.prod(len(row) for row in accuracy[:d]) for d in range(1, len(accuracy) + 1))
-    budgets = range(0, min(max_nodes, max_paths) + 1)
-    preds = [predict(grow_tree(accuracy, b), accuracy, curve, draft_cost_per_depth, draft_cost_fixed, baseline)
-             for b in budgets]
+    source = tau_source(accuracy)
+    preds = [predict(tree, source, curve, draft_cost_per_depth, draft_cost_fixed, baseline)
+             for tree in source.trees(max_nodes)]
     return max(preds, key=lambda p: p.speedup), preds
-
 
 
 def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
                  baseline: float | None = None):
-    """The ``choose(accuracy, max_nodes) -> Tree`` that tree_spec.build_tree needs for kind "auto"."""
+    """The ``choose(accuracy, max_nodes) -> Tree`` that tree_spec.build_tree needs for kind "auto" (``accuracy``:
+    rank accuracies or a ``tau_source``, see ``choose_tree``)."""
     def choose(accuracy, max_nodes: int) -> Tree:
         best, _ = choose_tree(accuracy, curve, max_nodes=max_nodes, draft_cost_per_depth=draft_cost_per_depth,
                               draft_cost_fixed=draft_cost_fixed, baseline=baseline)

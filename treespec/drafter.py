@@ -160,6 +160,9 @@ class Drafter:
     #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
     #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
     accuracy: list[list[float]] | None = None
+    #: each rule's measured τ of sampled chains γ = 0..D (treespec.chain_tau.measure_chain_tau at the decoding
+    #: sampling): what "auto" chooses from when candidates are sampled (treespec.tree_spec.drafter_accuracy)
+    chain_tau = None
     #: (accuracy, max_nodes) → the Tree kind "auto" verifies: treespec.autotree.auto_chooser on this device's
     #: cost curve (a trained drafter's cost_curve.json, treespec.autotree.saved_chooser); None: no curve
     tree_chooser = None

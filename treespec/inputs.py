@@ -223,12 +223,13 @@ def check_target(target) -> None:
                          "on CPU")
 
 
-def check_tree(tree, drafter) -> Tree | DynamicTree:
+def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None) -> Tree | DynamicTree:
     if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
-        tree = build_tree(tree, drafter=drafter)  # accuracy kinds use the drafter's own measurements
+        # accuracy kinds use the drafter's own measurements (for "auto", under this rule and sampling)
+        tree = build_tree(tree, drafter=drafter, acceptance=acceptance, sampling=sampling)
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if drafter is None:
@@ -278,7 +279,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     pad = pad_id(target, pad_token_id, eos_ids)
     given, mask = check_input_ids(input_ids, target, attention_mask, pad)
     lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()
-    tree = check_tree(tree, drafter)
+    tree = check_tree(tree, drafter, acceptance, sampling)
     check_target(target)
     check_batch(target, drafter, given.shape[0])
     vocab = vocab_size(target)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from treespec.analysis import grow_tree
+from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.dynamic_tree import DynamicTree
 from treespec.tree import Tree, write_spec
 
@@ -60,19 +61,22 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
     return spec
 
 
-def build_tree(spec, accuracy=None, choose=None, drafter=None) -> Tree | DynamicTree:
+def build_tree(spec, accuracy=None, choose=None, drafter=None, acceptance: str = "rejection",
+               sampling=None) -> Tree | DynamicTree:
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
-    "accuracy" and "auto"); ``choose(accuracy, max_nodes) -> Tree`` picks the "auto" tree (it needs the
-    device's cost curve, see treespec.autotree.auto_chooser). Without them, a ``drafter``'s own
-    ``accuracy`` and ``tree_chooser`` are used (module docstring)."""
+    "accuracy" and "auto"), or for "auto" a τ source (treespec.autotree.tau_source); ``choose(accuracy,
+    max_nodes) -> Tree`` picks the "auto" tree (it needs the device's cost curve, see
+    treespec.autotree.auto_chooser). Without them, a ``drafter``'s own are used (``drafter_accuracy``: its
+    measured chain τ under ``acceptance`` at ``sampling`` when it samples candidates, else its ``accuracy``;
+    and its ``tree_chooser``)."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
     kind = spec["kind"]
     if drafter is not None and kind in NEEDS_ACCURACY:
-        accuracy = accuracy if accuracy is not None else drafter.accuracy
+        accuracy = accuracy if accuracy is not None else drafter_accuracy(drafter, kind, acceptance, sampling)
         choose = choose if choose is not None else drafter.tree_chooser
     try:
         if kind == "chain":
@@ -95,6 +99,18 @@ def build_tree(spec, accuracy=None, choose=None, drafter=None) -> Tree | Dynamic
         return choose(accuracy, _int(spec["max_nodes"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad tree spec {spec}: {err}") from None
+
+
+def drafter_accuracy(drafter, kind: str, acceptance: str, sampling):
+    """What a drafter's "auto" tree is predicted from: for sampled candidates with a measured ``chain_tau``
+    (treespec.chain_tau), chains with ``acceptance``'s closed-form τ (none for a rule without one, e.g. typical:
+    the rank accuracies, as before); otherwise its top-k rank accuracies."""
+    measured = getattr(drafter, "chain_tau", None)
+    if kind == "auto" and measured is not None and drafter.candidates in SAMPLED_CANDIDATES:
+        source = measured.source(acceptance, sampling)
+        if source is not None:
+            return source
+    return drafter.accuracy
 
 
 def _normalized(spec) -> dict:
