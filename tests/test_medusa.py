@@ -115,7 +115,11 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", "drafter=medusa2", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6",
               "drafter.heads_warmup_steps=20", "trainer.max_steps=40", "logger=none", "eval.expected_tau=null"]
-    heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=25"]))
+    heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=20"]))
+    original, _ = load_model(str(target_dir))
+    warmed = load_file(tmp_path / "a" / "ckpt-20" / "state.safetensors")  # the heads-only stage's end
+    backbone = {k[len("model.backbone."):]: v for k, v in warmed.items() if k.startswith("model.backbone.")}
+    assert backbone and all(torch.equal(v, original.state_dict()[k]) for k, v in backbone.items())  # untouched
     resumed = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
     whole = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}"]))
     assert whole["steps"] == resumed["steps"] == 40
@@ -123,7 +127,6 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
         a, b = (load_file(tmp_path / r / "final" / name) for r in "ab")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
-    original, _ = load_model(str(target_dir))
     tuned, _ = load_model(str(tmp_path / "b" / "final" / "target"))  # a stock model folder, tokenizer included
     before, after = original.state_dict(), tuned.state_dict()
     assert any(not torch.equal(before[k], after[k].to(before[k].dtype)) for k in before)  # the target was trained

@@ -29,10 +29,11 @@ def medusa_loss(target, heads: MedusaHeads, batch, decay: float) -> tuple[torch.
 
 
 def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, loss_mask: torch.Tensor | None,
-               decay: float) -> tuple[torch.Tensor, dict]:
+               decay: float, projections=None) -> tuple[torch.Tensor, dict]:
     """Σ_k decay^k · CE_k of the heads on ``hidden`` [b, s, h], the target's last hidden states over
-    ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None."""
-    logits = heads(hidden)  # [K, b, s, V]
+    ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None; ``projections``: the heads'
+    vocabulary projections in place of their own (``MedusaHeads.forward``)."""
+    logits = heads(hidden, projections=projections)  # [K, b, s, V]
     s = hidden.shape[1]
     total, metrics = 0.0, {}
     for k in range(heads.num_heads):

@@ -68,6 +68,11 @@ class JointMedusa(nn.Module):
     def original(self):
         return self._original[0]
 
+    def frozen_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The backbone's lm_head without gradients to its weight: the warm-up's projection."""
+        head = self.backbone.get_output_embeddings()
+        return F.linear(hidden, head.weight.detach(), None if head.bias is None else head.bias.detach())
+
     # -- the training loop's hooks (train/loop.py) ------------------------------------------------------------
     def set_step(self, step: int) -> None:
         """Heads alone until ``heads_warmup_steps``, then jointly: a pure function of the step (exact resume)."""
@@ -93,7 +98,11 @@ class JointMedusa(nn.Module):
         inputs = tokens[:, :-1]  # [b, s]
         with torch.set_grad_enabled(self.joint and torch.is_grad_enabled()):
             hidden = self.backbone.base_model(input_ids=inputs).last_hidden_state  # [b, s, h]
-        heads_term, metrics = heads_loss(self.heads, hidden, tokens, loss_mask, self.settings["loss_decay"])
+        # the heads project through the backbone's lm_head, which the warm-up leaves frozen too (Medusa-1)
+        shared = self.heads.projections is None
+        projections = [self.frozen_lm_head] * self.heads.num_heads if shared and not self.joint else None
+        heads_term, metrics = heads_loss(self.heads, hidden, tokens, loss_mask, self.settings["loss_decay"],
+                                         projections)
         if not (self.joint or measure_lm):
             return heads_term, metrics
         lm, metrics_lm = self.lm_terms(hidden, tokens, loss_mask)
