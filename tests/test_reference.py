@@ -62,6 +62,24 @@ def test_shipped_medusa_heads_load_and_decode_losslessly(models):
     assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.0
 
 
+def test_shipped_medusa2_pairs_heads_with_its_fine_tuned_target(models):
+    """Medusa-2's heads decode losslessly against ITS target (transformers' greedy of the fine-tuned model), which
+    was trained: its weights differ from the reference target's, its size does not."""
+    from treespec.heads import load
+
+    target, _, tokenizer = models
+    tuned, _ = reference.load_model("reference:medusa2/target")
+    assert sum(p.numel() for p in tuned.parameters()) == sum(p.numel() for p in target.parameters())
+    assert not torch.equal(tuned.model.layers[0].mlp.up_proj.weight, target.model.layers[0].mlp.up_proj.weight)
+    drafter = load("reference:medusa2", tuned)
+    prompt = tokenizer(reference.prompts()[2], return_tensors="pt").input_ids
+    expected = tuned.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                              pad_token_id=tokenizer.pad_token_id)
+    out = generate(tuned, prompt, drafter=drafter, tree=Tree.full(2, 2), max_new_tokens=24,
+                   eos_token_id=tokenizer.eos_token_id)
+    assert torch.equal(out.sequences, expected[:, : out.sequences.shape[1]]) and out.mean_accept_length > 1.0
+
+
 def test_shipped_eagle_loads_and_decodes_losslessly(models):
     import json
 
