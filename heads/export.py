@@ -13,7 +13,7 @@ medusa         refused                                     refused              
 Each folder holds exactly the files that consumer reads (``config.json`` and one weight file:
 ``model.safetensors``, or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1,
 ``medusa_lm_head.pt`` for Medusa-1). The tensors carry the consumer's names, the config its architecture
-name, aux-layer ids in its convention (heads/upstream_eagle3.py), RoPE as ``rope_parameters`` mirrored into
+name, aux-layer ids in its convention (heads/eagle3/upstream.py), RoPE as ``rope_parameters`` mirrored into
 ``rope_theta`` / ``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as
 its loader builds them (zeros where it expects one the drafter lacks). What a consumer cannot represent is
 refused with the reason (``Refused``, a ValueError): a treespec-variant or fused EAGLE-1 drafter, a nonzero
@@ -30,15 +30,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from treespec.drafter import Drafter
+from treespec.heads import registry
 from treespec.io import atomic_write, atomic_write_json
-
-from .eagle3_model import Eagle3Model
-from .eagle_model import EagleModel
-from .medusa import MedusaHeads
-from .upstream import Refused
-from .upstream_eagle import eagle_to_upstream
-from .upstream_eagle3 import eagle3_to_upstream
-from .upstream_medusa import medusa_to_upstream
 
 CONSUMERS = ("sglang", "vllm", "speculators", "eagle", "medusa")
 # files an export may find in its folder and replace: any other weight or drafter file there is refused
@@ -48,16 +41,18 @@ FOREIGN = ("*.safetensors", "*.bin", "*.pt", "*.index.json", "*_config.json")
 
 def module_of(drafter_or_module) -> nn.Module:
     """The module inside a Drafter (Eagle / Eagle3: ``.model``; Medusa: ``.heads``), or the module itself."""
+    exportable = tuple(k.module_type for k in registry.KINDS if k.upstream_format)
+    names = ", ".join(t.__name__ for t in exportable)
     if isinstance(drafter_or_module, Drafter):
         for name in ("model", "heads"):
             inner = getattr(drafter_or_module, name, None)
-            if isinstance(inner, EagleModel | Eagle3Model | MedusaHeads):
+            if isinstance(inner, exportable):
                 return inner
         raise TypeError(f"{type(drafter_or_module).__name__} has no weights to export")
-    if isinstance(drafter_or_module, EagleModel | Eagle3Model | MedusaHeads):
+    if isinstance(drafter_or_module, exportable):
         return drafter_or_module
     raise TypeError(f"cannot export a {type(drafter_or_module).__name__}: give an Eagle, Eagle3 or Medusa drafter or "
-                    "its EagleModel, Eagle3Model or MedusaHeads")
+                    f"its {names}")
 
 
 def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
@@ -67,20 +62,8 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
         raise ValueError(f"to must be one of {CONSUMERS}, got {to!r}")
     module = module_of(drafter_or_module)
     module.check_fits(target)
-    if isinstance(module, Eagle3Model):
-        if to == "medusa":
-            raise Refused("an EAGLE-3 drafter cannot be written as Medusa heads")
-        config, tensors = eagle3_to_upstream(module, target, to, verifier=verifier,
-                                             speculative_tokens=speculative_tokens)
-        return config, tensors, "model.safetensors"
-    if isinstance(module, EagleModel):
-        if to in ("speculators", "medusa"):
-            raise Refused(f"{to} cannot hold an EAGLE-1 drafter (vLLM reads speculators' eagle3 format only)"
-                          if to == "speculators" else "an EAGLE drafter cannot be written as Medusa heads")
-        config, tensors = eagle_to_upstream(module, target, to)
-        return config, tensors, "pytorch_model.bin" if to == "eagle" else "model.safetensors"
-    config, tensors = medusa_to_upstream(module, target, to, verifier=verifier)
-    return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
+    return registry.kind_of(module).to_upstream(module, target, to, verifier=verifier,
+                                                speculative_tokens=speculative_tokens)
 
 
 @torch.no_grad()

@@ -1,13 +1,15 @@
 """What a drafter kind is: one object that knows how to load its trained module, make the Drafter generate()
-takes, measure its per-depth rank accuracy, and time its drafting. Each drafter module declares its own
-(``KIND``: draft_model, prompt_lookup, medusa, eagle, eagle3; heads/load.py's ``AUTO`` for any checkpoint);
-heads/registry.py lists them by name for training, the comparison and the scripts.
+takes, measure its per-depth rank accuracy, time its drafting, read and write its checkpoints in other
+projects' layouts, and train it. This is the base; each kind's folder declares its own in ``heads/<kind>/kind.py``
+(the same concept, one layer down), and heads/registry.py lists them by name for training, the comparison, the
+loader and the scripts.
 
     kind = registry.get("eagle")
     module = kind.load("reference:eagle", target)               # the trained module (None: no weights)
     drafter = kind.make(module, candidates="sample")            # the Drafter
     acc = kind.rank_accuracy(target, module, windows)           # acc[d][r] (heads/accuracy.py), or None
     fixed, per_depth = kind.cost(drafter)                       # seconds, for predicted speedups
+    recipe = kind.recipe(cfg, target, train_tokens)             # its training objective (heads/objective.py)
 """
 
 from __future__ import annotations
@@ -17,9 +19,24 @@ from collections.abc import Callable
 from torch import nn
 
 from treespec.drafter import Drafter
+from treespec.heads.vocab import DraftVocab
 from treespec.timing import median_time
 
-from .vocab import DraftVocab
+
+# -- cost timing: not part of the Drafter interface (the loop never calls it); the drafters that run a model
+# (heads/expansion.py's ExpandingDrafter, Medusa) implement ``drafting_step(past_len, n_tokens, batch)``: one of
+# their drafting calls on placeholder inputs, as they draft: one depth of ``n_tokens`` frontier nodes per row after
+# ``past_len`` cached entries, or one whole proposal for a drafter that ``fills_tree_at_once``. It may leave
+# per-sequence state behind: call ``reset()`` when done with it.
+def drafting_step(drafter: Drafter, batch: int = 1) -> Callable[[], object] | None:
+    """``drafter``'s timing call for ``batch`` rows; None for a drafter that runs no model (nothing to time)."""
+    step = getattr(drafter, "drafting_step", None)
+    return step(batch=batch) if step is not None else None
+
+
+def fills_tree_at_once(drafter: Drafter) -> bool:
+    """Whether one drafting call of ``drafter`` fills the whole tree (Medusa's heads) rather than one depth."""
+    return bool(getattr(drafter, "fills_tree_at_once", False))
 
 
 class DrafterKind:
@@ -34,6 +51,13 @@ class DrafterKind:
     candidate_modes: tuple[str, ...] = ("topk",)
     #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec, heads/vocab.py)
     reduces_vocab: bool = False
+    #: the class of its trained module; a module names its kind (``module.kind``), and export and the "auto" kind
+    #: drive it by that name
+    module_type: type | None = None
+    #: the name of the upstream layout it reads and writes (``load(format=...)``); None: treespec's folders only
+    upstream_format: str | None = None
+    #: whether its upstream checkpoints must come with a config.json
+    needs_config_json: bool = False
 
     def __repr__(self) -> str:
         return f"<drafter kind {self.name!r}>"
@@ -67,10 +91,9 @@ class DrafterKind:
         return None
 
     def drafting_step(self, drafter: Drafter, batch: int = 1) -> Callable[[], object] | None:
-        """A call that runs one drafting call of ``drafter`` for ``batch`` rows (what ``cost`` times;
-        ``Drafter.drafting_step``), to time target passes after it; None: it has no weights to push the target's
-        out of the caches."""
-        return drafter.drafting_step(batch=batch)
+        """A call that runs one drafting call of ``drafter`` for ``batch`` rows (what ``cost`` times), to time
+        target passes after it; None: it has no weights to push the target's out of the caches."""
+        return drafting_step(drafter, batch)
 
     def cost(self, drafter: Drafter, before: Callable[[], object] | None = None, batch: int = 1
              ) -> tuple[float, float]:
@@ -83,4 +106,47 @@ class DrafterKind:
             return 0.0, 0.0
         seconds = median_time(step, before=before)
         drafter.reset()
-        return (seconds, 0.0) if drafter.fills_tree_at_once else (0.0, seconds)
+        return (seconds, 0.0) if fills_tree_at_once(drafter) else (0.0, seconds)
+
+    # -- checkpoints (heads/detect.py finds the kind, heads/registry.py's ``load`` and heads/export.py call these) --
+    def load_folder(self, folder, config: dict, target) -> nn.Module:
+        """The module of a treespec folder of this kind (``{kind}_config.json`` is ``config``)."""
+        return self.load(folder, target)
+
+    def detects(self, weights: dict, config: dict, where: str) -> bool:
+        """Whether ``weights`` (and ``config.json``'s ``config``) are this kind's upstream layout."""
+        return False
+
+    def from_upstream(self, weights: dict, config: dict, target, where: str, **options) -> nn.Module:
+        """The module of an upstream checkpoint this kind ``detects``; ``options``: the loader's per-format
+        keywords (EAGLE-3's ``aux_layers``, ``written_by``)."""
+        raise NotImplementedError
+
+    def to_upstream(self, module, target, to: str, *, verifier: str | None, speculative_tokens: int
+                    ) -> tuple[dict, dict, str]:
+        """(config.json, tensors, weight file name) of ``module`` in consumer ``to``'s layout; a consumer that
+        cannot hold it raises ``upstream_common.Refused`` with the reason."""
+        raise NotImplementedError
+
+    # -- training (train/training/drafter_job.py asks the kind; heads/<kind>/objective.py holds the losses) ---------
+    @property
+    def trainable(self) -> bool:
+        return type(self).recipe is not DrafterKind.recipe
+
+    def recipe(self, cfg, target, train_tokens=None):
+        """Its training objective for the job's config ``cfg`` (a ``heads.objective.Recipe``); ``train_tokens``:
+        the training stream, for recipes that need its statistics (EAGLE-3's draft vocabulary)."""
+        raise ValueError(f"drafter {self.name!r} cannot be trained here")
+
+    def target_layers(self, d, num_hidden_layers: int) -> tuple[int, ...]:
+        """The target hidden states it reads besides the last one (``d``: its drafter config): what offline
+        features must hold."""
+        return ()
+
+    def check_training(self, cfg, world_size: int) -> None:
+        """Refuse, before any model loads, settings this kind cannot train with (``world_size``: processes)."""
+
+    @property
+    def loads_as(self) -> str:
+        """The kind its trained folder loads as (Medusa-2's heads are Medusa heads)."""
+        return self.name

@@ -1,25 +1,77 @@
-"""The drafter registry: every drafter kind by name (heads/kind.py: how to load it, make it a Drafter, measure
-its per-depth rank accuracy and its drafting cost, each declared by its own module). Training
-(treespec.train.train_heads), the comparison (treespec.train.compare) and the scripts look drafters up here and
-nowhere else; conf/drafter/<name>.yaml describes each one's settings once.
+"""The drafter registry: every drafter kind by name, the one place a kind is registered (heads/kind.py: how to
+load it, make it a Drafter, measure its rank accuracy and drafting cost, read and write its checkpoints, train
+it; each kind's folder declares its own in heads/<kind>/kind.py). Training (treespec.train.training.drafter_job),
+the comparison (treespec.train.compare.job), the loader and the scripts look drafters up here and nowhere else;
+conf/drafter/<name>.yaml describes each one's settings once. Adding a kind: its folder, and one line in KINDS.
 
     kind = registry.get("eagle")
     drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
-    drafter = registry.build("auto", target, source="/path/to/any/checkpoint")   # = treespec.heads.load
+    drafter = load("/path/to/any/checkpoint", target)              # the "auto" kind: treespec.heads.load
+    profile = load_profile("/path/to/any/checkpoint")              # its measurements (treespec/profile.py)
 """
 
 from __future__ import annotations
 
-from treespec.drafter import Drafter
+from torch import nn
 
-from . import draft_model, eagle, eagle3, medusa, prompt_lookup
-from .kind import DrafterKind
-from .load import AUTO, with_measurements
-from .vocab import DraftVocab
+from treespec.autotree import read_cost_curve
+from treespec.drafter import CANDIDATE_MODES, Drafter
+from treespec.heads import draft_model, eagle, eagle3, medusa, prompt_lookup
+from treespec.heads.accuracy import read_accuracy
+from treespec.heads.detect import Found, formats, resolve_source
+from treespec.heads.detect import detect as detect_in
+from treespec.heads.detect import load_module as read_module
+from treespec.heads.kind import DrafterKind
+from treespec.heads.vocab import DraftVocab
+from treespec.profile import DrafterProfile
 
-#: every kind, in the order the comparison lists them; "auto" is any checkpoint treespec.heads.load reads
-KINDS: tuple[DrafterKind, ...] = (draft_model.KIND, prompt_lookup.KIND, medusa.KIND, eagle.KIND, eagle3.KIND, AUTO)
-_BY_NAME = {kind.name: kind for kind in KINDS}
+#: every kind, in the order the comparison lists them (the "auto" kind, any checkpoint, follows them)
+KINDS: tuple[DrafterKind, ...] = (
+    draft_model.KIND,
+    prompt_lookup.KIND,
+    medusa.KIND,
+    medusa.MEDUSA2,
+    eagle.KIND,
+    eagle3.KIND,
+)
+
+
+class AutoKind(DrafterKind):
+    """"auto": any checkpoint ``heads.detect.load_module`` reads, driven and measured as the kind of module it turns
+    out to be (``module.kind``)."""
+
+    name = "auto"
+    candidate_modes = CANDIDATE_MODES
+
+    def kind_of(self, module) -> DrafterKind:
+        kind = next((k for k in KINDS if k.module_type is not None and k.name == getattr(module, "kind", None)), None)
+        if kind is None:
+            raise TypeError(f"drafter 'auto' loaded a {type(module).__name__}, which it cannot drive")
+        return kind
+
+    def load(self, source, target, *, format: str = "auto", aux_layers=None,
+             written_by: str | None = None) -> nn.Module:
+        return read_module(source, target, KINDS, format=format, aux_layers=aux_layers, written_by=written_by)
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> Drafter:
+        return self.kind_of(module).make(module, candidates, draft_vocab, lean)
+
+    def rank_accuracy(self, target, module, windows, **options) -> list[list[float]] | None:
+        return self.kind_of(module).rank_accuracy(target, module, windows, **options)
+
+    def max_depth(self, module) -> int | None:
+        return self.kind_of(module).max_depth(module)
+
+
+AUTO = AutoKind()
+_BY_NAME = {kind.name: kind for kind in (*KINDS, AUTO)}
+#: the ``format=`` values ``load`` takes: "auto" (detect), "treespec", then each kind's upstream layout
+FORMATS = formats(KINDS)
+
+
+def detect(folder, format: str = "auto") -> Found:
+    """What ``folder`` holds: its format and kind (heads/detect.py), among the registered kinds."""
+    return detect_in(folder, KINDS, format)
 
 
 def get(name: str) -> DrafterKind:
@@ -28,7 +80,12 @@ def get(name: str) -> DrafterKind:
     return _BY_NAME[name]
 
 
-def load(name: str, target, source=None):
+def kind_of(module) -> DrafterKind:
+    """The kind that drives a trained ``module`` (``module.kind``)."""
+    return AUTO.kind_of(module)
+
+
+def load_module(name: str, target, source=None):
     """The trained module of drafter ``name`` from ``source`` (``reference:<name>``, a folder, or for "auto" a Hub
     repo id); None for a drafter without weights."""
     kind = get(name)
@@ -48,7 +105,26 @@ def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | 
 
 
 def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:
-    """load + make: a ready Drafter for ``target``, with its folder's measured accuracies and saved cost curve
-    (heads/load.py's ``with_measurements``) when it has a folder."""
-    drafter = make(name, load(name, target, source), candidates)
-    return with_measurements(drafter, source) if source is not None and get(name).has_weights else drafter
+    """load + make: a ready Drafter of kind ``name`` for ``target`` (its measurements: ``load_profile``)."""
+    return make(name, load_module(name, target, source), candidates)
+
+
+def load(source, target, *, format: str = "auto", aux_layers=None, written_by: str | None = None,
+         candidates: str = "topk") -> Drafter:
+    """A ready Drafter for ``target`` from ``source``: a local folder, ``reference:<name>`` or a Hugging Face Hub
+    repo id. ``format``: "auto" (detect), "treespec", "eagle" (EAGLE-1/2), "eagle3" or "medusa"; ``aux_layers``:
+    the target hidden-state indices an EAGLE-3 checkpoint fuses, when its config does not say (treespec's
+    convention: ``hidden_states[i]`` is the input of decoder layer i); ``written_by``: "specforge" or "serving",
+    whose convention an EAGLE-3 config's ``norm_output`` follows where its fields do not say
+    (heads/eagle3/upstream.py); ``candidates``: "topk" or "sample". Its measurements: ``load_profile(source)``."""
+    folder = resolve_source(source)  # a Hub id is fetched once
+    module = AUTO.load(folder, target, format=format, aux_layers=aux_layers, written_by=written_by)
+    return AUTO.make(module, candidates)
+
+
+def load_profile(source) -> DrafterProfile:
+    """What a drafter's folder holds beside its weights: its measured accuracies (head_accuracy.json) and this
+    device's cost curve (cost_curve.json), so that generate(..., profile=) can grow ``{"kind": "accuracy"}`` and
+    ``{"kind": "auto"}`` trees for it (treespec.tree_spec). Either may be missing (None)."""
+    folder = resolve_source(source)
+    return DrafterProfile.from_cost_curve(read_accuracy(folder), read_cost_curve(folder))

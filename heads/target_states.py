@@ -14,7 +14,7 @@ from treespec.drafter import stack_features
 def target_hidden(target, input_ids: torch.Tensor, layers=(-1,)) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's hidden states without its logits: (features [b, s, L·h] at ``layers``, side by side as
     generate() passes them; the last, final-norm hidden state [b, s, h], whose lm_head logits are the
-    target's). ``target`` may be a stored one (treespec.train.features.StoredTarget)."""
+    target's). ``target`` may be a stored one (treespec.train.training.features.StoredTarget)."""
     layers = tuple(layers)
     out = target.base_model(input_ids=input_ids, output_hidden_states=layers != (-1,))
     last = out.last_hidden_state

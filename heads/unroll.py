@@ -9,8 +9,8 @@ context) and to root r's own keys of steps 1..i (``unroll_mask``): exactly what 
 root r sees, one pass for all roots (tests/test_eagle.py and test_eagle3.py check it against drafting one
 node at a time).
 
-Training (treespec.train.eagle, treespec.train.eagle3) takes its losses from it; rank accuracy
-(heads/eagle.py, heads/eagle3.py) scores its top-k ranks against the target. It lives beside the models,
+Training (treespec.heads.eagle.objective, treespec.heads.eagle3.objective) takes its losses from it; rank accuracy
+(heads/eagle/drafter.py, heads/eagle3/drafter.py) scores its top-k ranks against the target. It lives beside the models,
 not with the training jobs, because heads/ never imports treespec.train.
 
 Two layouts, bit for bit what each recipe was written with: EAGLE-3 indexes step i by root (``by_root``:

@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from treespec.heads.lean import LeanProjection
 from treespec.io import atomic_write, load_safetensors
-
-from .lean import LeanProjection
 
 
 class DraftVocab:

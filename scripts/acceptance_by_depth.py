@@ -1,5 +1,5 @@
 """Per-depth acceptance curves of one or more comparison runs, drafters side by side on the same trees
-(train/depth_curves.py): a figure and a markdown table.
+(train/compare/depth_curves.py): a figure and a markdown table.
 
     python scripts/acceptance_by_depth.py runs/compare/<run> [more runs] --out results/eagle3_vs_eagle_depth
     python scripts/acceptance_by_depth.py runs/compare/<run> --trees "chain γ=6" "accuracy 16"
@@ -8,7 +8,7 @@
 import argparse
 from pathlib import Path
 
-from treespec.train import depth_curves
+from treespec.train.compare import depth_curves
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python scripts/architecture_matrix.py                 # ~1 min on one core
     python scripts/architecture_matrix.py --out PATH      # default results/architecture_matrix.md
 
-Runs the checks of train/architectures.py (the functions tests/test_architectures.py runs, on the same family
+Runs the checks of train/checks/architectures.py (the functions tests/test_architectures.py runs, on the same family
 table: tiny random models, prompts longer than the sliding window) and writes a markdown file generated from
 their results: ✓ with τ, ✗ with the error, n/a where transformers itself offers no such combination.
 """
@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from treespec.cache import TreeCache
-from treespec.train import architectures as matrix
-from treespec.train import hybrids
+from treespec.train.checks import architectures as matrix
+from treespec.train.checks import hybrids
 
 ROOT = Path(__file__).resolve().parents[1]
 

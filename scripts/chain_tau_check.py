@@ -21,7 +21,7 @@ from treespec import generate, reference
 from treespec.chain_tau import measure_chain_tau
 from treespec.heads import registry
 from treespec.sampling import Sampling
-from treespec.train.data import own_continuations
+from treespec.train.training.data import own_continuations
 from treespec.tree import Tree
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     target, tokenizer = reference.load("target")
-    module = registry.load(args.drafter, target, f"reference:{args.drafter}")
+    module = registry.load_module(args.drafter, target, f"reference:{args.drafter}")
     drafter = registry.make(args.drafter, module, "sample")
     sampling = Sampling(1.0)
     ids = [tokenizer(text, return_tensors="pt").input_ids[:, : args.context] for text in reference.prompts()]

@@ -18,8 +18,8 @@ import time
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from treespec.train.compare import run_job
-from treespec.train.stamp import command_line
+from treespec.train.compare.job import run_job
+from treespec.train.compare.stamp import command_line
 
 COMMAND = command_line()  # as typed, before the argument rewrite below
 

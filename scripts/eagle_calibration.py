@@ -15,8 +15,8 @@ import torch
 
 from treespec import reference
 from treespec.heads.eagle import EagleModel
-from treespec.train.data import held_out_windows
-from treespec.train.eagle import training_unroll
+from treespec.heads.eagle.objective import training_unroll
+from treespec.train.training.data import held_out_windows
 
 WINDOWS, WINDOW_LEN = 32, 256  # the held-out windows the shipped accuracies were measured on
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)

@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from treespec.heads.export import CONSUMERS, export
-from treespec.heads.load import FORMATS, load_module
-from treespec.heads.upstream import Refused
+from treespec.heads.registry import AUTO, FORMATS
+from treespec.heads.upstream_common import Refused
 from treespec.reference import load_model
 
 
@@ -42,7 +42,7 @@ def main() -> int:
     target, _ = load_model(args.target)
     aux = [int(i) for i in args.aux_layers.split(",")] if args.aux_layers else None
     try:
-        module = load_module(args.source, target, format=args.format, aux_layers=aux, written_by=args.written_by)
+        module = AUTO.load(args.source, target, format=args.format, aux_layers=aux, written_by=args.written_by)
         out = export(module, target, args.out, to=args.to, verifier=args.verifier,
                      speculative_tokens=args.speculative_tokens)
     except Refused as err:

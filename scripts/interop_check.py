@@ -34,8 +34,8 @@ from safetensors.torch import load_file, save_file
 
 from treespec import reference
 from treespec.heads import export, load
-from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map
-from treespec.heads.eagle_model import EagleModel
+from treespec.heads.eagle import EagleModel
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads
 from treespec.heads.target_states import target_hidden
 

@@ -1,4 +1,4 @@
-"""Run the frozen target once over the training data and store what the drafter trains on (train/features.py).
+"""Run the frozen target once over the training data and store what the drafter trains on (train/training/features.py).
 Takes train_heads' overrides; train with the same ones to read the features instead of running the target:
 
     python scripts/prepare_features.py drafter=eagle data=chat data.chat.source=convs.jsonl data.features=feats/eagle
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from treespec.train.train_heads import prepare_features
+from treespec.train.training.drafter_job import prepare_features
 
 
 def main(overrides: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Replace the assistant turns of a conversation file with the target's own responses (train/regenerate.py), so
+"""Replace the assistant turns of a conversation file with the target's own responses (train/training/regeneration.py),
+so
 a drafter learns what the target says. Takes train_heads' overrides:
 
     python scripts/regenerate.py data=chat data.chat.source=sharegpt.jsonl data.regenerate.out=regen.jsonl
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from treespec.train import regenerate
+from treespec.train.training import regeneration as regenerate
 
 
 def main(overrides: list[str]) -> None:

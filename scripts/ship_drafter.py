@@ -20,7 +20,7 @@ import torch
 from treespec import reference
 from treespec.heads import registry
 from treespec.heads.accuracy import write_accuracy
-from treespec.train.data import held_out_windows
+from treespec.train.training.data import held_out_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/trainer/heads.yaml)
@@ -52,7 +52,7 @@ def main() -> None:
     target, tokenizer = reference.load_model(out / "target") if joint else reference.load("target")
     windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
     kind = "medusa" if joint else args.name
-    module = registry.load(kind, target, out)
+    module = registry.load_module(kind, target, out)
     acc = registry.get(kind).rank_accuracy(target, module, windows)
     write_accuracy(out, acc)
     print(f"{args.name}: top-1 per depth " + " ".join(f"{row[0]:.3f}" for row in acc))

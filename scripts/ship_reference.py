@@ -19,7 +19,7 @@ from treespec.bench import Config, measure
 from treespec.heads import DraftModel
 from treespec.sampling import Sampling, probs
 from treespec.timing import forward_time
-from treespec.train.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens
+from treespec.train.training.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,12 +40,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from treespec.heads.export import export
-from treespec.heads.target_states import target_hidden
-from treespec.reference import load, path, prompts
+from treespec.heads.batches import shifted_mask
 
 # treespec's EAGLE-3 training code, where it lives today: the one place to update when it moves.
-from treespec.train.eagle3 import (
+from treespec.heads.eagle3.objective import (
     Eagle3Model,
     RestrictedTarget,
     build_vocab_map,
@@ -53,7 +51,9 @@ from treespec.train.eagle3 import (
     target_states,
     token_counts,
 )
-from treespec.train.features import shifted_mask
+from treespec.heads.export import export
+from treespec.heads.target_states import target_hidden
+from treespec.reference import load, path, prompts
 
 DEFAULT_PYTHON = "/work/venvs/specforge/bin/python"
 WORKER = Path(__file__).resolve().parent / "specforge_worker.py"
@@ -177,7 +177,7 @@ def treespec_step(setup: Setup, length: int, decay: float) -> tuple[dict, dict]:
 
     restricted = RestrictedTarget(setup.logits, model, None if setup.loss_mask is None else setup.scored)
     steps = []
-    for i in range(length):  # step i scores positions 1 + i .. S - 1 (heads/eagle3.py, unrolled)
+    for i in range(length):  # step i scores positions 1 + i .. S - 1 (heads/eagle3/drafter.py, unrolled)
         valid = restricted.valid[:, 1 + i :]
         kept = int(valid.sum())
         steps.append({"kl": metrics[f"kl{i}"], "top1": metrics[f"top1_{i}"], "kept": kept,

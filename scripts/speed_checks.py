@@ -28,7 +28,7 @@ from treespec.drafter import Proposal
 from treespec.heads import registry
 from treespec.sampling import Sampling
 from treespec.timing import forward_time, median_time
-from treespec.train.harness import hf_peer
+from treespec.train.compare.harness import hf_peer
 from treespec.tree import Tree
 from treespec.verify import walk
 
@@ -80,7 +80,7 @@ def main() -> None:
 
     print("\n| drafter | plain | lean | lean ÷ plain | c plain | c lean |\n|---|---|---|---|---|---|")
     for name in DRAFTERS:
-        module = registry.load(name, target, f"reference:{name}")
+        module = registry.load_module(name, target, f"reference:{name}")
         ms = {}
         for lean in (False, True):
             fixed, per_depth = registry.get(name).cost(registry.make(name, module, lean=lean))

@@ -11,7 +11,7 @@ import sys
 
 import hydra
 
-from treespec.train.train_heads import run
+from treespec.train.training.drafter_job import run
 
 
 @hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")

@@ -10,7 +10,7 @@ import sys
 
 import hydra
 
-from treespec.train.lm import run
+from treespec.train.training.lm_job import run
 
 
 @hydra.main(config_path="../conf", config_name="train_lm", version_base="1.3")

@@ -1,4 +1,4 @@
-"""The architecture matrix as tests: the checks of train/architectures.py on every family (tiny random models
+"""The architecture matrix as tests: the checks of train/checks/architectures.py on every family (tiny random models
 of the stock transformers decoders, prompts longer than the sliding window), and what they rest on: tree masks
 that honour the window, a sliding layer that keeps the committed window, transformers' own sliding cache refused.
 """
@@ -15,7 +15,7 @@ from treespec.attention import tree_allowed, tree_masks, tree_position_ids
 from treespec.cache import TreeCache, keep_tree_path
 from treespec.compat import cache_arg
 from treespec.heads import DraftModel
-from treespec.train.architectures import (
+from treespec.train.checks.architectures import (
     BY_NAME,
     FAMILIES,
     PROMPT_LEN,

@@ -10,11 +10,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from treespec.train import checkpoint, compare, lm, train_heads
-from treespec.train.chat import ChatRenderer
-from treespec.train.checkpoint import CheckpointMismatch
-from treespec.train.regenerate import check_responses, regenerate
-from treespec.train.report import rerender
+from treespec.train.compare import job as compare
+from treespec.train.compare.report import rerender
+from treespec.train.training import checkpoint
+from treespec.train.training import drafter_job as train_heads
+from treespec.train.training import lm_job as lm
+from treespec.train.training.chat import ChatRenderer
+from treespec.train.training.checkpoint import CheckpointMismatch
+from treespec.train.training.regeneration import check_responses, regenerate
 
 from .helpers import WORDS, chat_tokenizer, compose_cfg, conversations, write_jsonl
 
@@ -174,7 +177,7 @@ def test_regeneration_of_nothing_but_empty_responses_fails(tmp_path):
 
 
 def test_chatml_for_a_tokenizer_without_its_tokens_warns():
-    from treespec.train.data import train_tokenizer
+    from treespec.train.training.data import train_tokenizer
 
     plain = train_tokenizer([" ".join(WORDS)] * 4, 300)
     with pytest.warns(UserWarning, match=r"chatml, but the tokenizer has no <\|im_start\|>, <\|im_end\|> token"):

@@ -18,7 +18,7 @@ from treespec.heads.medusa import Medusa
 from treespec.heads.vocab import DraftVocab
 from treespec.inputs import left_padded
 from treespec.sampling import Sampling, probs
-from treespec.train.architectures import build, full_attention
+from treespec.train.checks.architectures import build, full_attention
 
 from .helpers import (
     accept_everything,

@@ -193,18 +193,20 @@ def test_generate_auto_uses_the_drafters_chain_tau():
     from treespec import generate
     from treespec.autotree import auto_chooser
     from treespec.heads import DraftModel
+    from treespec.profile import DrafterProfile
     from treespec.tree_spec import build_tree
 
     target = tiny_llama(vocab=32, hidden=16, layers=1, seed=3)
     drafter = DraftModel(tiny_llama(vocab=32, hidden=16, layers=1, seed=5), candidates="sample")
-    drafter.accuracy = [[0.5, 0.4], [0.5, 0.4]]  # would grow a branching tree
-    drafter.tree_chooser = auto_chooser({1: 1.0, 8: 1.0})
-    drafter.chain_tau = ChainTau(T1, {"rejection": [1.0, 1.4, 1.5], "block": [1.0, 1.4, 1.8]},
-                                 {"rejection": [0.0] * 3, "block": [0.0] * 3}, 8)
-    assert build_tree({"kind": "auto"}, drafter=drafter, acceptance="block", sampling=T1) == Tree.chain(2)
-    assert not build_tree({"kind": "auto"}, drafter=drafter, acceptance="typical", sampling=T1).is_chain
+    profile = DrafterProfile(accuracy=[[0.5, 0.4], [0.5, 0.4]],  # would grow a branching tree
+                             chain_tau=ChainTau(T1, {"rejection": [1.0, 1.4, 1.5], "block": [1.0, 1.4, 1.8]},
+                                                {"rejection": [0.0] * 3, "block": [0.0] * 3}, 8),
+                             tree_chooser=auto_chooser({1: 1.0, 8: 1.0}))
+    sampled = {"profile": profile, "candidates": "sample", "sampling": T1}
+    assert build_tree({"kind": "auto"}, acceptance="block", **sampled) == Tree.chain(2)
+    assert not build_tree({"kind": "auto"}, acceptance="typical", **sampled).is_chain
     with pytest.raises(ValueError, match="measured at"):
-        build_tree({"kind": "auto"}, drafter=drafter, acceptance="block", sampling=Sampling(0.5))
-    out = generate(target, torch.tensor([[1, 2, 3]]), drafter=drafter, tree={"kind": "auto"}, max_new_tokens=5,
-                   temperature=1.0, acceptance="block", generator=torch.Generator().manual_seed(0))
+        build_tree({"kind": "auto"}, profile=profile, candidates="sample", acceptance="block", sampling=Sampling(0.5))
+    out = generate(target, torch.tensor([[1, 2, 3]]), drafter=drafter, tree={"kind": "auto"}, profile=profile,
+                   max_new_tokens=5, temperature=1.0, acceptance="block", generator=torch.Generator().manual_seed(0))
     assert out.sequences.shape[1] == 8 and max(out.accept_lengths) <= 3

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from treespec.train.chat import ChatRenderer, SampleBatches, encode_conversations, prepare_chat
-from treespec.train.conversations import load_rows, normalize
-from treespec.train.data import train_tokenizer
-from treespec.train.regenerate import regenerate
+from treespec.train.training.chat import ChatRenderer, SampleBatches, encode_conversations, prepare_chat
+from treespec.train.training.conversations import load_rows, normalize
+from treespec.train.training.data import train_tokenizer
+from treespec.train.training.regeneration import regenerate
 
 from .helpers import (
     BAD_ROWS,

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from treespec.io import load_safetensors
-from treespec.train import checkpoint
-from treespec.train.checkpoint import CheckpointMismatch
-from treespec.train.log import RunLogger, read_metrics, truncate_metrics
-from treespec.train.loop import OptimConfig, train
+from treespec.train.training import checkpoint
+from treespec.train.training.checkpoint import CheckpointMismatch
+from treespec.train.training.log import RunLogger, read_metrics, truncate_metrics
+from treespec.train.training.loop import OptimConfig, train
 
 VOCAB, HIDDEN, STEPS = 32, 16, 12
 

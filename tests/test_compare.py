@@ -11,15 +11,15 @@ from hydra import compose, initialize_config_dir
 from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict, predict_generation
 from treespec.bench import Config, measure
 from treespec.heads import DraftModel, PromptLookup, registry
-from treespec.heads.draft_model import rank_accuracy as draft_model_accuracy
+from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
-from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
+from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
 from treespec.timing import median_time
-from treespec.train.compare import run_from_config, run_job
-from treespec.train.data import own_continuations
-from treespec.train.harness import DrafterSpec, expand_specs, run_comparison
-from treespec.train.log import RunLogger
-from treespec.train.report import rerender
+from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.job import run_from_config, run_job
+from treespec.train.compare.report import rerender
+from treespec.train.training.data import own_continuations
+from treespec.train.training.log import RunLogger
 from treespec.tree import Tree
 from treespec.tree_spec import build_tree
 
@@ -175,7 +175,7 @@ def test_bad_tree_spec_in_config_is_named(tmp_path):
 
 
 def test_sampled_candidates_skip_dynamic_trees():
-    from treespec.train.harness import resolve_tree
+    from treespec.train.compare.harness import resolve_tree
 
     target = tiny_llama(seed=0)
     sampled = DrafterSpec("eagle:sample", Eagle(EagleModel(target), candidates="sample"))
@@ -272,7 +272,7 @@ def test_acceptance_rules_side_by_side(tmp_path):
     branching tree; a bad rule is named before anything is loaded."""
     from omegaconf import OmegaConf
 
-    from treespec.train.compare import acceptance_rules
+    from treespec.train.compare.job import acceptance_rules
 
     target = tiny_llama(seed=0)
     drafters = [DrafterSpec("draft", DraftModel(perturbed(target, 0.05), candidates="sample"))]

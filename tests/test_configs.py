@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from treespec.train import compare, lm, train_heads
+from treespec.heads import registry
+from treespec.train.compare import job as compare
+from treespec.train.training import drafter_job as train_heads
+from treespec.train.training import lm_job as lm
 
 from .helpers import CONF, compose_cfg
 
@@ -25,7 +28,8 @@ def job_of(config: str) -> str:
 CASES = [(job, []) for job in CHECKS]
 CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
-CASES += [("train_heads", [f"drafter={d}"]) for d in train_heads.RECIPES]
+TRAINABLE = [k.name for k in registry.KINDS if k.trainable]
+CASES += [("train_heads", [f"drafter={d}"]) for d in TRAINABLE]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
 # every drafter the comparison offers (medusa2 is a training recipe: its heads pair with their own fine-tuned target)
 AVAILABLE = sorted(compose_cfg("compare", []).available)
@@ -42,7 +46,7 @@ def test_every_config_is_covered():
     covered = {o[0].split("=")[1] for _, o in CASES if o and o[0].split("=")[0] in ("experiment", "debug")}
     assert covered == set(group("experiment")) | set(group("debug"))
     # every conf/drafter/ file is an entry of the comparison's `available` (same name) or a training recipe
-    assert set(group("drafter")) == set(AVAILABLE) | set(train_heads.RECIPES)
+    assert set(group("drafter")) == set(AVAILABLE) | set(TRAINABLE)
 
 
 @pytest.mark.parametrize("job, overrides, message", [

@@ -7,8 +7,8 @@ import time
 import torch
 
 from treespec.io import weights_digest
-from treespec.train import data
-from treespec.train.data import corpus_digest, prepare_tokens, self_distill
+from treespec.train.training import data
+from treespec.train.training.data import corpus_digest, prepare_tokens, self_distill
 
 from .helpers import tiny_llama
 

@@ -1,8 +1,8 @@
-"""Per-depth acceptance curves (train/depth_curves.py) from a comparison's accept lengths."""
+"""Per-depth acceptance curves (train/compare/depth_curves.py) from a comparison's accept lengths."""
 
 import pytest
 
-from treespec.train import depth_curves
+from treespec.train.compare import depth_curves
 
 
 def test_survival_counts_passes_accepting_at_least_d_drafted_tokens():

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from treespec.train import distributed, train_heads
-from treespec.train.loop import OptimConfig, train
+from treespec.train.training import distributed
+from treespec.train.training import drafter_job as train_heads
+from treespec.train.training.loop import OptimConfig, train
 
 from .helpers import BAD_ROWS, assert_ok, conversations, free_port, heads_cfg, run_ranks, tiny_chat_target, write_jsonl
 

@@ -15,7 +15,7 @@ from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.reference import load_model
 from treespec.sampling import Sampling
-from treespec.train.data import TokenBatches
+from treespec.train.training.data import TokenBatches
 from treespec.tree_spec import build_tree
 
 from .helpers import (
@@ -187,8 +187,8 @@ def test_eagle_weights_round_trip_and_mismatches_are_refused(target, prompt, tmp
 # -- training -----------------------------------------------------------------------------------------
 def test_unrolled_training_step_sees_what_drafting_sees(target):
     """Training-time test: unrolled step 1 at entry j equals drafting depth 1 from the root at entry j − 1."""
+    from treespec.heads.eagle.objective import eagle_loss
     from treespec.heads.target_states import target_hidden as target_states
-    from treespec.train.eagle import eagle_loss
 
     model = random_eagle(target)
     batch = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -207,7 +207,7 @@ def test_unrolled_training_step_sees_what_drafting_sees(target):
 def test_depth_accuracy_equals_sequential_drafting(target):
     """depth_rank_accuracy's depth-d ranks are those of drafting d deep from each root over the drafter's own
     features along the window's tokens, recomputed here one sequential forward per node."""
-    from treespec.heads.eagle import rank_accuracy as depth_rank_accuracy
+    from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
     from treespec.heads.target_states import target_hidden as target_states
 
     model = random_eagle(target, seed=1)
@@ -234,8 +234,8 @@ def test_depth_accuracy_equals_sequential_drafting(target):
 
 
 def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
-    from treespec.train import train_heads as heads_training
-    from treespec.train.eagle import eagle_loss
+    from treespec.heads.eagle.objective import eagle_loss
+    from treespec.train.training import drafter_job as heads_training
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", "drafter=eagle", "drafter.fusion=true", f"target={target_dir}", cache,
@@ -272,9 +272,9 @@ def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
 def test_hass_topk_distillation_term():
     """HASS's top-K distillation: −Σ_{top-K of p} p log q, computed by hand; K ≥ V is the full cross-entropy;
     switched on, it adds exactly its weighted mean to EAGLE's and EAGLE-3's losses (0 weight: unchanged)."""
-    from treespec.train.eagle import eagle_loss
-    from treespec.train.eagle3 import eagle3_loss
-    from treespec.train.recipe import topk_distillation
+    from treespec.heads.eagle.objective import eagle_loss
+    from treespec.heads.eagle3.objective import eagle3_loss
+    from treespec.heads.objective import topk_distillation
 
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     log_q = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))

@@ -14,12 +14,12 @@ from transformers import DynamicCache
 from treespec import Tree, generate
 from treespec.drafter import Committed
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.eagle3 import Eagle3, rank_accuracy
-from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map, default_aux_layers
+from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, default_aux_layers
+from treespec.heads.eagle3.objective import eagle3_loss, token_counts
 from treespec.heads.target_states import target_states
 from treespec.heads.unroll import unrolled
 from treespec.sampling import Sampling
-from treespec.train.eagle3 import eagle3_loss, token_counts
 
 from .helpers import (
     VOCAB,
@@ -320,7 +320,7 @@ def test_rank_accuracy(target):
 
 # -- the training recipe ----------------------------------------------------------------------------------------
 def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
-    from treespec.train.eagle3 import recipe
+    from treespec.heads.eagle3.objective import recipe
 
     from .helpers import compose_cfg
 

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from treespec.reference import load_model
-from treespec.train import train_heads
-from treespec.train.features import FeatureStore
+from treespec.train.training import drafter_job as train_heads
+from treespec.train.training.features import FeatureStore
 
 from .helpers import assert_ok, compose_cfg, conversations, heads_cfg, run_ranks, tiny_chat_target, write_jsonl
 

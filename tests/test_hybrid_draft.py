@@ -1,6 +1,6 @@
 """Hybrid draft models (treespec.recurrent.DraftRows behind treespec.heads.DraftModel): greedy output equal to
 transformers' greedy generate of the target, every candidate equal to the draft's own cache-free top-k at its node
-(train/hybrid_draft.py), drafts of themselves accepted whole, sampling the target's law, and the refusals."""
+(train/checks/hybrid_draft.py), drafts of themselves accepted whole, sampling the target's law, and the refusals."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.recurrent import DraftRows, select_rows
-from treespec.train import hybrid_draft, hybrids
+from treespec.train.checks import hybrid_draft, hybrids
 
-from .helpers.lossless import accept_everything
+from .helpers.lossless_law import accept_everything
 
 # (target, draft): a hybrid draft of a hybrid target (another family, a jittered copy of its own), of a plain
 # attention target, and a draft without any attention layer; LFM2's conv window (3) is filled by the 20-token prompt

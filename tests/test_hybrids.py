@@ -13,10 +13,10 @@ from transformers import DynamicCache
 from treespec import Tree, generate
 from treespec.compat import cache_arg
 from treespec.recurrent import Snapshot, path_rows, select_rows
-from treespec.train import hybrids
-from treespec.train.architectures import NotApplicable
+from treespec.train.checks import hybrids
+from treespec.train.checks.architectures import NotApplicable
 
-from .helpers.lossless import accept_everything
+from .helpers.lossless_law import accept_everything
 
 # one family per mixer kind in the default suite, the rest with -m slow (the matrix runs them all); Bamba's own
 # cached decode disagrees with its full forward (see docs/hybrids.md)

@@ -1,4 +1,4 @@
-"""Checkpoint interop (heads/load.py, heads/export.py, heads/upstream_eagle.py, heads/upstream_medusa.py).
+"""Checkpoint interop (heads/load.py, heads/export.py, heads/eagle/upstream.py, heads/medusa/upstream.py).
 
 Nothing is downloaded: every upstream checkpoint is synthesised here with the exact key names and config
 fields its project writes (EAGLE-1/2 as SafeAILab publishes it, EAGLE-3 as SafeAILab, SpecForge/SGLang,
@@ -11,7 +11,6 @@ equal vanilla, and two formats pass a chi-square test of the sampled distributio
 the consumer's source. Corrupt, truncated, mismatched and unknown checkpoints each get their error.
 """
 
-import importlib
 import json
 import math
 import re
@@ -24,16 +23,15 @@ from safetensors.torch import load_file, save_file
 
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import export, load
-from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map
-from treespec.heads.eagle_model import EagleModel
+from treespec.heads import detect as detect_module
+from treespec.heads import export, load, registry
+from treespec.heads.eagle import EagleModel
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads
-from treespec.heads.upstream import Refused
+from treespec.heads.upstream_common import Refused
 from treespec.sampling import Sampling, probs
 
 from .helpers import VOCAB, chi2_pvalue, exact_distribution, hf_greedy, sampled_counts, tiny_llama
-
-load_module = importlib.import_module("treespec.heads.load")  # the module (treespec.heads.load is the function)
 
 
 # -- targets ------------------------------------------------------------------------------------------------
@@ -444,7 +442,7 @@ def check_proposal(committed, proposal, logits_at, sampling=None):
 @pytest.mark.parametrize("name", list(CASES))
 def test_upstream_checkpoint_matches_the_published_equations(name, tmp_path, targets):
     target, folder, reference, fmt = synthesise(name, tmp_path, targets)
-    assert load_module.detect(folder).format == fmt
+    assert registry.detect(folder).format == fmt
     drafter = load(folder, target)
     assert isinstance(getattr(drafter, "model", getattr(drafter, "heads", None)), CASES[name][2])
     tree = Tree.full(2, 2) if fmt != "medusa" else Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0)])
@@ -774,7 +772,7 @@ def test_export_follows_the_consumer_and_loads_back_identically(kind, consumer, 
     folder = export(model, target, tmp_path / "out", to=consumer, verifier="tiny/llama")
     check_consumer(folder, consumer, kind, model, target)
     back = load(folder, target)
-    assert proposals(back, target) == proposals(load_module.AUTO.make(model), target)
+    assert proposals(back, target) == proposals(registry.AUTO.make(model), target)
 
 
 @pytest.mark.parametrize("name", ["eagle1-qkvbias-qwen2", "eagle3-specforge-qwen2", "eagle3-speculators-llama",
@@ -783,8 +781,8 @@ def test_upstream_checkpoints_re_export(name, tmp_path, targets):
     """Loaded upstream drafters (Qwen2 q/k/v biases, own embeddings, norm_before_residual, a shared lm_head)
     export to every consumer that can hold them, load back identically, and are refused by the others."""
     target, folder, _, fmt = synthesise(name, tmp_path, targets)
-    module = load_module.load_module(folder, target)
-    reference = proposals(load_module.AUTO.make(module), target)
+    module = registry.AUTO.load(folder, target)
+    reference = proposals(registry.AUTO.make(module), target)
     done = []
     for kind, consumer in EXPORTS:
         if kind != {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}[fmt]:
@@ -939,39 +937,38 @@ def test_hub_ids_download_or_explain_how_to_pass_a_folder(tmp_path, targets, mon
         raise LocalEntryNotFoundError("Cannot find the requested files in the disk cache and outgoing traffic has "
                                       "been disabled.")
 
-    monkeypatch.setattr(load_module, "snapshot_download", offline)
+    monkeypatch.setattr(detect_module, "snapshot_download", offline)
     with pytest.raises(FileNotFoundError, match=r"could not be fetched from the Hugging Face Hub .* pass the folder: "
                                                 r"treespec\.heads\.load\('DIR', target\)"):
         load("someone/medusa-heads", llama)
-    monkeypatch.setattr(load_module, "snapshot_download", lambda repo_id, **kwargs: asked.append(repo_id) or folder)
+    monkeypatch.setattr(detect_module, "snapshot_download", lambda repo_id, **kwargs: asked.append(repo_id) or folder)
     assert isinstance(load("someone/medusa-heads", llama).heads, MedusaHeads)
     assert asked == ["someone/medusa-heads"] * 2
 
 
 # -- treespec's own formats and the registry ----------------------------------------------------------------------
 def test_treespec_folders_and_the_registry(tmp_path, targets):
-    from treespec.heads import registry
 
     llama = targets["llama"]
     model = fresh("eagle", llama)
     model.save_pretrained(tmp_path / "mine")
     saved = json.loads((tmp_path / "mine" / "eagle_config.json").read_text())
     assert saved["variant"] == "upstream" and saved["layer_overrides"] == {"num_hidden_layers": 2}
-    assert load_module.detect(tmp_path / "mine").format == "treespec"
+    assert registry.detect(tmp_path / "mine").format == "treespec"
     back = load(tmp_path / "mine", llama)
-    assert proposals(back, llama) == proposals(load_module.AUTO.make(model), llama)
+    assert proposals(back, llama) == proposals(registry.AUTO.make(model), llama)
     # an upstream EAGLE-3 whose layer differs from the target's (own table, norm_before_residual) round-trips too
     _, spec, _, _ = synthesise("eagle3-speculators-llama", tmp_path, targets)
     up = load(spec, llama).model
     up.save_pretrained(tmp_path / "up3")
-    assert proposals(load(tmp_path / "up3", llama), llama) == proposals(load_module.AUTO.make(up), llama)
+    assert proposals(load(tmp_path / "up3", llama), llama) == proposals(registry.AUTO.make(up), llama)
     kind = registry.get("auto")
     drafter = registry.build("auto", llama, source=str(spec), candidates="sample")
     assert drafter.candidates == "sample" and kind.max_depth(drafter.model) is None
     windows = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     acc = kind.rank_accuracy(llama, drafter.model, windows, depth=2, top_k=3)
     assert len(acc) == 2 and all(len(row) == 3 for row in acc)
-    medusa = registry.load("auto", llama, source=str(synthesise("medusa1-llama", tmp_path, targets)[1]))
+    medusa = registry.load_module("auto", llama, source=str(synthesise("medusa1-llama", tmp_path, targets)[1]))
     assert kind.max_depth(medusa) == 3 and kind.rank_accuracy(llama, medusa, windows, top_k=2)
 
 
@@ -1006,7 +1003,7 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     torch.manual_seed(0)
     model = Eagle3Model(qwen3, vocab_map=build_vocab_map(torch.randint(0, 100, (64,)), 24)).eval()
     assert not any("q_norm" in k for k in model.state_dict())
-    reference = proposals(load_module.AUTO.make(model), qwen3)
+    reference = proposals(registry.AUTO.make(model), qwen3)
     for consumer in ("vllm", "sglang", "speculators"):
         folder = export(model, qwen3, tmp_path / consumer, to=consumer, verifier="tiny/qwen3")
         check_consumer(folder, consumer, "eagle3", model, qwen3)
@@ -1020,8 +1017,8 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
 
 
 def test_training_checks_export_targets_at_start_up(capsys):
-    from treespec.train import eagle3 as eagle3_recipe
-    from treespec.train.exportable import check_export_targets
+    from treespec.heads.eagle3 import objective as eagle3_recipe
+    from treespec.train.training.exportable import check_export_targets
 
     from .helpers import compose_cfg
 

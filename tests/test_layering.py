@@ -19,10 +19,12 @@ PACKAGES = {"treespec": ROOT / "treespec", "treespec.heads": ROOT / "heads", "tr
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the four packages, subpackages included (heads/<kind>/, train/<job>/)."""
     out = {}
     for package, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted(folder.rglob("*.py")):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -79,9 +81,11 @@ def test_no_two_layers_import_each_other():
 
 
 def test_no_import_cycles():
-    """Among the modules of each layer (package __init__ files only re-export, so they are left out)."""
-    graph = {m: {d for d in deps if d in GRAPH and d != m and not PACKAGES.get(d)} for m, deps in GRAPH.items()
-             if m not in PACKAGES}
+    """Among the modules of each layer (package __init__ files, subpackages' too, only re-export, so they are left
+    out)."""
+    inits = {m for m, path in modules().items() if path.stem == "__init__"}
+    graph = {m: {d for d in deps if d in GRAPH and d != m and d not in inits} for m, deps in GRAPH.items()
+             if m not in inits}
     state: dict[str, int] = {}
 
     def visit(m, stack):
@@ -98,13 +102,57 @@ def test_no_import_cycles():
             visit(m, [m])
 
 
+# -- inside the layers: train/ by job, heads/ by kind ---------------------------------------------------------
+TRAIN_JOBS = ("treespec.train.training", "treespec.train.compare", "treespec.train.checks")  # bottom to top
+KIND_FOLDERS = sorted(f"treespec.heads.{p.parent.name}" for p in (ROOT / "heads").glob("*/kind.py"))
+# what may reach into the kind folders: the registry (the one list of kinds), export (by the kinds' hooks), the
+# package's re-exports; and EAGLE-3, whose drafter extends EAGLE's
+KIND_USERS = {"treespec.heads", "treespec.heads.registry"}
+KIND_BASES = {"treespec.heads.eagle3": {"treespec.heads.eagle"}}
+
+
+def job_of(module: str) -> str | None:
+    return next((j for j in TRAIN_JOBS if module == j or module.startswith(j + ".")), None)
+
+
+def kind_folder_of(module: str) -> str | None:
+    return next((k for k in KIND_FOLDERS if module == k or module.startswith(k + ".")), None)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if job_of(m)))
+def test_train_jobs_import_only_jobs_below(module):
+    """training ← compare ← checks: the comparison uses training's data and config checks, the checks use both;
+    training never reaches up."""
+    own = TRAIN_JOBS.index(job_of(module))
+    bad = sorted(m for m in GRAPH[module] if job_of(m) and TRAIN_JOBS.index(job_of(m)) > own)
+    assert not bad, f"{module} imports {bad}: train/ jobs import only {TRAIN_JOBS[: own + 1]}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) == "treespec.heads"))
+def test_a_kind_folder_is_reached_only_through_the_registry(module):
+    """Shared machinery never imports a kind, and no kind imports another (except its declared base): a new kind
+    is its folder and one registry line."""
+    own = kind_folder_of(module)
+    allowed = ({own} | KIND_BASES.get(own, set())) if own else set()
+    reached = {kind_folder_of(m) for m in GRAPH[module]} - {None}
+    bad = sorted(reached - allowed)
+    assert module in KIND_USERS or not bad, f"{module} imports the kind folders {bad}"
+
+
+def test_the_kinds_are_found():
+    assert KIND_FOLDERS == ["treespec.heads." + k for k in
+                            sorted(["draft_model", "eagle", "eagle3", "medusa", "prompt_lookup"])]
+    assert len([m for m in GRAPH if m.startswith("treespec.train.") and m.count(".") == 2]) <= 12
+
+
 def test_the_checker_sees_every_kind_of_import(tmp_path):
     """A function-local absolute import, a TYPE_CHECKING one and a relative one are all found."""
     fake = tmp_path / "fake.py"
-    fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from treespec.train import loop\n"
-                    "def f():\n    import treespec.heads.eagle\nfrom .cache import keep_tree_path\n")
+    fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from treespec.train.training import loop\n"
+                    "def f():\n    import treespec.heads.eagle.drafter\nfrom .cache import keep_tree_path\n")
     found = imports_of("treespec.fake", fake, set(modules()))
-    assert {"treespec.train.loop", "treespec.heads.eagle", "treespec.cache"} <= found
+    assert {"treespec.train.training.loop", "treespec.heads.eagle.drafter", "treespec.cache"} <= found
     # a masks module reaching the core through a parent-relative import
     fake.write_text("from .. import tree\nfrom .dense import additive\n")
     found = imports_of("treespec.masks.fake", fake, set(modules()))
@@ -151,3 +199,28 @@ def test_the_suite_import_checker_sees_a_test_module_import():
     found = suite_imports(source, TESTS / "test_x.py")
     assert not_helpers(found) == ["tests.conftest", "tests.test_chat", "tests.test_eagle"]
     assert not_helpers(suite_imports("from . import models\nfrom .chat import x\n", TESTS / "helpers" / "x.py")) == []
+
+
+# -- names that say one thing ----------------------------------------------------------------------------------
+# a kind folder's roles (heads/__init__.py): the same concept per kind, and one layer down from its base
+KIND_ROLES = {"drafter": "treespec/drafter.py", "kind": "heads/kind.py", "objective": "heads/objective.py",
+              "network": None, "upstream": None}
+
+
+def test_no_two_modules_share_a_file_name():
+    """Except __init__ and a kind folder's roles (each beside its one base in the layer above, if any)."""
+    files = [p for d in ("treespec", "heads", "masks", "train", "scripts", "tests/helpers")
+             for p in (ROOT / d).rglob("*.py") if p.stem != "__init__"]
+    by_name: dict[str, list[str]] = {}
+    for path in files:
+        by_name.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
+    bad = {}
+    for name, paths in by_name.items():
+        if len(paths) < 2:
+            continue
+        in_kinds = [p for p in paths if p.startswith("heads/") and p.count("/") == 2 and
+                    (ROOT / p).parent.joinpath("kind.py").is_file()]
+        rest = sorted(set(paths) - set(in_kinds))
+        if name not in KIND_ROLES or rest not in ([], [KIND_ROLES[name]]):
+            bad[name] = paths
+    assert not bad, f"modules sharing a file name: {bad}"

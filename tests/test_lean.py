@@ -14,12 +14,11 @@ from treespec.compat import cache_arg
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
-from treespec.heads.eagle3 import Eagle3
-from treespec.heads.eagle3_model import Eagle3Model
+from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.lean import LeanProjection, lean_decoder
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.masks import ancestor_mask
-from treespec.train.architectures import build, full_attention
+from treespec.train.checks.architectures import build, full_attention
 
 from .helpers import hf_greedy, perturbed, record_proposals, tiny_llama
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 from treespec import Tree, generate
 from treespec.analysis import grow_tree
 from treespec.heads.medusa import Medusa, MedusaHeads
+from treespec.heads.medusa.objective import medusa_loss
 from treespec.reference import load_model
 from treespec.sampling import Sampling
-from treespec.train.data import TokenBatches
-from treespec.train.medusa import medusa_loss
+from treespec.train.training.data import TokenBatches
 
 from .helpers import (
     PROMPT,
@@ -73,7 +73,7 @@ def test_mismatched_heads_are_refused(target, tmp_path):
 
 
 def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
-    from treespec.train import train_heads as heads_training
+    from treespec.train.training import drafter_job as heads_training
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6"]
@@ -110,7 +110,7 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
     """drafter=medusa2: heads warm up alone, then train with the target; the export holds the heads and the
     fine-tuned target, the original stays as it was, and decoding with the pair equals the fine-tuned target's
     own greedy decoding. An interrupted run (stopped after the warm-up's end) resumes to the same weights."""
-    from treespec.train import train_heads as heads_training
+    from treespec.train.training import drafter_job as heads_training
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", "drafter=medusa2", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6",
@@ -140,7 +140,7 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
 
 
 def test_medusa2_refuses_settings_it_cannot_train():
-    from treespec.train import train_heads as heads_training
+    from treespec.train.training import drafter_job as heads_training
 
     with pytest.raises(ValueError, match="leaves no joint step"):
         heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "trainer.max_steps=100",

@@ -1,4 +1,5 @@
-"""The comparison's report (train/report.py, train/plots.py, train/stats.py, train/stamp.py) on synthetic
+"""The comparison's report (train/compare/report.py, train/compare/plots.py, train/compare/stats.py,
+train/compare/stamp.py) on synthetic
 measurements: the figures' data, intervals, tables without holes, partial runs, re-rendering and side-by-side
 comparison. No model runs."""
 
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from treespec.train import plots, report, side_by_side
-from treespec.train.compare import run_job
-from treespec.train.stamp import collect, flatten, prompts_digest
-from treespec.train.stats import Estimate, groups_of, median_interval, tau_interval
+from treespec.train.compare import plots, report, side_by_side
+from treespec.train.compare.job import run_job
+from treespec.train.compare.stamp import collect, flatten, prompts_digest
+from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
 
 from .helpers import compose_cfg, tiny_llama
 
@@ -415,7 +416,7 @@ def with_categories(result: dict) -> dict:
 
 
 def test_category_table_holds_each_categorys_medians_and_intervals(tmp_path):
-    from treespec.train import categories
+    from treespec.train.compare import categories
 
     result = with_categories(synthetic_result())
     a = report.analyse(result)
@@ -464,7 +465,7 @@ def test_category_table_holds_each_categorys_medians_and_intervals(tmp_path):
 
 
 def test_a_run_from_before_categories_says_so():
-    from treespec.train import categories
+    from treespec.train.compare import categories
 
     result = synthetic_result()
     a = report.analyse(result)

@@ -10,8 +10,11 @@ import pytest
 from treespec.analysis import grow_tree
 from treespec.heads.accuracy import RankHits
 from treespec.sampling import GREEDY
-from treespec.train import compare, data, lm, train_heads
-from treespec.train.checkpoint import CheckpointMismatch
+from treespec.train.compare import job as compare
+from treespec.train.training import data
+from treespec.train.training import drafter_job as train_heads
+from treespec.train.training import lm_job as lm
+from treespec.train.training.checkpoint import CheckpointMismatch
 
 from .helpers import compose_cfg
 

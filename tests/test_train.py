@@ -8,8 +8,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from treespec.train.data import TokenBatches, load_corpus, train_tokenizer
-from treespec.train.lm import run
+from treespec.train.training.data import TokenBatches, load_corpus, train_tokenizer
+from treespec.train.training.lm_job import run
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

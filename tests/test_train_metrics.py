@@ -1,4 +1,5 @@
-"""τ as the training metric and a drafter run a researcher can read (train/expected_tau.py, train/run_summary.py)."""
+"""τ as the training metric and a drafter run a researcher can read (train/training/expected_tau.py,
+train/training/run_summary.py)."""
 
 import json
 import shlex
@@ -9,8 +10,8 @@ import torch
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads.eagle3 import Eagle3Model
 from treespec.heads.export import CONSUMERS, formats
-from treespec.train import run_summary
-from treespec.train.expected_tau import against_measured, expected_taus, tau_metrics
+from treespec.train.training import run_summary
+from treespec.train.training.expected_tau import against_measured, expected_taus, tau_metrics
 from treespec.tree import Tree
 
 from .helpers import compose_cfg, tiny_llama, tiny_trained_target, wandb_run_contains
@@ -100,7 +101,7 @@ def test_export_formats_name_what_applies():
 
 
 def test_training_run_logs_expected_tau_and_ends_readably(tmp_path, monkeypatch, capsys):
-    from treespec.train import train_heads
+    from treespec.train.training import drafter_job as train_heads
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)  # 2 layers: EAGLE-3's aux layers are (1, 1, 1)
     run_dir = tmp_path / "run"

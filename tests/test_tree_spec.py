@@ -68,7 +68,7 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
 
     from treespec import generate
     from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
-    from treespec.heads import load, registry
+    from treespec.heads import load, load_profile
     from treespec.heads.accuracy import write_accuracy
     from treespec.heads.eagle import EagleModel
 
@@ -81,17 +81,21 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     write_accuracy(tmp_path, acc)
     prompt = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     vanilla = generate(target, prompt, max_new_tokens=8)
-    drafter = load(tmp_path, target)
-    assert drafter.accuracy == acc and drafter.tree_chooser is None
-    out = generate(target, prompt, drafter=drafter, tree={"kind": "accuracy", "nodes": 4}, max_new_tokens=8)
+    drafter, profile = load(tmp_path, target), load_profile(tmp_path)
+    assert profile.accuracy == acc and profile.tree_chooser is None
+    with pytest.raises(ValueError, match=r"needs the drafter's measured.*load_profile"):
+        generate(target, prompt, drafter=drafter, tree={"kind": "accuracy", "nodes": 4}, max_new_tokens=8)
+    out = generate(target, prompt, drafter=drafter, tree={"kind": "accuracy", "nodes": 4}, profile=profile,
+                   max_new_tokens=8)
     assert torch.equal(out.sequences, vanilla.sequences)
     with pytest.raises(ValueError, match=r"needs this device's cost curve.*save_cost_curve"):
-        generate(target, prompt, drafter=drafter, tree={"kind": "auto"}, max_new_tokens=8)
+        generate(target, prompt, drafter=drafter, tree={"kind": "auto"}, profile=profile, max_new_tokens=8)
     save_cost_curve(tmp_path, measure_cost_curve(target, (1, 2, 4, 8), past_len=8, repeats=2))
-    for drafter in (load(tmp_path, target), registry.build("eagle", target, str(tmp_path))):
-        assert drafter.tree_chooser is not None
-        out = generate(target, prompt, drafter=drafter, tree={"kind": "auto", "max_nodes": 6}, max_new_tokens=8)
-        assert torch.equal(out.sequences, vanilla.sequences)
+    profile = load_profile(tmp_path)
+    assert profile.tree_chooser is not None
+    out = generate(target, prompt, drafter=drafter, tree={"kind": "auto", "max_nodes": 6}, profile=profile,
+                   max_new_tokens=8)
+    assert torch.equal(out.sequences, vanilla.sequences)
     # a flat curve (verifying more tokens is free) makes auto take every node it may
-    drafter.tree_chooser = auto_chooser({1: 1.0, 8: 1.0})
-    assert len(build_tree({"kind": "auto", "max_nodes": 6}, drafter=drafter)) == 6
+    profile.tree_chooser = auto_chooser({1: 1.0, 8: 1.0})
+    assert len(build_tree({"kind": "auto", "max_nodes": 6}, profile=profile)) == 6

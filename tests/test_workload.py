@@ -1,4 +1,5 @@
-"""Workloads (train/workload.py, train/templates.py) and the comparison on them (train/compare.py): every
+"""Workloads (train/compare/workload.py, train/compare/templates.py) and the comparison on them (train/compare/job.py):
+every
 prompt format, datasets folders and parquet files, seeded selection, chat templates and end tokens, turns
 answered by the target itself, and a whole run by category on a tiny chat model."""
 
@@ -9,10 +10,10 @@ from omegaconf import OmegaConf
 
 from treespec import generate
 from treespec.heads import PromptLookup
-from treespec.train import compare
-from treespec.train.chat import CHATML
-from treespec.train.templates import PromptTemplate, continuation_windows, timed_prompts
-from treespec.train.workload import Item, load_workload, read_dataset, read_jsonl, read_texts, select
+from treespec.train.compare import job as compare
+from treespec.train.compare.templates import PromptTemplate, continuation_windows, timed_prompts
+from treespec.train.compare.workload import Item, load_workload, read_dataset, read_jsonl, read_texts, select
+from treespec.train.training.chat import CHATML
 
 from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama, write_jsonl
 

@@ -31,7 +31,7 @@ import torch
 
 from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.cache import TreeCache
-from treespec.generate import prefill_kwargs
+from treespec.compat import prefill_kwargs
 from treespec.io import atomic_write_json, read_json
 from treespec.timing import forward_time, median_time
 from treespec.tree import Tree

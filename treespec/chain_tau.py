@@ -33,9 +33,8 @@ import torch
 from transformers import DynamicCache
 
 from treespec.autotree import ChainTable
-from treespec.compat import cache_arg
+from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, in_use, stack_features
-from treespec.generate import prefill_kwargs
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
 from treespec.verify_traversal import EMPTY_MASS
@@ -158,7 +157,7 @@ def measure_chain_tau(target, drafter: Drafter, windows, *, depth: int, sampling
                       cuts: int = 4, generator: torch.Generator | None = None) -> ChainTau:
     """Each rule's predicted τ for chains γ = 0..``depth`` (module docstring), from one sampled chain per context.
 
-    ``windows``: held-out text the target wrote itself (train/data.py ``own_continuations``), one [n, S] tensor
+    ``windows``: held-out text the target wrote itself (train/training/data.py ``own_continuations``), one [n, S] tensor
     or a list of [1, S_i]; each window gives ``cuts`` contexts, its prefixes cut at evenly spaced lengths past
     the ``lead`` prompt tokens (the text decoding would verify). Off the decoding path: one drafting call per
     depth and two target passes per batch of contexts."""

@@ -18,6 +18,8 @@ call site goes through this module instead of testing versions itself; what diff
 - **Emptying a cache layer.** 5.24's ``DynamicLayer.reset`` drops the layer's tensors (the next update starts it
   afresh); 5.8's zeroes them in place and keeps their length, so the cache would still report the old
   sequence. ``empty_layer`` does what 5.24 does, on every release.
+- **Logits of the last position only.** Causal LMs take ``logits_to_keep`` (a prefill then projects one
+  position, not the whole prompt, through the lm_head); other models do not: ``prefill_kwargs(model)``.
 - **Generating without an end token.** ``generate(..., eos_token_id=None)`` crashes 5.8's prompt-lookup
   candidate generator (``torch.isin(ids, None)``); ``NO_EOS`` (an empty list) means the same on every release.
 """
@@ -94,3 +96,8 @@ def empty_layer(layer) -> None:
     """Leave a ``DynamicLayer`` holding nothing, uninitialised, as 5.24's ``reset`` does (5.8's keeps zeros)."""
     layer.keys = layer.values = None
     layer.is_initialized = False
+
+
+def prefill_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it (transformers' causal LMs), else nothing."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -157,16 +156,6 @@ class Drafter:
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None
-    #: measured per-depth top-k accuracies acc[d][r] (a trained drafter's head_accuracy.json): what tree kinds
-    #: "accuracy" and "auto" grow from (treespec.tree_spec); None: not measured
-    accuracy: list[list[float]] | None = None
-    #: each rule's measured τ of sampled chains γ = 0..D (treespec.chain_tau.measure_chain_tau at the decoding
-    #: sampling): what "auto" chooses from when candidates are sampled (treespec.tree_spec.drafter_accuracy)
-    chain_tau = None
-    #: (accuracy, max_nodes) → the Tree kind "auto" verifies: treespec.autotree.auto_chooser on this device's
-    #: cost curve (a trained drafter's cost_curve.json, treespec.autotree.saved_chooser); None: no curve
-    tree_chooser = None
-
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
 
@@ -200,17 +189,6 @@ class Drafter:
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others
         finished."""
-
-    # -- cost timing (predicted speedups: treespec.autotree; the comparison times it between target passes) --
-    #: whether one drafting call fills the whole tree (Medusa's heads) rather than one depth of it
-    fills_tree_at_once: bool = False
-
-    def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1) -> Callable[[], object] | None:
-        """A call that runs one of this drafter's drafting calls on placeholder inputs, as it drafts: one depth
-        of ``n_tokens`` frontier nodes per row after ``past_len`` cached entries, or one whole proposal for a
-        drafter that ``fills_tree_at_once``, for ``batch`` rows at once. None: it runs no model, so there is
-        nothing to time. It may leave per-sequence state behind: call ``reset()`` when done with it."""
-        return None
 
 
 def stack_features(hidden_states, layers) -> torch.Tensor:

@@ -19,7 +19,6 @@ Timing is an optional observer (treespec/timing.py): without one the loop never 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -27,10 +26,11 @@ from transformers import DynamicCache
 
 from treespec.attention import TreeAttention
 from treespec.cache import TreeCache, check_filled, decoding_cache, is_hybrid
-from treespec.compat import cache_arg
+from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
+from treespec.profile import DrafterProfile
 from treespec.recurrent import RecurrentVerifier
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
@@ -88,11 +88,6 @@ class DecodeState:
         return None if self.features is None else gather_last(self.features, self.feature_counts)
 
 
-def prefill_kwargs(target) -> dict:
-    """``logits_to_keep=1`` where the model's forward takes it (transformers' causal LMs), else nothing."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
-
-
 @torch.no_grad()
 def generate(
     target,
@@ -101,6 +96,7 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     drafter=None,
     tree: Tree | DynamicTree | dict | None = None,
+    profile: DrafterProfile | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -120,7 +116,8 @@ def generate(
     tokens and the pad id after its eos (``pad_token_id``, else the target's, else the first eos, else 0).
 
     ``tree`` is the candidate tree: a Tree, a DynamicTree or a tree-spec dict (default: the drafter's
-    ``default_tree``). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
+    ``default_tree``); spec kinds "accuracy" and "auto" grow it from the drafter's measured ``profile``
+    (treespec/profile.py). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
     "rejection" (lossless: greedy at temperature 0, rejection sampling otherwise) or "typical"
     (Medusa's typical acceptance: faster, NOT lossless). ``observer`` (a ``treespec.timing.StepTimer``)
     fills the result's target and draft times; ``wall_time`` is always measured.
@@ -128,7 +125,7 @@ def generate(
     inputs = check_inputs(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
                           acceptance=acceptance, observer=observer, attention_mask=attention_mask,
-                          pad_token_id=pad_token_id)
+                          pad_token_id=pad_token_id, profile=profile)
     uses_features = inputs.drafter is not None and inputs.drafter.needs_features
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
               feature_layers=tuple(inputs.drafter.feature_layers) if uses_features else ())

@@ -29,6 +29,7 @@ from treespec.cache import attention_layers, check_rollback, is_hybrid
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.masks import TREE_MASK_ATTENTION
+from treespec.profile import DrafterProfile
 from treespec.sampling import Sampling
 from treespec.timing import StepTimer
 from treespec.tree import Tree
@@ -223,13 +224,14 @@ def check_target(target) -> None:
                          "on CPU")
 
 
-def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None) -> Tree | DynamicTree:
+def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None) -> Tree | DynamicTree:
     if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
-        # accuracy kinds use the drafter's own measurements (for "auto", under this rule and sampling)
-        tree = build_tree(tree, drafter=drafter, acceptance=acceptance, sampling=sampling)
+        # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling)
+        tree = build_tree(tree, profile=profile, candidates=getattr(drafter, "candidates", "topk"),
+                          acceptance=acceptance, sampling=sampling)
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if drafter is None:
@@ -258,7 +260,7 @@ def check_batch(target, drafter, batch_size: int) -> None:
 
 
 def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
-                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None) -> Inputs:
+                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None, profile=None) -> Inputs:
     """Every generate() argument, checked; see the module docstring."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
@@ -279,7 +281,9 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     pad = pad_id(target, pad_token_id, eos_ids)
     given, mask = check_input_ids(input_ids, target, attention_mask, pad)
     lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()
-    tree = check_tree(tree, drafter, acceptance, sampling)
+    if profile is not None and not isinstance(profile, DrafterProfile):
+        raise ValueError(f"profile must be a treespec.profile.DrafterProfile or None, got {type(profile).__name__}")
+    tree = check_tree(tree, drafter, acceptance, sampling, profile)
     check_target(target)
     check_batch(target, drafter, given.shape[0])
     vocab = vocab_size(target)

@@ -15,9 +15,9 @@ Dynamic kind (grown by the drafter every step; EAGLE-2):
 loaded or trained); ``build_tree`` builds it from what the kind needs. Unknown kinds, unknown keys, missing
 keys and bad values raise ValueError naming the spec.
 
-The accuracy kinds need the drafter's measurements. Given a ``drafter`` (generate() passes its own), they
-come from it: ``drafter.accuracy`` (a trained drafter's folder holds them, head_accuracy.json, and
-treespec.heads.load reads them) and, for "auto", ``drafter.tree_chooser`` (made from the device's cost
+The accuracy kinds need the drafter's measurements: its ``DrafterProfile`` (treespec/profile.py; generate()
+passes the one it is given): its ``accuracy`` (a trained drafter's folder holds them, head_accuracy.json, and
+treespec.heads.load_profile reads them) and, for "auto", its ``tree_chooser`` (made from the device's cost
 curve saved beside it, cost_curve.json: treespec.autotree.save_cost_curve / saved_chooser).
 
 ``save_tree``/``load_tree`` (``Tree.save``/``Tree.load``) keep a resolved tree as JSON: its paths, or a
@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from treespec.analysis import grow_tree
-from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.dynamic_tree import DynamicTree
 from treespec.tree import Tree, write_spec
 
@@ -61,23 +60,23 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
     return spec
 
 
-def build_tree(spec, accuracy=None, choose=None, drafter=None, acceptance: str = "rejection",
-               sampling=None) -> Tree | DynamicTree:
+def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str = "topk",
+               acceptance: str = "rejection", sampling=None) -> Tree | DynamicTree:
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
     "accuracy" and "auto"), or for "auto" a τ source (treespec.autotree.tau_source); ``choose(accuracy,
     max_nodes) -> Tree`` picks the "auto" tree (it needs the device's cost curve, see
-    treespec.autotree.auto_chooser). Without them, a ``drafter``'s own are used (``drafter_accuracy``: its
-    measured chain τ under ``acceptance`` at ``sampling`` when it samples candidates, else its ``accuracy``;
-    and its ``tree_chooser``)."""
+    treespec.autotree.auto_chooser). Without them, a ``profile``'s are used (``DrafterProfile.tau_source``: its
+    measured chain τ under ``acceptance`` at ``sampling`` when the drafter samples its ``candidates``, else its
+    ``accuracy``; and its ``tree_chooser``)."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
     kind = spec["kind"]
-    if drafter is not None and kind in NEEDS_ACCURACY:
-        accuracy = accuracy if accuracy is not None else drafter_accuracy(drafter, kind, acceptance, sampling)
-        choose = choose if choose is not None else drafter.tree_chooser
+    if profile is not None and kind in NEEDS_ACCURACY:
+        accuracy = accuracy if accuracy is not None else profile.tau_source(kind, candidates, acceptance, sampling)
+        choose = choose if choose is not None else profile.tree_chooser
     try:
         if kind == "chain":
             return Tree.chain(_int(spec["depth"]))
@@ -89,28 +88,17 @@ def build_tree(spec, accuracy=None, choose=None, drafter=None, acceptance: str =
             return DynamicTree(_int(spec["total_tokens"]), _int(spec["depth"]), _int(spec["top_k"]))
         if accuracy is None:
             raise ValueError("needs the drafter's measured per-depth top-k accuracies: a trained drafter's folder "
-                             "holds them (head_accuracy.json, read by treespec.heads.load), or set drafter.accuracy")
+                             "holds them (head_accuracy.json): pass profile=treespec.heads.load_profile(folder), or "
+                             "a treespec.profile.DrafterProfile(accuracy=...)")
         if kind == "accuracy":
             return grow_tree(accuracy, _int(spec["nodes"]))
         if choose is None:
             raise ValueError("needs this device's cost curve to choose from: save one beside the drafter "
-                             "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or set "
-                             "drafter.tree_chooser = treespec.autotree.auto_chooser(measure_cost_curve(target))")
+                             "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or give the "
+                             "profile tree_chooser=treespec.autotree.auto_chooser(measure_cost_curve(target))")
         return choose(accuracy, _int(spec["max_nodes"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad tree spec {spec}: {err}") from None
-
-
-def drafter_accuracy(drafter, kind: str, acceptance: str, sampling):
-    """What a drafter's "auto" tree is predicted from: for sampled candidates with a measured ``chain_tau``
-    (treespec.chain_tau), chains with ``acceptance``'s closed-form τ (none for a rule without one, e.g. typical:
-    the rank accuracies, as before); otherwise its top-k rank accuracies."""
-    measured = getattr(drafter, "chain_tau", None)
-    if kind == "auto" and measured is not None and drafter.candidates in SAMPLED_CANDIDATES:
-        source = measured.source(acceptance, sampling)
-        if source is not None:
-            return source
-    return drafter.accuracy
 
 
 def _normalized(spec) -> dict:

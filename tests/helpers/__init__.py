@@ -1,9 +1,8 @@
 """Every helper that more than one test module uses. Test modules import helpers from here (``from .helpers
 import ...``), never from one another (tests/test_layering.py checks it)."""
 
-from .chat import BAD_ROWS, WORDS, chat_tokenizer, conversations, heads_cfg, tiny_chat_target, write_jsonl
-from .distributed import assert_ok, free_port, run_ranks
-from .lossless import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
+from .chat_data import BAD_ROWS, WORDS, chat_tokenizer, conversations, heads_cfg, tiny_chat_target, write_jsonl
+from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
     compose_cfg,
@@ -15,6 +14,7 @@ from .models import (
     tiny_llama,
     tiny_trained_target,
 )
+from .processes import assert_ok, free_port, run_ranks
 from .proposals import record_proposals, scratch_logits, scratch_proposal
 from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_two_counts, logits_with_argmax
 from .wandb_logs import wandb_run_contains

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from treespec.heads.eagle import EagleModel
-from treespec.heads.eagle3_model import Eagle3Model, build_vocab_map
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads
-from treespec.train.lossless import hf_greedy, perturbed  # noqa: F401 - the suite's references, re-exported
+from treespec.train.checks.lossless import hf_greedy, perturbed  # noqa: F401 - the suite's references, re-exported
 
 
 def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0, attn: str = "sdpa",
@@ -40,7 +40,7 @@ def compose_cfg(config_name: str, overrides: list[str]):
 def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
     """A tiny LM trained for 60 steps through the LM entry (wandb offline): (its folder, the data-cache
     override that heads runs should share)."""
-    from treespec.train import lm
+    from treespec.train.training import lm_job as lm
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

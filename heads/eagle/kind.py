@@ -1,0 +1,55 @@
+"""The EAGLE-1/2 kind (conf/drafter/eagle.yaml): treespec's folders and upstream EAGLE-1/2 checkpoints (SafeAILab,
+vLLM, SGLang), trained by heads/eagle/objective.py."""
+
+from __future__ import annotations
+
+from treespec.drafter import CANDIDATE_MODES
+from treespec.heads.eagle import objective
+from treespec.heads.eagle.drafter import Eagle, rank_accuracy
+from treespec.heads.eagle.network import EagleModel
+from treespec.heads.eagle.upstream import eagle_from_upstream, eagle_to_upstream, is_eagle1
+from treespec.heads.kind import DrafterKind
+from treespec.heads.upstream_common import Refused, strip_model_prefix
+from treespec.reference import resolve
+
+
+class EagleKind(DrafterKind):
+    name = "eagle"
+    candidate_modes = CANDIDATE_MODES
+    reduces_vocab = True
+    module_type = EagleModel
+    upstream_format = "eagle"
+    needs_config_json = True  # heads, RoPE and norms are read from it
+
+    def load(self, source, target) -> EagleModel:
+        return EagleModel.from_pretrained(resolve(source), target)
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> Eagle:
+        return Eagle(module, candidates=candidates, draft_vocab=draft_vocab, lean=lean)
+
+    def rank_accuracy(self, target, module, windows, **options) -> list[list[float]]:
+        return rank_accuracy(target, module, windows, **options)
+
+    def detects(self, weights, config, where) -> bool:
+        # a speculators config is EAGLE-3's (heads/eagle3/kind.py) whatever its tensors look like
+        return is_eagle1(strip_model_prefix(weights, where)) and config.get("speculators_model_type") is None
+
+    def from_upstream(self, weights, config, target, where, **options) -> EagleModel:
+        return eagle_from_upstream(weights, config, target, where)
+
+    def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
+        if to == "speculators":
+            raise Refused("speculators cannot hold an EAGLE-1 drafter (vLLM reads speculators' eagle3 format only)")
+        if to == "medusa":
+            raise Refused("an EAGLE drafter cannot be written as Medusa heads")
+        config, tensors = eagle_to_upstream(module, target, to)
+        return config, tensors, "pytorch_model.bin" if to == "eagle" else "model.safetensors"
+
+    def recipe(self, cfg, target, train_tokens=None):
+        return objective.recipe(cfg, target, train_tokens)
+
+    def target_layers(self, d, num_hidden_layers: int) -> tuple[int, ...]:
+        return objective.target_layers(d, num_hidden_layers)
+
+
+KIND = EagleKind()

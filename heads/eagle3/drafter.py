@@ -1,0 +1,39 @@
+"""The EAGLE-3 drafter and its kind: the Eagle drafter's expansion (heads/eagle/drafter.py) over an Eagle3Model
+(heads/eagle3/network.py: what it computes, its aux layers, draft vocabulary and folder).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.heads.accuracy import RankHits
+from treespec.heads.eagle.drafter import Eagle
+from treespec.heads.eagle3.network import Eagle3Model
+from treespec.heads.target_states import target_states
+from treespec.heads.unroll import unrolled
+from treespec.sampling import GREEDY, Sampling
+
+
+class Eagle3(Eagle):
+    """The EAGLE-3 drafter: the Eagle drafter's expansion (autoregressive over its own outputs, static or
+    dynamic trees) over an Eagle3Model, whose distribution over the target vocabulary is zero outside the
+    draft vocabulary. Default tree DynamicTree(16, 5, 4), as Eagle's."""
+
+
+@torch.no_grad()
+def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
+                  batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
+    """acc[d][r] (heads/accuracy.py): the chance that the drafter's rank-r token at draft depth d + 1 is the
+    one the target emits (``verify.rank_acceptance``: greedy, that it is the target's argmax), drafting from
+    each root over its own outputs along the window's tokens (what an accepted tree path feeds it), on
+    held-out ``windows`` [n, S]. Ranks are the drafter's, over the target vocabulary (as it proposes them)."""
+    was_training = model.training
+    model.eval()
+    counter = RankHits(depth, top_k, sampling)
+    for batch in windows.split(batch_size):
+        batch = batch.to(model.device)
+        features, target_logits = target_states(target, batch, model.aux_layers)
+        for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), depth - 1, by_root=True):
+            counter.add(i, model.logits(out).topk(top_k, dim=-1).indices, target_logits[:, 1 + i :])
+    model.train(was_training)
+    return counter.table()

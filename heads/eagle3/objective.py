@@ -1,0 +1,134 @@
+"""Training an EAGLE-3 drafter on a frozen target (``scripts/train_heads.py drafter=eagle3``).
+
+EAGLE-3 recipe (Li et al. 2025), training-time test: the target's aux hidden states and logits are
+computed online (frozen, no grad); the drafter is unrolled ``unroll_steps`` times on its own outputs
+(``treespec.heads.unroll.unrolled``, by root): step i scores, for every root entry j of the window, the node at
+draft depth i + 1, seeing exactly what sequential drafting sees (step-0 keys causally, then its own chain).
+Step i's loss is weighted ``decay ** i``.
+
+The loss is token-only: the forward KL from the target's next-token distribution restricted to the draft
+vocabulary (renormalised) to the drafter's, KL(p_target|draft || q_draft), averaged over the positions
+whose target argmax lies inside the draft vocabulary (the others cannot be drafted right and are masked
+out, as upstream; upstream divides by all positions, here by the kept ones). No feature regression and
+no feature noise: the unrolled steps are what makes the drafter robust to its own outputs.
+
+The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the training stream
+(``token_counts`` → ``heads.eagle3_model.build_vocab_map``).
+
+Batches are token windows [b, S] or dicts with a loss mask (chat data: position p is scored when token p + 1
+is trained on) and possibly the target's stored hidden states (train/training/features.py, a ``StoredTarget``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.heads.batches import batch_parts, shifted_mask
+from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
+from treespec.heads.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.target_states import target_states
+from treespec.heads.unroll import unrolled
+
+
+def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """How often each token id occurs in ``tokens`` (any shape) where ``mask`` (same shape, loss mask) is
+    True → LongTensor [vocab]."""
+    tokens = torch.as_tensor(tokens).long()
+    if mask is not None:
+        tokens = tokens[torch.as_tensor(mask, dtype=torch.bool)]
+    return torch.bincount(tokens.flatten(), minlength=vocab)[:vocab]
+
+
+class RestrictedTarget:
+    """The target's next-token distribution restricted to the draft vocabulary and renormalised, per
+    position of ``target_logits`` [b, S, V]: p [b, S, Vd], its negative entropy Σ p log p [b, S], its argmax
+    (a draft id) [b, S], and ``valid`` [b, S]: the target's argmax lies in the draft vocabulary (and, given
+    ``scored`` [b, S] bool, the position is scored: the loss mask)."""
+
+    def __init__(self, target_logits: torch.Tensor, model: Eagle3Model, scored: torch.Tensor | None = None):
+        log_p = torch.log_softmax(target_logits.float()[..., model.draft_ids], dim=-1)
+        self.p = log_p.exp()
+        self.neg_entropy = (self.p * log_p).sum(-1)
+        self.argmax = log_p.argmax(-1)
+        self.valid = model.t2d[target_logits.argmax(-1)]
+        self.scored = scored
+        if scored is not None:
+            self.valid = self.valid & scored
+
+    def kl(self, draft_logits: torch.Tensor, start: int, topk_distill: int = 0,
+           topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """KL(p || q) with q = softmax(draft_logits [b, S - start, Vd]) at positions start.., averaged over
+        the valid ones → (loss, top-1 agreement on the valid ones), both 0-d; ``topk_distill`` = K > 0 adds
+        HASS's top-K distillation over the draft vocabulary × ``topk_weight`` (heads/objective.py)."""
+        valid = self.valid[:, start:]
+        log_q = torch.log_softmax(draft_logits.float(), dim=-1)
+        kl = self.neg_entropy[:, start:] - (self.p[:, start:] * log_q).sum(-1)  # [b, S - start]
+        if topk_distill:
+            kl = kl + topk_weight * topk_distillation(self.p[:, start:], log_q, topk_distill)
+        if not bool(valid.any()):
+            return kl.sum() * 0.0, kl.new_zeros(())  # keeps the graph: a batch with nothing to learn
+        top1 = (draft_logits.argmax(-1) == self.argmax[:, start:])[valid].float().mean()
+        return kl[valid].mean(), top1
+
+
+def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
+                decay: float = 0.8, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """batch [b, S] token windows (or a dict batch, train/training/data.py) → (Σ_i decay^i · KL_i over unrolled steps
+    i = 0..unroll_steps, metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept
+    positions) and ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+    batch, loss_mask, target = batch_parts(batch, target, model.device)
+    features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
+    scored = None if loss_mask is None else shifted_mask(loss_mask, 1, batch.shape[1])  # p predicts token p + 1
+    restricted = RestrictedTarget(target_logits, model, scored)
+    kept = restricted.valid[:, 1:].float().sum() / (scored[:, 1:].sum().clamp(min=1) if scored is not None
+                                                    else restricted.valid[:, 1:].numel())
+    total, metrics = 0.0, {"kept_fraction": kept.item()}
+    for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True):
+        # out[:, j] predicts the token after position j + 1 + i: the target's logits there
+        kl, top1 = restricted.kl(model.draft_logits(out), 1 + i, topk_distill, topk_weight)
+        total = total + decay**i * kl
+        metrics.update({f"kl{i}": kl.item(), f"top1_{i}": top1.item()})
+    return total, metrics
+
+
+@torch.no_grad()
+def eagle3_metrics(target, model: Eagle3Model, windows: torch.Tensor, unroll_steps: int,
+                   batch_size: int = 8) -> dict:
+    """The training metrics averaged over ``windows`` [n, S] (per step KL and top-1 agreement)."""
+    was_training = model.training
+    model.eval()
+    totals = mean_metrics(lambda batch: eagle3_loss(target, model, batch, unroll_steps=unroll_steps), windows,
+                          batch_size)
+    model.train(was_training)
+    return totals
+
+
+def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
+    """The aux hidden states the drafter fuses: what offline features must hold besides the last one."""
+    return resolve_aux_layers(d.aux_layers, num_hidden_layers)
+
+
+def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
+    """The recipe for ``drafter=eagle3`` (conf/drafter/eagle3.yaml). The draft vocabulary is the
+    ``draft_vocab_size`` most frequent tokens of ``train_tokens`` (the training stream)."""
+    d = cfg.drafter
+    vocab = vocab_size_of(target)
+    counts = token_counts(train_tokens, vocab)
+    draft_vocab = min(int(d.draft_vocab_size or vocab), vocab)
+    d2t, t2d = build_vocab_map(counts, draft_vocab)
+    coverage = counts[t2d].sum().item() / max(1, counts.sum().item())
+    model = Eagle3Model(target, aux_layers=d.aux_layers, vocab_map=(d2t, t2d), layer=d.get("layer", "llama"))
+
+    def loss(batch):
+        return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay,
+                           topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0))
+
+    def evaluate(val):
+        return {f"eagle3_{k}": v for k, v in eagle3_metrics(target, model, val, d.unroll_steps).items()}
+
+    description = (f"aux layers {model.aux_layers}, draft vocabulary {draft_vocab} of {vocab} tokens "
+                   f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s)")
+    return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
+                  lambda: Eagle3(model), description)

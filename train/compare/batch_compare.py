@@ -1,0 +1,143 @@
+"""The comparison across batch sizes: how tokens/s, τ and the best tree change when B prompts decode at once,
+and where speculation stops paying (``batch_sizes=[1,4,16]`` in conf/compare.yaml; docs/batch.md).
+
+For every batch size B, ``batches`` batches of B held-out prompts (batch i: prompts i·B, i·B + 1, ...,
+cycling through the prompt set) are decoded, interleaved batch by batch after a warm-up (bench.measure, a
+batch standing for a prompt), by treespec's batched vanilla decoding, transformers' batched greedy
+``generate`` on the same left-padded batch, and every drafter × tree. Per configuration and B: tokens/s over
+every row's tokens, the speedup against batched vanilla at the same B and against transformers' batched
+generate (each the median over batches of the per-batch ratio; intervals over batches in train/compare/batch_report.py),
+and τ over every row's verification passes.
+
+``tree=auto`` is chosen anew at each B: the target's cost curve is measured over B × N tokens (N tree tokens
+per row, ``cost_sizes``), the drafter's drafting cost at B rows, and autotree picks the accuracy-grown tree
+with the best predicted tokens/s, or the empty tree (vanilla decoding) where none is predicted to pay: from
+that B on, speculation stops paying on this device. The per-B curves are the target's alone (the B = 1 grid
+also times them after each drafter's drafting, which would multiply this part's cost by the drafters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from treespec.autotree import cost_at, measure_cost_curve, predict
+from treespec.bench import Config, measure
+from treespec.compat import NO_EOS
+from treespec.heads.kind import drafting_step, fills_tree_at_once
+from treespec.inputs import left_padded
+from treespec.result import GenerationResult, RowResult
+from treespec.timing import forward_step, median_time
+from treespec.tree import Tree
+
+TRANSFORMERS = "transformers batched"  # the peer's config name
+
+
+def prompt_batches(prompts: list[torch.Tensor], size: int, count: int) -> list[list[torch.Tensor]]:
+    """``count`` batches of ``size`` prompts ([1, P] tensors → 1-D rows): batch i holds prompts i·size ..
+    i·size + size − 1, cycling through the set (a set smaller than a batch repeats prompts in it)."""
+    return [[prompts[(i * size + j) % len(prompts)][0] for j in range(size)] for i in range(count)]
+
+
+def batched_peer(target, pad_token_id: int = 0, eos_token_id=None):
+    """A bench.Config runner for transformers' batched ``generate`` on the same left-padded batch. With
+    ``eos_token_id`` each row stops where treespec's does (its end tokens; a row's tokens counted up to its
+    first); without, every row generates the whole budget."""
+    ends = set(eos_token_id or ())
+    stop = {"eos_token_id": list(ends)} if ends else {"eos_token_id": NO_EOS}
+
+    def generated(row: list[int]) -> int:
+        return next((i + 1 for i, token in enumerate(row) if token in ends), len(row))
+
+    def run(batch, max_new_tokens, temperature, top_p, generator):
+        ids, mask = left_padded(batch, pad_token_id)
+        ids, mask = ids.to(target.device), mask.to(target.device)
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
+            {"do_sample": False}
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+        t0 = time.perf_counter()
+        budget = {} if ends else {"min_new_tokens": max_new_tokens}
+        seq = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                              **budget, **stop, **sampling)
+        wall = time.perf_counter() - t0
+        rows = [RowResult(len(row), generated(new)) for row, new in zip(batch, seq[:, ids.shape[1]:].tolist(),
+                                                                         strict=True)]
+        return GenerationResult(sequences=seq, prompt_length=ids.shape[1], wall_time=wall, rows=rows)
+
+    return run
+
+
+def drafting_costs(drafter, target_step, batch: int) -> tuple[float, float]:
+    """(seconds per proposal, seconds per drafted depth) of ``drafter`` for ``batch`` rows, as the comparison
+    measures them at one row: a step's first drafting call follows a target pass (``target_step``), which
+    pushed the drafter's weights out of the caches, so that extra cost is charged once per step."""
+    step = drafting_step(drafter, batch)
+    if step is None:
+        return 0.0, 0.0
+    cold = median_time(step, before=target_step)
+    if fills_tree_at_once(drafter):
+        drafter.reset()
+        return cold, 0.0
+    warm = median_time(step)
+    drafter.reset()
+    return max(0.0, cold - warm), warm
+
+
+def _finite(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], prompts: list[torch.Tensor], *,
+                    resolve: Callable, batch_sizes, batches: int, max_new_tokens: int, temperature: float = 0.0,
+                    top_p: float = 1.0, eos_token_id=None, cost_sizes=(1, 2, 4, 8, 16, 32), past_len: int = 256,
+                    pad_token_id: int = 0, seed: int = 0, log=print) -> dict:
+    """Measure every drafter × tree at every batch size (module docstring) → results.json's "batch" section:
+    {batch_sizes, batches, cost_curves {B: {N: s}}, draft_costs {drafter: {B: [fixed, per depth]}}, records}.
+
+    ``drafters``: the comparison's DrafterSpecs (train/compare/job.py); ``specs``: (label, tree spec) pairs;
+    ``resolve(spec, drafter_spec, curve, baseline)`` → (tree, None) or (None, why not), as the comparison
+    resolves trees (``tree=auto`` from ``curve`` and the DrafterSpec's drafting costs, here those at B rows)."""
+    out = {"batch_sizes": list(batch_sizes), "batches": batches, "max_new_tokens": max_new_tokens,
+           "cost_curves": {}, "draft_costs": {}, "records": [], "skipped": []}
+    for size in batch_sizes:
+        log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
+        curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
+        out["cost_curves"][str(size)] = curve
+        baseline = cost_at(curve, 1)  # a vanilla step at this batch size
+        target_step = forward_step(target, 1, past_len, batch=size)
+        configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
+        for d in drafters:
+            fixed, per_depth = drafting_costs(d.drafter, target_step, size)
+            out["draft_costs"].setdefault(d.name, {})[str(size)] = [fixed, per_depth]
+            at_size = dataclasses.replace(d, draft_cost_fixed=fixed, draft_cost_per_depth=per_depth)
+            for label, spec in specs:
+                tree, reason = resolve(spec, at_size, curve, baseline)
+                name = f"{d.name} | {label}"
+                if tree is None:
+                    out["skipped"].append({"batch_size": size, "config": name, "reason": reason})
+                    continue
+                configs.append(Config(name, d.drafter, tree))
+                pred = predict(tree, d.accuracy, curve, per_depth, fixed, baseline=baseline) \
+                    if d.accuracy is not None and isinstance(tree, Tree) else None
+                meta[name] = {"drafter": d.name, "tree": label, "nodes": len(tree),
+                              "predicted_speedup": pred.speedup if pred else None}
+        configs.append(Config(TRANSFORMERS, run=batched_peer(target, pad_token_id, eos_token_id)))
+        meta[TRANSFORMERS] = {"drafter": "transformers", "tree": "vanilla", "nodes": 0, "predicted_speedup": None}
+        rows = measure(target, configs, prompt_batches(prompts, size, batches), max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+                       progress=lambda name, i, size=size: log(f"  [B={size}, batch {i + 1}/{batches}] {name}"))
+        peer = next(r for r in rows if r.name == TRANSFORMERS).prompt_tokens_per_s
+        for row in rows:
+            vs_peer = [a / b for a, b in zip(row.prompt_tokens_per_s, peer, strict=True)]
+            out["records"].append({
+                "batch_size": size, "config": row.name, **meta[row.name], "tau": _finite(row.tau),
+                "tokens_per_s": row.tokens_per_s, "speedup": row.speedup,
+                "speedup_vs_transformers": statistics.median(vs_peer),
+                "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
+                         "speedup_vs_transformers": vs_peer, "accept_lengths": row.prompt_accept_lengths}})
+    return out

@@ -1,0 +1,389 @@
+"""The comparison's measurement: every drafter × tree, and the peers, on one target and one set of prompts.
+
+For every drafter × tree: τ, acceptance-length histogram, target passes, tokens/s and speedup over vanilla
+decoding measured in the same process (bench.measure: interleaved, warmed up, medians), beside the analytic
+prediction from the drafter's measured per-depth top-k accuracies and the target's measured cost curve
+(autotree), taken at the prompts' median context length, prefill and generation length included
+(``autotree.predict_generation``). Peers run on the same prompts: transformers' generate() (greedy or
+sampling), assisted generation with ``assistant``, and ``prompt_lookup_num_tokens``, interleaved with each
+drafter's best configuration. Every prompt run's values are kept (results.json) with each prompt's category,
+so the report (train/compare/report.py, train/compare/categories.py) can be rendered again later without measuring, and
+every
+configuration's tree is saved (``trees/``) so the best one can be used elsewhere. train/compare/job.py drives it
+from the config.
+
+Prompts may have different generation budgets (``max_new_tokens`` per prompt, e.g. per category): prompts
+sharing a budget are measured together, one bench.measure call per budget, and their rows merged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from treespec.autotree import (
+    auto_chooser,
+    cost_at,
+    measure_cost_curve,
+    measure_prefill_curve,
+    predict,
+    predict_generation,
+    tau_source,
+)
+from treespec.bench import Config, Row, measure
+from treespec.compat import NO_EOS
+from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.generate import GenerationResult
+from treespec.train.compare.batch_compare import run_batch_sizes
+from treespec.train.compare.report import save_result, write_outputs
+from treespec.train.compare.stamp import collect as collect_stamp
+from treespec.train.compare.stamp import model_checksum
+from treespec.tree import Tree
+from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
+
+
+@dataclass
+class DrafterSpec:
+    name: str
+    drafter: object
+    accuracy: list | None = None        # acc[d][r] for accuracy-grown trees and predictions
+    draft_cost_per_depth: float = 0.0   # seconds, for predictions
+    draft_cost_fixed: float = 0.0
+    max_depth: int | None = None        # deepest tree it can fill (Medusa: number of heads)
+    drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
+    checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
+    entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
+    chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
+
+    def tau_source(self, rule: str = "rejection"):
+        """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
+        (None where no closed form exists: typical acceptance), else the top-k rank accuracies."""
+        return self.chain_tau.source(rule) if self.chain_tau is not None else self.accuracy
+
+
+def expand_specs(specs) -> list[dict]:
+    """List-valued fields expand into one spec per value: {"kind": "chain", "depth": [1, 2]} → two specs."""
+    out = []
+    for spec in specs:
+        spec = dict(spec)
+        keys = [k for k, v in spec.items() if isinstance(v, (list, tuple)) and k != "paths"]
+        for values in itertools.product(*(spec[k] for k in keys)):
+            out.append({**spec, **dict(zip(keys, values, strict=True))})
+    return out
+
+
+def spec_label(spec: dict) -> str:
+    kind = spec.get("kind")
+    if kind == "chain":
+        return f"chain γ={spec['depth']}"
+    if kind == "full":
+        return f"full {spec['width']}×{spec['depth']}"
+    if kind == "accuracy":
+        return f"accuracy {spec['nodes']}"
+    if kind == "dynamic":
+        return f"dynamic {spec.get('total_tokens')}/{spec.get('depth')}/{spec.get('top_k')}"
+    if kind == "auto":
+        return "auto"
+    return f"{kind} {len(spec.get('paths', []))}"
+
+
+def tree_file(config: str) -> str:
+    """Where a configuration's tree is saved in the run folder: trees/<drafter>__<tree>.json."""
+    return "trees/" + re.sub(r"[^A-Za-z0-9._=-]+", "_", config.replace(" | ", "__")).strip("_") + ".json"
+
+
+def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int, baseline: float | None = None,
+                 rule: str = "rejection"):
+    """The tree this drafter verifies for ``spec`` under acceptance ``rule``, or (None, reason) when it cannot fill
+    it. ``curve``: the drafter's cost curve; ``baseline``: vanilla's seconds per token (default the curve's
+    one-token cost)."""
+    source = d.tau_source(rule)
+    if spec.get("kind") in NEEDS_ACCURACY and source is None:
+        return None, f"{d.name} has no measured accuracies" + (f" (no closed-form τ for {rule})" if d.chain_tau else "")
+    if spec.get("kind") == "accuracy" and d.chain_tau is not None:
+        return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
+    if spec.get("kind") == "auto":
+        spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
+    tree = build_tree(spec, accuracy=source,
+                      choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
+    if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
+        return None, f"{d.name} cannot grow dynamic trees"
+    if not isinstance(tree, Tree) and d.drafter.candidates in SAMPLED_CANDIDATES:
+        return None, f"{d.name} samples its candidates; dynamic trees grow top-k ones"
+    if d.max_depth is not None and tree.depth > d.max_depth:
+        return None, f"{d.name} fills depth <= {d.max_depth}"
+    return tree, None
+
+
+def hf_peer(target, kind: str, assistant=None, eos_token_id=None):
+    """A bench.Config runner for transformers' own generate(): greedy/sampling, assisted, prompt lookup. With
+    ``eos_token_id`` it stops where treespec does (end tokens); without, it runs the whole budget."""
+    extra = {"assisted": {"assistant_model": assistant}, "prompt_lookup": {"prompt_lookup_num_tokens": 4}}.get(kind, {})
+    stop = {"eos_token_id": list(eos_token_id)} if eos_token_id else {"eos_token_id": NO_EOS}
+
+    def run(prompt, max_new_tokens, temperature, top_p, generator):
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
+            {"do_sample": False}
+        budget = {} if eos_token_id else {"min_new_tokens": max_new_tokens}
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+        t0 = time.perf_counter()
+        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                              pad_token_id=0, **budget, **stop, **sampling, **extra)
+        return GenerationResult(sequences=seq, prompt_length=prompt.shape[1], wall_time=time.perf_counter() - t0)
+
+    return run
+
+
+def _module_checksum(drafter) -> dict:
+    """A drafter's weights, when it was handed over without a source: the modules it holds."""
+    modules = [v for v in vars(drafter).values() if isinstance(v, torch.nn.Module)]
+    if not modules:
+        return model_checksum()
+    return model_checksum(torch.nn.ModuleList(modules), source=type(drafter).__name__)
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def _record(row, meta: dict) -> dict:
+    """One configuration's measurement as results.json keeps it: medians and every prompt run."""
+    return {"config": row.name, **meta, "tau": _finite(row.tau), "tokens_per_s": row.tokens_per_s,
+            "speedup": row.speedup, "target_passes": row.target_passes, "new_tokens": row.new_tokens,
+            "overhead_fraction": _finite(row.overhead_fraction),
+            "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
+                     "accept_lengths": row.prompt_accept_lengths}}
+
+
+def merge_rows(parts: list[list[Row]]) -> list[Row]:
+    """One Row per configuration from the rows of several bench.measure calls on disjoint prompts (same
+    configurations, same order): per-prompt lists concatenated, medians and τ over all of them."""
+    if len(parts) == 1:
+        return parts[0]
+    out = []
+    for rows in zip(*parts, strict=True):
+        runs = [len(r.prompt_speedups) for r in rows]
+        passes = sum(r.target_passes for r in rows)
+        lengths = [n for r in rows for n in r.accept_lengths]
+        overhead = [(r.overhead_fraction, k) for r, k in zip(rows, runs, strict=True)
+                    if not math.isnan(r.overhead_fraction)]
+        drafting = [(r.draft_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.draft_time_per_pass)]
+        walking = [(r.walk_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.walk_time_per_pass)]
+        out.append(Row(
+            name=rows[0].name,
+            tokens_per_s=statistics.median(x for r in rows for x in r.prompt_tokens_per_s),
+            speedup=statistics.median(x for r in rows for x in r.prompt_speedups),
+            tau=sum(lengths) / len(lengths) if lengths else math.nan,
+            target_passes=passes, new_tokens=sum(r.new_tokens for r in rows),
+            overhead_fraction=sum(f * k for f, k in overhead) / sum(k for _, k in overhead) if overhead else math.nan,
+            accept_lengths=lengths,
+            prompt_tokens_per_s=[x for r in rows for x in r.prompt_tokens_per_s],
+            prompt_speedups=[x for r in rows for x in r.prompt_speedups],
+            prompt_accept_lengths=[x for r in rows for x in r.prompt_accept_lengths],
+            draft_time_per_pass=sum(t * p for t, p in drafting) / max(1, sum(p for _, p in drafting)) if drafting
+            else math.nan,
+            walk_time_per_pass=sum(t * p for t, p in walking) / max(1, sum(p for _, p in walking)) if walking
+            else math.nan))
+    return out
+
+
+def measure_by_budget(target, configs: list[Config], prompts: list[torch.Tensor], budgets: list[int], *, repeats: int,
+                      progress=None, on_prompt=None, **kwargs) -> tuple[list[Row], list[int]]:
+    """bench.measure over ``prompts`` × ``repeats``, one call per generation budget (prompts sharing one are
+    measured together); returns the merged rows and the prompt index of every run, in measuring order.
+    ``on_prompt(rows, prompt_of_run)`` gets what has been measured so far after every prompt run."""
+    groups: dict[int, list[int]] = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(int(budget), []).append(i)
+    done: list[list[Row]] = []
+    order: list[int] = []
+    seed = kwargs.pop("seed", 0)
+    for budget, idx in groups.items():
+        runs = idx * repeats
+        before = list(order)
+
+        def handover(partial, before=before, runs=runs):
+            if on_prompt is not None:
+                k = len(partial[0].prompt_speedups)
+                on_prompt(merge_rows(done + [partial]), before + runs[:k])
+
+        # prompt i of a group is tagged seed + its position: offset so no two groups share generator seeds
+        done.append(measure(target, configs, [prompts[i] for i in runs], max_new_tokens=budget,
+                            seed=seed + len(order), progress=progress, on_prompt=handover, **kwargs))
+        order += runs
+    return merge_rows(done), order
+
+
+def context_length(prompt_info: list[dict]) -> int:
+    """The median context a verification pass sees: prompt tokens + half the answer, over the prompts."""
+    return max(1, int(statistics.median(p["prompt_tokens"] + p["answer_tokens"] // 2 for p in prompt_info)))
+
+
+def describe_prompts(prompts: list[torch.Tensor], budgets: list[int]) -> list[dict]:
+    """Plain prompts (no workload): one category, generation lengths the whole budget."""
+    return [{"id": str(i), "category": "all", "turn": 1, "prompt_tokens": p.shape[1], "max_new_tokens": b,
+             "answer_tokens": b} for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
+
+
+def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], prompts: list[torch.Tensor], *,
+                   max_new_tokens: int | list[int], temperature: float = 0.0, top_p: float = 1.0, repeats: int = 1,
+                   cost_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_nodes: int = 64, peers: bool = True,
+                   assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
+                   stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
+                   held_out: str | None = None, batch_sizes=None, batches: int = 3,
+                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection") -> dict:
+    """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
+
+    ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
+    (and peer) stops at; ``prompt_info[i]``: prompt i's id, category, turn, prompt and answer tokens
+    (templates.TimedPrompt.describe; default: one category, answers the whole budget); ``held_out``: where
+    the drafters' accuracies were measured, for the report. ``acceptance``: the walker's rule, or a list of
+    rules run side by side on the same trees (each configuration named "drafter | tree | rule"; block
+    verification skips branching trees). ``stamp`` (train/compare/stamp.py) describes the run;
+    without one a stamp is collected here. ``bootstrap``: {samples, level, seed} for the report's intervals.
+    ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each, the
+    longest budget, tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens):
+    train/compare/batch_compare.py."""
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    prompt_info = prompt_info or describe_prompts(prompts, budgets)
+    if stamp is None:
+        stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
+                              drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
+    context = context_length(prompt_info)
+    log(f"cost curve: target forward over N tree tokens after {context} cached ones (the prompts' median context), "
+        f"N in {list(cost_sizes)}")
+    curve = measure_cost_curve(target, cost_sizes, past_len=context)
+    log("  " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in curve.items()))
+    lengths = sorted(p["prompt_tokens"] for p in prompt_info)
+    prefill = measure_prefill_curve(target, {lengths[0], lengths[len(lengths) // 2], lengths[-1]})
+    log("prefill: " + ", ".join(f"{n} tokens: {1e3 * t:.1f} ms" for n, t in prefill.items()))
+    # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
+    # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
+    curves, baseline = {}, cost_at(curve, 1)  # vanilla's seconds per token: the target alone
+    for d in drafters:
+        if d.drafting_step is not None:
+            curves[d.name] = measure_cost_curve(target, cost_sizes, past_len=context, before=d.drafting_step())
+            d.drafter.reset()
+            log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
+                                                           curves[d.name].items()))
+
+    rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
+    configs, meta, skipped = [], {}, []
+    for d, spec, rule in itertools.product(drafters, expand_specs(tree_specs), rules):
+        tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline, rule=rule)
+        name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
+        if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
+            tree, reason = None, "block verification verifies chains"
+        if tree is None:
+            log(f"  skip {name}: {reason}")
+            skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
+            continue
+        configs.append(Config(name, d.drafter, tree, acceptance=rule))
+        # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
+        source = d.tau_source(rule)
+        pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
+                       baseline=baseline) \
+            if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None
+        # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
+        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
+                                                     baseline) for p in prompt_info) if pred else None
+        save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, tree=spec_label(spec),
+                  **{"load": d.entry} if d.entry else {})
+        meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
+                      "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
+                      "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
+                      "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
+                      "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name)}
+    meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
+                       "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
+    entries = {d.name: d.entry for d in drafters if d.entry}
+
+    def result_of(rows, prompt_of_run) -> dict:
+        """results.json's contents from the rows of the prompt runs measured so far, marked incomplete."""
+        records = [_record(r, meta[r.name]) for r in rows]
+        for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
+            per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
+            rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
+            rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
+            rec["walk_ms_per_pass"] = _finite(1e3 * row.walk_time_per_pass)  # part of the engine overhead
+        return {
+            "format": 3,
+            "complete": False,       # true once every prompt run and the peers are measured
+            "prompts_done": len(prompt_of_run),  # prompt runs measured (of prompts × repeats)
+            "stamp": stamp,
+            "settings": {"prompts": len(prompts), "repeats": repeats, "max_new_tokens": max(budgets),
+                         "temperature": temperature, "top_p": top_p, "seed": seed, "bootstrap": dict(bootstrap or {}),
+                         "end_token_ids": sorted(eos_token_id) if eos_token_id else None,
+                         "context_tokens": context, "held_out": held_out},
+            "prompt_info": prompt_info,
+            "prompt_of_run": list(prompt_of_run),
+            "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
+            "records": records, "skipped": skipped,
+            "best": max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla",
+            "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
+            "chain_tau": {d.name: {"tau": d.chain_tau.tau, "stderr": d.chain_tau.stderr, "drafts": d.chain_tau.drafts}
+                          for d in drafters if d.chain_tau is not None},
+            "peers": None, "wall_s": time.perf_counter() - started,
+        }
+
+    total = (len(configs) + 1) * len(prompts) * repeats
+    count = itertools.count(1)
+    common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id}
+    # saved after every prompt (atomically), so a run killed after hours keeps what it measured: report=PATH
+    # renders it as a partial run
+    rows, prompt_of_run = measure_by_budget(
+        target, configs, prompts, budgets, repeats=repeats, **common,
+        progress=lambda name, i: log(f"  [{next(count)}/{total}] {name}"),
+        on_prompt=lambda partial, order: save_result(result_of(partial, order), out_dir))
+    result = result_of(rows, prompt_of_run)
+    records, best = result["records"], result["best"]
+    if peers:
+        # each drafter's best configuration runs again beside the peers, interleaved prompt by prompt, so its
+        # ratio to every peer is measured on the same prompts in the same pass
+        by_name = {c.name: c for c in configs}
+        bests = {}
+        for rec in records[1:]:
+            if rec["drafter"] not in bests or rec["speedup"] > bests[rec["drafter"]]["speedup"]:
+                bests[rec["drafter"]] = rec
+        peer_configs = [by_name[rec["config"]] for rec in bests.values()]
+        peer_configs += [Config("transformers greedy", run=hf_peer(target, "greedy", eos_token_id=eos_token_id))]
+        if assistant is not None:
+            peer_configs.append(Config("transformers assisted", run=hf_peer(target, "assisted", assistant,
+                                                                            eos_token_id)))
+        peer_configs.append(Config("transformers prompt lookup", run=hf_peer(target, "prompt_lookup",
+                                                                             eos_token_id=eos_token_id)))
+        log(f"peers on the same prompts, interleaved with treespec vanilla and each drafter's best "
+            f"({', '.join(by_name[rec['config']].name for rec in bests.values())})")
+        peer_rows, _ = measure_by_budget(target, peer_configs, prompts, budgets, repeats=repeats, **common)
+        runs = {r.name: r.prompt_tokens_per_s for r in peer_rows}
+        best_runs = runs.get(best, runs["vanilla"])
+        result["peer_pass"] = {r.name: {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}
+                               for r in peer_rows if not r.name.startswith("transformers ")}
+        result["peers"] = [{"name": r.name, "tokens_per_s": r.tokens_per_s, "speedup_vs_vanilla": r.speedup,
+                            "treespec_best_over_this": statistics.median(
+                                b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
+                            "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}}
+                           for r in peer_rows if r.name.startswith("transformers ")]
+        result["wall_s"] = time.perf_counter() - started
+        save_result(result, out_dir)
+    if batch_sizes:
+        result["batch"] = run_batch_sizes(
+            target, drafters, [(spec_label(spec), spec) for spec in expand_specs(tree_specs)], prompts,
+            resolve=lambda spec, d, c, base: resolve_tree(spec, d, c, max_nodes, baseline=base),
+            batch_sizes=batch_sizes, batches=batches, max_new_tokens=max(budgets), temperature=temperature,
+            top_p=top_p, eos_token_id=eos_token_id, cost_sizes=batch_cost_sizes, past_len=context, seed=seed, log=log)
+    result["wall_s"] = time.perf_counter() - started
+    result["complete"] = True
+    write_outputs(result, out_dir, logger)
+    return result

@@ -1,0 +1,395 @@
+"""The comparison job: "which tree should I use here?", on your target, your drafters and your workload
+(scripts/compare_trees.py, conf/compare.yaml, conf/workload/; docs/workloads.md).
+
+``run_from_config`` checks the whole config before loading anything, then: loads the target; reads and
+selects the workload (train/compare/workload.py) and turns it into prompt ids (train/compare/templates.py: chat
+template,
+end tokens, later turns holding the target's own earlier answers); loads the drafters, each with its
+accuracies measured on the target's own continuations of the workload's held-out part (never the timed
+prompts) and FR-Spec's ranking from the same text (or a corpus the config names); keeps the assistant peer
+only when it shares the target's vocabulary; then train/compare/harness.py measures and train/compare/report.py reports.
+
+With a target other than the shipped reference one the defaults adapt: ``drafters: null`` is prompt lookup
+plus every available entry given a ``source`` (the shipped heads fit the reference target only), and the
+assistant peer is skipped, with a note in the stamp, when its vocabulary differs.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+from treespec import reference
+from treespec.chain_tau import measure_chain_tau
+from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.heads import registry
+from treespec.heads.vocab import DraftVocab
+from treespec.sampling import Sampling
+from treespec.timing import forward_step
+from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.report import rerender
+from treespec.train.compare.side_by_side import compare_runs
+from treespec.train.compare.stamp import collect as collect_stamp
+from treespec.train.compare.stamp import model_checksum
+from treespec.train.compare.templates import PromptTemplate, continuation_windows, overlaps, timed_prompts, token_counts
+from treespec.train.compare.workload import load_workload
+from treespec.train.training import config_checks
+from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
+from treespec.train.training.log import RunLogger
+from treespec.tree_spec import check_tree_spec
+from treespec.verify import ACCEPTANCE_MODES
+
+REFERENCE_TARGET = "reference:target"
+REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "medusa", "eagle")  # drafters: null on the reference target
+SOURCES = ("reference", "jsonl", "dataset", "texts")
+LEAD = 16  # prompt tokens kept before each held-out continuation (train/training/data.py's own_continuations)
+CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
+
+
+def is_reference_target(cfg) -> bool:
+    try:
+        return reference.resolve(cfg.target).resolve() == reference.resolve(REFERENCE_TARGET).resolve()
+    except FileNotFoundError:
+        return False
+
+
+def drafter_labels(cfg) -> list[str]:
+    """The drafters to run: ``cfg.drafters``, or (null) the defaults for the target (module docstring)."""
+    if cfg.get("drafters") is not None:
+        return list(cfg.drafters)
+    if is_reference_target(cfg):
+        return list(REFERENCE_DRAFTERS)
+    given = [label for label, entry in cfg.available.items() if "source" in entry
+             and not OmegaConf.is_missing(entry, "source") and entry.source is not None
+             and not str(entry.source).startswith(reference.PREFIX)]
+    return ["prompt_lookup", *given]
+
+
+def tree_specs_of(cfg) -> list[dict]:
+    """The run's tree specs (``tree=...`` replaces ``trees``), expanded and checked before anything loads."""
+    specs = [OmegaConf.to_container(cfg.tree, resolve=True)] if cfg.get("tree") else \
+        OmegaConf.to_container(cfg.trees, resolve=True)
+    for spec in expand_specs(specs):
+        check_tree_spec(spec)
+    return specs
+
+
+def acceptance_rules(cfg) -> str | list[str]:
+    """``cfg.acceptance``: one walker rule, or a list run side by side (treespec.verify.ACCEPTANCE_MODES)."""
+    rules = cfg.get("acceptance", "rejection")
+    rules = [rules] if isinstance(rules, str) else list(rules)
+    unknown = [r for r in rules if r not in ACCEPTANCE_MODES]
+    if unknown or not rules:
+        raise ValueError(f"acceptance: {unknown or 'an empty list'} is not one of {ACCEPTANCE_MODES} (or a list)")
+    return rules[0] if len(rules) == 1 else rules
+
+
+def _positive(value, key: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+
+
+def check_workload(cfg) -> None:
+    w = cfg.workload
+    if w.get("source") not in SOURCES:
+        raise ValueError(f"workload.source={w.get('source')!r} is not one of {', '.join(SOURCES)} (conf/workload/)")
+    for key in {"jsonl": ("path",), "texts": ("path",), "dataset": ("name",)}.get(w.source, ()):
+        if OmegaConf.is_missing(w, key) or not w.get(key):
+            raise ValueError(f"workload={w.source} needs workload.{key}=... (docs/workloads.md)")
+    _positive(cfg.prompts, "prompts", allow_none=True)
+    _positive(w.get("per_category"), "workload.per_category", allow_none=True)
+    _positive(w.get("max_prompt_tokens"), "workload.max_prompt_tokens", allow_none=True)
+    if not (isinstance(w.get("held_out", 0), int) and w.get("held_out", 0) >= 0):
+        raise ValueError(f"workload.held_out must be an integer >= 0, got {w.get('held_out')!r}")
+    for category, n in (w.get("max_new_tokens") or {}).items():
+        _positive(n, f"workload.max_new_tokens.{category}")
+    if w.source == "reference":
+        available = len(reference.prompts())
+        if cfg.prompts is not None and cfg.prompts > available:
+            raise ValueError(f"prompts={cfg.prompts}: only {available} held-out prompts are shipped")
+
+
+def check_config(cfg) -> None:
+    """Everything that can be wrong in the config, raised before any model is loaded."""
+    tree_specs_of(cfg)
+    acceptance_rules(cfg)
+    for label in drafter_labels(cfg):
+        if label not in cfg.available:
+            raise ValueError(f"drafters: {label!r} is not one of the available drafters ({', '.join(cfg.available)}; "
+                             "conf/drafter/ describes them)")
+        entry = cfg.available[label]
+        kind = registry.get(entry.name)
+        if kind.has_weights and OmegaConf.is_missing(entry, "source"):
+            raise ValueError(f"drafter {label!r} needs its checkpoint: available.{label}.source=/path/to/folder")
+        if entry.get("draft_vocab") is not None and not kind.reduces_vocab:
+            raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
+        if entry.get("candidates", "topk") not in kind.candidate_modes:
+            raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
+    for key in ("repeats", "max_new_tokens", "max_nodes"):
+        config_checks.integer(cfg.get(key, 1), key)
+    config_checks.number(cfg.temperature, "temperature", 0)
+    config_checks.number(cfg.top_p, "top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.get("threads"), "threads", optional=True)
+    config_checks.integer(cfg.get("seed") or 0, "seed", 0)
+    config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.integers(cfg.cost_sizes, "cost_sizes")
+    if cfg.get("batch_sizes") is not None:  # the comparison across batch sizes (train/compare/batch_compare.py)
+        for key in ("batch_sizes", "batch_cost_sizes"):
+            config_checks.integers(cfg.get(key), key)
+            if min(cfg.get(key)) < 1:
+                raise ValueError(f"{key} must be integers >= 1, got {list(cfg.get(key))}")
+        config_checks.integer(cfg.get("batches", 3), "batches")
+    if min(cfg.cost_sizes) < 1:
+        raise ValueError(f"cost_sizes must be tree sizes >= 1 (tokens per target forward), got {list(cfg.cost_sizes)}")
+    config_checks.device(cfg.get("device") or "cpu")
+    boot = bootstrap_settings(cfg)
+    if boot["samples"] < 100 or not 0 < boot["level"] < 1:
+        raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
+    check_workload(cfg)
+
+
+def drafter_checksum(entry, module) -> dict:
+    """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1."""
+    if module is None:
+        return {"source": entry.get("source"), "weights": None}
+    try:
+        folder = reference.resolve(entry.source)
+    except (FileNotFoundError, TypeError):
+        folder = None
+    return model_checksum(module, entry.get("source"), folder)
+
+
+def rank_accuracy_on(kind, target, module, windows, sampling: Sampling) -> list[list[float]]:
+    """acc[d][r] on ``windows``: one [n, S] tensor, or windows of different lengths ([1, S_i] each), whose
+    tables are pooled weighted by the positions each contributes at each depth."""
+    if isinstance(windows, torch.Tensor):
+        return kind.rank_accuracy(target, module, windows, sampling=sampling)
+    if not windows:
+        raise ValueError("no held-out window to measure accuracies on")
+    tables = [(kind.rank_accuracy(target, module, w, sampling=sampling), w.shape[1]) for w in windows]
+    if tables[0][0] is None:  # a drafter without fixed ranks to score (prompt lookup)
+        return None
+    out = []
+    for d, row in enumerate(tables[0][0]):
+        weights = [max(1, s - 1 - d) for _, s in tables]
+        pooled = [sum(t[d][r] * wt for (t, _), wt in zip(tables, weights, strict=True)) / sum(weights)
+                  for r in range(len(row))]
+        total = sum(pooled)  # ranks are exclusive: a sum above 1 is float32 rounding in the tables
+        out.append([x / total for x in pooled] if total > 1 else pooled)
+    return out
+
+
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
+    """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
+    drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
+    target's own continuations of the workload's held-out part, what verification will see; the accuracies
+    shipped beside a drafter were measured on human-written text and underestimate τ.
+    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head)."""
+    specs = []
+    target_step = forward_step(target, 1)  # drafting is timed right after a target pass, as in decoding
+    for label in drafter_labels(cfg):
+        entry = cfg.available[label]
+        kind = registry.get(entry.name)
+        candidates = entry.get("candidates", "topk")
+        try:
+            module = registry.load_module(entry.name, target, entry.get("source"))
+        except (ValueError, FileNotFoundError) as err:
+            raise ValueError(
+                f"drafters: {label!r} (available.{label}.source={entry.get('source')}) cannot serve the target "
+                f"{cfg.target}: {err}. Leave it out (drafters=[...] without {label}; drafters=null picks the ones "
+                f"that fit) or set available.{label}.source to a {entry.name} checkpoint trained for this target "
+                f"(python scripts/train_heads.py target={cfg.target} drafter={entry.name})") from None
+        draft_vocab = vocab_of(entry.get("draft_vocab"))
+        accuracy = None
+        # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured)
+        if candidates == "topk" and draft_vocab is None and windows() is not None:
+            accuracy = rank_accuracy_on(kind, target, module, windows(), sampling)  # None: no fixed ranks to score
+        drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
+        chain = None
+        if candidates in SAMPLED_CANDIDATES and not sampling.greedy and windows() is not None:
+            # sampled candidates: each rule's τ in closed form on chains drafted by the drafter itself
+            depth = min(CHAIN_DEPTH, kind.max_depth(module) or CHAIN_DEPTH)
+            chain = measure_chain_tau(target, drafter, windows(), depth=depth, sampling=sampling, lead=LEAD,
+                                      generator=torch.Generator().manual_seed(0))
+            log(f"predicted τ of {label}'s sampled chains γ = 0..{depth} ({chain.drafts} drafts): " + "; ".join(
+                f"{rule} " + " ".join(f"{t:.2f}" for t in chain.tau[rule]) for rule in chain.tau))
+        # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
+        # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
+        # each other: the first call's extra cost is charged once per step
+        fixed, cold_depth = kind.cost(drafter, before=target_step)
+        per_depth = kind.cost(drafter)[1] if cold_depth else 0.0
+        fixed += max(0.0, cold_depth - per_depth)
+        if fixed or per_depth:
+            log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
+        step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
+        specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
+                                 max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),
+                                 drafting_step=step, entry={"name": entry.name, "source": entry.get("source"),
+                                                            "candidates": candidates}, chain_tau=chain))
+    return specs
+
+
+def bootstrap_settings(cfg) -> dict:
+    b = cfg.get("bootstrap") or {}
+    return {"samples": int(b.get("samples", 2000)), "level": float(b.get("level", 0.95)),
+            "seed": int(b.get("seed", 0))}
+
+
+def assistant_peer(cfg, tokenizer, device, log=print):
+    """(the assistant model or None, the stamp's record): transformers' assisted generation needs the
+    assistant to share the target's vocabulary, so another one is skipped with a note."""
+    source = cfg.get("assistant")
+    if not source or not cfg.peers:
+        return None, {"source": source, "used": False, "reason": "not asked for" if not source else "peers=false"}
+    try:
+        same = AutoTokenizer.from_pretrained(reference.resolve(source)).get_vocab() == tokenizer.get_vocab()
+    except (OSError, ValueError, FileNotFoundError) as err:
+        raise ValueError(f"assistant={source}: {err} (assistant=null skips the assisted-generation peer)") from None
+    if not same:
+        reason = f"its vocabulary differs from the target's ({source} is not a draft model for {cfg.target})"
+        log(f"assisted-generation peer skipped: {reason}")
+        return None, {"source": str(source), "used": False, "reason": reason}
+    return reference.load_model(source)[0].to(device), {"source": str(source), "used": True}
+
+
+def workload_prompts(cfg, target, tokenizer, log=print):
+    """(timed prompts, the workload, its template, a ``windows()`` that makes the held-out windows once, the
+    held-out note for the report)."""
+    w = cfg.workload
+    template = PromptTemplate(tokenizer, w.get("template", "auto"), w.get("system_prompt"),
+                              extra_end_ids=[target.generation_config.eos_token_id])
+    workload = load_workload(w, prompts=cfg.prompts, length=template.first_turn_tokens, cache_dir=cfg.paths.data)
+    budgets = {str(k): int(v) for k, v in (w.get("max_new_tokens") or {}).items()}
+    prompts = timed_prompts(target, template, workload.timed, lambda c: budgets.get(c, cfg.max_new_tokens),
+                            max_prompt_tokens=w.get("max_prompt_tokens"), skipped=workload.skipped,
+                            cut_to_fit=w.source == "reference", log=log)
+    seed = int(cfg.get("seed") or 0)
+    device = target.device
+
+    @functools.cache
+    def windows():  # made once, only if a drafter needs them
+        if w.source == "reference":  # [held_out, 144] windows of the stdlib corpus's validation split
+            held_out = held_out_windows(tokenizer, 256, int(w.held_out), cfg.paths.data)
+            shared = overlaps([p.ids.cpu() for p in prompts], [held_out])
+            if shared:
+                log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
+            return own_continuations(target, held_out, temperature=cfg.temperature, top_p=cfg.top_p,
+                                     seed=seed).to(device)
+        if not workload.held_out:
+            log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
+                "accuracy or auto trees and no predictions")
+            return None
+        made = continuation_windows(target, template, workload.held_out, new_tokens=int(w.get("held_out_tokens", 128)),
+                                    lead=LEAD, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
+                                    max_prompt_tokens=w.get("max_prompt_tokens"))
+        return [x.to(device) for x in made] or None
+
+    if w.source == "reference":
+        note = (f"the target's own continuations of {w.held_out} held-out windows of the stdlib corpus's validation "
+                "split, disjoint from the timed prompts")
+    else:
+        note = (f"the target's own continuations of {len(workload.held_out)} held-out prompts of this workload "
+                f"({', '.join(sorted({i.category for i in workload.held_out})) or 'none'}), disjoint from the timed "
+                "prompts")
+    return prompts, workload, template, windows, note
+
+
+def frequency_counts(cfg, tokenizer, windows) -> torch.Tensor:
+    """[V] token counts FR-Spec ranks by: the held-out continuations (``workload.frequency_corpus: null``), or a
+    corpus: ``stdlib`` or a folder / .jsonl of {"text"} (its training split)."""
+    corpus = cfg.workload.get("frequency_corpus")
+    if corpus is None:
+        held = windows()
+        if held is None:
+            raise ValueError("FR-Spec's ranking needs held-out text: set workload.held_out >= 1 or "
+                             "workload.frequency_corpus=<stdlib, a folder or a .jsonl of {\"text\"}>")
+        held = list(held) if isinstance(held, list) else [row[None] for row in held]
+        return token_counts([x.cpu() for x in held], len(tokenizer), LEAD)
+    spec = STDLIB_CORPUS if corpus == "stdlib" else {"source": str(corpus), "pattern": "*", "val_fraction": 0.02,
+                                                     "max_files": None}
+    _, train_tokens, _ = prepare_tokens(spec, len(tokenizer), cfg.paths.data, tokenizer=tokenizer)
+    return torch.bincount(train_tokens.long(), minlength=len(tokenizer))
+
+
+def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
+    """The scripts/compare_trees.py job: load target, workload and drafters named in ``cfg``, compare, write
+    outputs."""
+    check_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tree_specs = tree_specs_of(cfg)
+    target, tokenizer = reference.load_model(cfg.target)
+    device = torch.device(cfg.get("device") or "cpu")
+    target = target.to(device)  # drafters load onto the target's device (heads/registry.py)
+    assistant, assistant_note = assistant_peer(cfg, tokenizer, device)
+    prompts, workload, template, windows, held_out_note = workload_prompts(cfg, target, tokenizer)
+    counts = functools.cache(lambda: frequency_counts(cfg, tokenizer, windows))
+
+    def vocab_of(spec) -> DraftVocab | None:
+        """``draft_vocab`` of a drafter entry: N (the N most frequent tokens, module docstring), a saved
+        vocabulary's path, or null (the full head)."""
+        if spec is None:
+            return None
+        if isinstance(spec, int):
+            return DraftVocab.most_frequent(counts(), spec)
+        return DraftVocab.load(spec)
+
+    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    w = cfg.workload
+    workload_record = {
+        "source": workload.source, "selected_sha1": workload.digest(), "categories": workload.categories,
+        "timed_items": len(workload.timed), "timed_prompts": len(prompts), "held_out_items": len(workload.held_out),
+        "held_out": held_out_note, "skipped": dict(workload.skipped), "formats": dict(workload.formats),
+        **template.describe(),
+        "selection": {k: OmegaConf.to_container(w, resolve=True).get(k) for k in
+                      ("per_category", "categories", "held_out", "max_prompt_tokens", "seed", "max_new_tokens")}
+        | {"prompts": cfg.prompts}}
+    stamp = collect_stamp(
+        target=target, target_source=str(cfg.target), target_folder=reference.resolve(cfg.target),
+        drafters={d.name: d.checksum for d in drafters}, prompts=[p.ids for p in prompts], command=command,
+        config=resolved, prompt_set=f"{workload.source}: {len(prompts)} prompts in {len(workload.categories)} "
+        f"categories ({', '.join(workload.categories)})", seed=int(cfg.get("seed") or 0), workload=workload_record,
+        assistant=assistant_note)
+    logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
+                       config={**resolved, "stamp": {k: v for k, v in stamp.items() if k != "config"}})
+    result = run_comparison(target, drafters, tree_specs, [p.ids for p in prompts],
+                            max_new_tokens=[p.max_new_tokens for p in prompts], temperature=cfg.temperature,
+                            top_p=cfg.top_p, repeats=cfg.repeats, cost_sizes=tuple(cfg.cost_sizes),
+                            max_nodes=cfg.max_nodes, peers=cfg.peers, assistant=assistant, out_dir=out_dir,
+                            logger=logger, seed=int(cfg.get("seed") or 0), bootstrap=bootstrap_settings(cfg),
+                            acceptance=acceptance_rules(cfg),
+                            stamp=stamp, eos_token_id=template.end_ids or None,
+                            prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
+                            batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),
+                            batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)))
+    logger.finish()
+    return result
+
+
+def run_job(cfg, out_dir, command: str | None = None) -> dict:
+    """scripts/compare_trees.py: ``report=PATH`` re-renders a run's outputs from its results.json (nothing is
+    measured), ``compare=[A,B,...]`` writes ``comparison.md`` (runs side by side) into ``out_dir``, else a
+    comparison is measured. Returns {"mode", "outputs" (files written), "markdown" (what to print), ...}."""
+    if cfg.get("report") and cfg.get("compare"):
+        raise ValueError("give report=PATH or compare=[A,B], not both")
+    if cfg.get("report"):
+        folder = rerender(cfg.report)
+        return {"mode": "report", "outputs": folder, "markdown": (folder / "results.md").read_text()}
+    if cfg.get("compare"):
+        paths = cfg.compare
+        paths = [p.strip() for p in paths.split(",")] if isinstance(paths, str) else [str(p) for p in paths]
+        text = compare_runs(paths)
+        path = Path(out_dir) / "comparison.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return {"mode": "compare", "outputs": path, "markdown": text}
+    result = run_from_config(cfg, out_dir, command)
+    return {"mode": "measure", "outputs": Path(out_dir), "best": result["best"], "result": result,
+            "markdown": (Path(out_dir) / "results.md").read_text()}

@@ -1,0 +1,442 @@
+"""The comparison's report, from the harness's measurements (train/compare/harness.py): results.md (stamp, summary,
+peers, results by category, the full grid, how to use the best tree), results.csv, summary.csv,
+by_category.csv, cost_curve.csv, best_tree.json, the figures (train/compare/plots.py) and the wandb run. Nothing here
+measures anything: everything is rendered from results.json, so ``rerender(run_dir)`` rebuilds a run's report
+(``python scripts/compare_trees.py report=PATH``); train/compare/side_by_side.py sets runs side by side. A results.json
+saved while the run was still measuring (``"complete": false``) renders what it holds, marked as a partial
+run at the top of results.md; one from before workloads renders without categories.
+
+Uncertainty: per configuration the median speedup (per-prompt ratios to vanilla) and τ, each with a
+bootstrap interval over prompts (train/compare/stats.py). A configuration whose speedup interval overlaps the best
+one's is "indistinguishable from the best in this run". Missing values print as "–", never "nan".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from treespec.io import atomic_write_json, read_json
+from treespec.train.compare.batch_report import render_batches
+from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
+from treespec.train.compare.plots import FIGURES, level_text, partial, plot
+from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
+from treespec.train.compare.tables import DASH, md_table, missing, num, with_interval
+from treespec.tree_spec import build_tree, save_tree
+
+BOOTSTRAP = {"samples": 2000, "level": 0.95, "seed": 0}
+
+
+# ---------------------------------------------------------------------------------------------- analysis
+
+def analyse(result: dict) -> dict:
+    """Point estimates and bootstrap intervals for every configuration, each drafter's best, the run's best
+    and who is indistinguishable from it, the peers' ratios. Deterministic (seeded) given results.json."""
+    settings = result.get("settings", {})
+    boot = {**BOOTSTRAP, **(settings.get("bootstrap") or {})}
+    kw = {"samples": boot["samples"], "level": boot["level"], "seed": boot["seed"]}
+    prompt_of_run = result.get("prompt_of_run")
+    done = partial(result)
+    if done and prompt_of_run is not None:  # a run that stopped early: its runs cover the first prompts only
+        prompt_of_run = prompt_of_run[: done[0]]
+    configs = {}
+    for rec in result["records"]:
+        runs = rec.get("runs")
+        if runs and runs.get("speedup"):
+            speedup = median_interval(groups_of(runs["speedup"], prompt_of_run), **kw)
+            if rec["config"] == "vanilla":  # the baseline: 1 by definition, nothing to resample
+                speedup, tau = Estimate(1.0), Estimate(1.0)
+            else:
+                tau = tau_interval(groups_of(runs["accept_lengths"], prompt_of_run), **kw)
+        else:  # a results.json from before per-prompt values were kept: points only
+            speedup, tau = Estimate(rec["speedup"]), Estimate(rec["tau"] if rec["tau"] is not None else math.nan)
+        configs[rec["config"]] = {**rec, "speedup_est": speedup, "tau_est": tau}
+    measured = [c for c in configs.values() if c["config"] != "vanilla"]
+    best = max(measured, key=lambda c: c["speedup_est"].value) if measured else None
+    for c in measured:
+        if c is best:
+            c["verdict"] = "best"
+        elif not (c["speedup_est"].has_interval and best["speedup_est"].has_interval):
+            c["verdict"] = None  # points only (one prompt, or an old results.json): no call either way
+        else:
+            c["verdict"] = "indistinguishable" if c["speedup_est"].overlaps(best["speedup_est"]) else "below"
+    bests: dict[str, dict] = {}
+    for c in measured:
+        if c["drafter"] not in bests or c["speedup_est"].value > bests[c["drafter"]]["speedup_est"].value:
+            bests[c["drafter"]] = c
+    peers = []
+    peer_pass = result.get("peer_pass") or {}
+    for p in result.get("peers") or []:
+        if p["name"] in configs:  # an old results.json listed treespec's vanilla and best among the peers
+            continue
+        entry = {"name": p["name"], "tokens_per_s": p["tokens_per_s"], "ratios": {}}
+        runs = p.get("runs")
+        entry["speedup_est"] = median_interval(groups_of(runs["speedup"], prompt_of_run), **kw) if runs else \
+            Estimate(p["speedup_vs_vanilla"])
+        for drafter, c in bests.items():
+            mine = peer_pass.get(c["config"])
+            if mine and runs:
+                ratios = [a / b for a, b in zip(mine["tokens_per_s"], runs["tokens_per_s"], strict=True)]
+                entry["ratios"][drafter] = median_interval(groups_of(ratios, prompt_of_run), **kw)
+            elif c is best and p.get("treespec_best_over_this") is not None:
+                entry["ratios"][drafter] = Estimate(p["treespec_best_over_this"])
+        peers.append(entry)
+    return {"configs": configs, "best": best, "bests": bests, "peers": peers, "bootstrap": boot,
+            "settings": settings}
+
+
+VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"}
+NOISY = 1.5  # vanilla's fastest ÷ slowest prompt run above which the report warns that the machine was busy
+
+
+def vanilla_spread(a: dict) -> tuple[float, float, float] | None:
+    """(min, median, max) of vanilla's tokens/s over the prompt runs; prompts differ a little in length, a
+    busy machine a lot."""
+    runs = (a["configs"].get("vanilla", {}).get("runs") or {}).get("tokens_per_s") or []
+    runs = sorted(x for x in runs if not missing(x) and x > 0)
+    return (runs[0], runs[len(runs) // 2], runs[-1]) if runs else None
+
+
+def summary_table(a: dict) -> tuple[list[str], list[list]]:
+    peer_names = [p["name"] for p in a["peers"]]
+    header = ["drafter", "best tree", "nodes", f"τ ({level_text(a)} CI)", f"speedup ({level_text(a)} CI)",
+              "predicted speedup", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
+    rows = []
+    for drafter, c in a["bests"].items():
+        rows.append([drafter, c["tree"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
+                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(c.get("c"))]
+                    + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
+                    + [VERDICT.get(c["verdict"], DASH)])
+    return header, rows
+
+
+def summary_records(a: dict) -> list[dict]:
+    """The summary table as numbers (summary.csv, wandb): None where a value does not apply."""
+    out = []
+    for drafter, c in a["bests"].items():
+        row = {"drafter": drafter, "config": c["config"], "tree": c["tree"], "nodes": c["nodes"]}
+        for key in ("tau", "speedup"):
+            e = c[f"{key}_est"]
+            row.update({key: e.value, f"{key}_lo": e.lo, f"{key}_hi": e.hi})
+        row["predicted_speedup"] = c["predicted_speedup"]
+        row["c"] = c.get("c")
+        for p in a["peers"]:
+            e = p["ratios"].get(drafter) or Estimate(math.nan)
+            name = p["name"].replace("transformers ", "").replace(" ", "_")
+            row.update({f"vs_{name}": e.value, f"vs_{name}_lo": e.lo, f"vs_{name}_hi": e.hi})
+        row["vs_best"] = c["verdict"]
+        out.append(row)
+    return out
+
+
+def grid_table(a: dict) -> tuple[list[str], list[list]]:
+    header = ["drafter", "tree", "nodes", "depth", f"τ ({level_text(a)} CI)", "predicted τ", "tokens/s",
+              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "walk ms/pass",
+              "draft ms/depth", "c",
+              "vs the run's best"]
+    rows = []
+    for c in a["configs"].values():
+        overhead = c.get("overhead_fraction")
+        rows.append([c["drafter"] if c["config"] != "vanilla" else "vanilla (baseline)", c["tree"], c["nodes"],
+                     num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
+                     with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
+                     with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
+                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("walk_ms_per_pass"), ".2f"),
+                     num(c.get("draft_ms_per_depth")),
+                     num(c.get("c")), VERDICT.get(c.get("verdict"), DASH)])
+    return header, rows
+
+
+def peer_table(a: dict) -> tuple[list[str], list[list]]:
+    best = a["best"]["drafter"] if a["best"] else None
+    header = ["peer (transformers, same prompts)", "tokens/s", f"speedup vs treespec vanilla ({level_text(a)} CI)",
+              "treespec's best ÷ peer"]
+    rows = [[p["name"], num(p["tokens_per_s"], ".1f"), with_interval(p["speedup_est"], suffix="×"),
+             with_interval(p["ratios"].get(best), suffix="×")] for p in a["peers"]]
+    return header, rows
+
+
+# ---------------------------------------------------------------------------------------------- the stamp
+
+def _short(h: str | None, n: int = 12) -> str:
+    return h[:n] if h else DASH
+
+
+def _model_line(m: dict | None) -> str:
+    if not m:
+        return DASH
+    if m.get("weights", "") is None:
+        return f"{m.get('source') or 'no source'}, no weights"
+    files = ", ".join(f"{name} sha1 {_short(h)}" for name, h in (m.get("files") or {}).items())
+    parts = [m.get("source") or "in-memory model", files, f"weights sha1 {_short(m.get('weights_sha1'))}"]
+    return ", ".join(p for p in parts if p)
+
+
+def stamp_lines(stamp: dict, result: dict, a: dict) -> list[str]:
+    if not stamp:
+        return ["- **stamp**: none (a results.json written before runs were stamped): command, code, versions, "
+                "device, weights and prompts unknown"]
+    s = result.get("settings", {})
+    git = stamp.get("git") or {}
+    if git.get("commit"):
+        changed = len(git.get("changed", []))
+        dirty = f"dirty: {changed} tracked files changed, diff sha1 {_short(git.get('diff_sha1'))}" \
+            if git.get("dirty") else "clean"
+        git_text = f"{git['commit'][:12]} ({dirty})"
+    else:
+        git_text = "not a git checkout"
+    v = stamp.get("versions") or {}
+    d = stamp.get("device") or {}
+    pr = stamp.get("prompts") or {}
+    sampling = "greedy" if not s.get("temperature") else f"temperature {s['temperature']}, top-p {s.get('top_p')}"
+    b = a["bootstrap"]
+    lines = [
+        f"- **command**: `{stamp.get('command', DASH)}`",
+        f"- **git**: {git_text}",
+        "- **versions**: " + " · ".join(f"{k} {v.get(k) or DASH}" for k in ("treespec", "torch", "transformers",
+                                                                               "python")),
+        f"- **device**: {d.get('device', DASH)} ({d.get('cpu', DASH)}, {d.get('cpu_count', DASH)} cores), "
+        f"{d.get('torch_threads', DASH)} torch threads, OMP_NUM_THREADS={d.get('OMP_NUM_THREADS') or 'unset'}"
+        + (f", {d['gpu']}" if d.get("gpu") else ""),
+        f"- **target**: {_model_line(stamp.get('target'))}",
+        "- **drafters**: " + ("; ".join(f"{name}: {_model_line(m)}"
+                                        for name, m in (stamp.get("drafters") or {}).items()) or DASH),
+        f"- **prompts**: {pr.get('set', DASH)}: {s.get('prompts', DASH)} × {s.get('repeats', DASH)} repeat(s), "
+        + (f"up to {s.get('max_new_tokens', DASH)} new tokens each, stopping at end tokens {s['end_token_ids']}"
+           if s.get("end_token_ids") else f"{s.get('max_new_tokens', DASH)} new tokens each")
+        + f", token ids sha1 {_short(pr.get('token_ids_sha1'))}; {sampling}; "
+        f"seed {s.get('seed', stamp.get('seed', DASH))}",
+        *workload_lines(stamp),
+        f"- **intervals**: bootstrap {level_text(a)} over prompts ({b['samples']} resamples, seed {b['seed']}); "
+        "a configuration whose speedup interval overlaps the best one's is *indistinguishable from the best in "
+        "this run*",
+        f"- **started**: {stamp.get('started', DASH)}, measuring took {num(result.get('wall_s'), '.0f', ' s')}",
+    ]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+
+def workload_lines(stamp: dict) -> list[str]:
+    """The stamp's workload and assisted-peer lines (none for a run from before workloads)."""
+    w, peer = stamp.get("workload"), stamp.get("assistant")
+    lines = []
+    if w:
+        sel = ", ".join(f"{k} {v}" for k, v in (w.get("selection") or {}).items() if v not in (None, {}, []))
+        lines.append(f"- **workload**: {w.get('source', DASH)}, selected prompts sha1 {_short(w.get('selected_sha1'))}"
+                     f" ({w.get('timed_items', DASH)} timed items → {w.get('timed_prompts', DASH)} prompt turns, "
+                     f"{w.get('held_out_items', DASH)} held out); template {w.get('template', DASH)}"
+                     + (f" (sha1 {_short(w.get('template_sha1'))})" if w.get("template_sha1") else "")
+                     + (f", system prompt {w['system_prompt']!r}" if w.get("system_prompt") else "")
+                     + f"; selection: {sel or 'defaults'}"
+                     + (f"; skipped: {w['skipped']}" if w.get("skipped") else "")
+                     + (f"; row formats: {w['formats']}" if w.get("formats") else ""))
+    if peer:
+        lines.append(f"- **assisted-generation peer**: {peer.get('source')}: "
+                     + ("measured" if peer.get("used") else f"not measured ({peer.get('reason')})"))
+    return lines
+
+
+def markdown(result: dict, a: dict, folder=None) -> str:
+    stamp = result.get("stamp") or {}
+    s = result.get("settings", {})
+    lines = ["# Which tree should I use here? Drafters × trees", ""]
+    done = partial(result)
+    if done:
+        lines += [f"**partial run: {done[0]} of {done[1]} prompt runs measured**: the run stopped before it "
+                  f"finished (or is still going), so every number and interval below is over those {done[0]} prompt "
+                  "runs" + ("; the peers were not measured" if result.get("peers") is None else "") + ".", ""]
+    lines += stamp_lines(stamp, result, a) + [""]
+    lines += ["## Summary: each drafter's best configuration", ""]
+    lines += md_table(*summary_table(a))
+    vanilla = a["configs"].get("vanilla")
+    n_prompts = s.get("prompts", DASH)
+    spread = vanilla_spread(a)
+    runs = f"{n_prompts} prompts × {s.get('repeats', 1)} repeat(s)"
+    if done:
+        runs = f"the {done[0]} prompt runs measured (of {runs} planned)"
+    lines += ["", f"Speedup: median over {runs} of the per-prompt ratio of tokens/s to treespec's vanilla decoding, "
+              "interleaved in the same process"
+              + (f" (vanilla: {vanilla['tokens_per_s']:.1f} tokens/s)" if vanilla else "") + ". "
+              "τ: tokens committed per target pass, bonus token included. \"vs <peer>\": this drafter's best "
+              "configuration's tokens/s ÷ the peer's, per prompt, measured again in one interleaved pass beside the "
+              "peers. \"≈ best\": the speedup intervals overlap; this run cannot tell the two apart. c: drafting "
+              "time per draft depth ÷ one target forward over one token, as measured in this run's decoding (\"draft "
+              "ms/depth\": the same time in milliseconds)."]
+    if spread and spread[2] / spread[0] > NOISY:
+        lines += ["", f"**Warning: vanilla decoding ran at {spread[0]:.0f}–{spread[2]:.0f} tokens/s over this run's "
+                  f"prompt runs ({spread[2] / spread[0]:.1f}× apart)**: the machine's speed changed during the run "
+                  "(other processes, thread contention), so the intervals are wide for that reason and not only "
+                  "because prompts differ. Rerun on an idle machine for tighter numbers."]
+    if a["peers"]:
+        lines += ["", "## Peers", ""] + md_table(*peer_table(a))
+    lines += [""] + category_markdown(result, a)
+    lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
+    if result.get("skipped"):
+        lines += ["", "Not measured (the drafter cannot fill the tree): "
+                  + "; ".join(f"{k['config']} ({k['reason']})" for k in result["skipped"]) + "."]
+    usage = usage_lines(result, a, folder)
+    lines += ([""] + usage if usage else []) + ["", "## Figures", ""]
+    lines += [f"![{name[:-4].replace('_', ' ')}]({name})" for name in FIGURES]
+    config = stamp.get("config")
+    if config:
+        lines += ["", "<details><summary>resolved config</summary>", "", "```json",
+                  json.dumps(config, indent=1, sort_keys=True, default=str), "```", "", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def csv_rows(a: dict) -> list[dict]:
+    out = []
+    for c in a["configs"].values():
+        sp, tau = c["speedup_est"], c["tau_est"]
+        out.append({"config": c["config"], "drafter": c["drafter"], "tree": c["tree"], "nodes": c["nodes"],
+                    "depth": c["depth"], "tau": tau.value, "tau_lo": tau.lo, "tau_hi": tau.hi,
+                    "predicted_tau": c["predicted_tau"], "tokens_per_s": c["tokens_per_s"], "speedup": sp.value,
+                    "speedup_lo": sp.lo, "speedup_hi": sp.hi, "predicted_speedup": c["predicted_speedup"],
+                    "target_passes": c["target_passes"], "new_tokens": c["new_tokens"],
+                    "overhead_fraction": c.get("overhead_fraction"),
+                    "draft_ms_per_depth": c.get("draft_ms_per_depth"), "c": c.get("c"), "vs_best": c.get("verdict")})
+    return out
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """Empty cells for values that do not apply (never "nan")."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows({k: "" if missing(v) else v for k, v in r.items()} for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
+    """Every file of the report from results.json's contents (the figures unless ``figures=False``); returns
+    the analysis."""
+    out_dir = Path(out_dir)
+    a = analyse(result)
+    _write_csv(out_dir / "results.csv", csv_rows(a))
+    _write_csv(out_dir / "summary.csv", summary_records(a))
+    # seconds: the target alone; after_<drafter>: each forward timed right after that drafter's drafting call
+    after = result.get("cost_curves_after_drafting") or {}
+    _write_csv(out_dir / "cost_curve.csv", [{"tree_tokens": n, "seconds": round(t, 6),
+                                             **{f"after_{name}": round(c[n], 6)
+                                                for name, c in after.items()}}
+                                            for n, t in result["cost_curve"].items()])
+    _write_csv(out_dir / "by_category.csv", category_rows(result, a))
+    best = a.get("best")
+    if best and best.get("tree_spec"):  # the best configuration's tree, for generate(tree=Tree.load(...))
+        save_tree(build_tree(best["tree_spec"]), out_dir / "best_tree.json", config=best["config"],
+                  drafter=best["drafter"], speedup=best["speedup_est"].value,
+                  load=(result.get("drafter_entries") or {}).get(best["drafter"]))
+    text = render_batches(result, a, out_dir, markdown(result, a, out_dir), _write_csv, figures)
+    (out_dir / "results.md").write_text(text)
+    if figures:
+        plot(result, a, out_dir)
+    return a
+
+
+def save_result(result: dict, out_dir: Path) -> Path:
+    """results.json, written atomically: a run killed while saving keeps the copy saved before."""
+    return atomic_write_json(Path(out_dir) / "results.json", result, indent=1, default=float)
+
+
+def write_outputs(result: dict, out_dir: Path, logger=None, figures: bool = True) -> dict:
+    """results.json, then the report rendered from it (and the wandb run's tables and figures)."""
+    out_dir = Path(out_dir)
+    save_result(result, out_dir)
+    a = render(result, out_dir, figures)
+    if logger is not None:
+        log_wandb(logger, result, a, out_dir)
+    return a
+
+
+def load_result(path: str | Path) -> tuple[dict, Path]:
+    """results.json's contents and its folder, from the file or the run folder holding it."""
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
+    result = read_json(file, "results.json", dict)
+    check_result(result, file)
+    result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
+    result["cost_curves_after_drafting"] = {name: {int(n): t for n, t in c.items()} for name, c in
+                                            (result.get("cost_curves_after_drafting") or {}).items()}
+    return result, file.parent
+
+
+def check_result(result: dict, file) -> None:
+    """What rendering relies on in a results.json, checked before anything is rendered: a ValueError naming
+    the file and the first thing that does not hold."""
+    def bad(problem: str):
+        return ValueError(f"results.json {file}: {problem}; not a comparison's results.json, or edited since")
+
+    records, curve, settings = result.get("records"), result.get("cost_curve"), result.get("settings", {})
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "config" in r for r in records):
+        raise bad("'records' must be a non-empty list of configurations (each with a 'config')")
+    if not isinstance(curve, dict) or not curve:
+        raise bad("'cost_curve' must map tree sizes to seconds")
+    if not isinstance(settings, dict):
+        raise bad("'settings' must be a JSON object")
+    runs_of = {r["config"]: (r.get("runs") or {}).get("speedup") for r in records}
+    prompt_of_run = result.get("prompt_of_run")
+    planned = int(settings.get("prompts", 0) or 0) * int(settings.get("repeats", 1) or 1)
+    if prompt_of_run is not None and result.get("complete", True) and planned and len(prompt_of_run) != planned:
+        raise bad(f"settings give {planned} prompt runs (prompts × repeats) but prompt_of_run lists "
+                  f"{len(prompt_of_run)}")
+    cut = partial(result)
+    expected = None if prompt_of_run is None else len(prompt_of_run[: cut[0] if cut else None])
+    for config, runs in runs_of.items():
+        if runs and expected is not None and len(runs) != expected:
+            raise bad(f"configuration {config!r} holds {len(runs)} prompt runs, prompt_of_run {expected}")
+
+
+def rerender(path: str | Path, out_dir: str | Path | None = None, figures: bool = True) -> Path:
+    """Rebuild a run's report (tables, CSVs, figures) from its results.json, without measuring; in place
+    unless ``out_dir`` is given."""
+    result, folder = load_result(path)
+    out = Path(out_dir) if out_dir is not None else folder
+    out.mkdir(parents=True, exist_ok=True)
+    render(result, out, figures)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- wandb
+
+def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
+    records = result["records"]
+    logger.log({f"compare/{rec['config']}/{k}": rec[k] for rec in records
+                for k in ("tau", "tokens_per_s", "speedup") if not missing(rec[k])})
+    for rec in records[1:]:
+        logger.histogram(f"accept_length/{rec['config']}",
+                         [n for run in rec["runs"]["accept_lengths"] for n in run])
+    summary = summary_records(a)
+    logger.summary({"best": result["best"], "summary": summary, "records": csv_rows(a)})
+    if logger.wandb is None:
+        return
+    import wandb  # optional: only when the run logs to wandb
+
+    grid = csv_rows(a)
+    peer_header, peer_rows = peer_table(a)
+    by_category, prompt_runs = category_rows(result, a), run_rows(result)  # each with a category column
+    stamp = {k: v for k, v in (result.get("stamp") or {}).items() if k != "config"}
+
+    def send(run):
+        run.config.update({"stamp": stamp}, allow_val_change=True)
+        run.log({
+            "compare/summary": _table(summary),
+            "compare/results": _table(grid),
+            **({"compare/peers": wandb.Table(columns=peer_header, data=[[str(c) for c in r] for r in peer_rows])}
+               if peer_rows else {}),
+            **({"compare/by_category": _table(by_category)} if by_category else {}),
+            **({"compare/prompt_runs": _table(prompt_runs)} if prompt_runs else {}),
+            **{f"compare/{name[:-4]}": wandb.Image(str(out_dir / name)) for name in FIGURES
+               if (out_dir / name).is_file()},
+        })
+
+    def _table(rows: list[dict]):
+        return wandb.Table(columns=list(rows[0]), data=[[None if missing(v) else v for v in r.values()]
+                                                        for r in rows])
+
+    logger._wandb_call(send)  # offline-safe: a wandb error disables wandb with a warning, the run goes on

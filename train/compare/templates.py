@@ -1,0 +1,198 @@
+"""A workload's items as the token ids the comparison decodes: chat templates, end tokens and turns.
+
+**Templates** (``workload.template``): ``auto`` is the target tokenizer's own chat template, applied with
+the generation prompt (the assistant header) as a chat server would, or raw text when the tokenizer has
+none (a base or code model, such as the reference target; the stamp says so); ``chatml`` or a ``.jinja``
+file replace it; ``none`` feeds the text as it is (code to continue; a second turn follows the first
+answer after a blank line). ``workload.system_prompt`` goes first when an item has no system message.
+
+**End tokens**: generation stops at every token that ends a turn: the tokenizer's eos, the model's
+generation-config eos ids (Llama-3: ``<|eot_id|>`` and ``<|end_of_text|>``) and the template's own
+end-of-turn marker (``<|im_end|>``, found by rendering a probe conversation, train/training/chat.py's ChatRenderer).
+
+**Turns** (Spec-Bench's multi-turn questions): turn k's prompt holds turns 1..k-1 answered by the target
+itself, greedily, in this run (once, before any timing; every configuration then decodes the same prompts).
+The greedy answers' lengths are also what predictions take as each prompt's generation length.
+
+**Held-out continuations**: the text verification sees is the target's own; the drafters' accuracies are
+measured on the target's continuations of the held-out items (at the run's temperature), each window the
+last ``lead`` prompt tokens and the continuation, as train/training/data.py's ``own_continuations`` does for corpus
+text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from treespec.generate import generate
+from treespec.inputs import max_positions
+from treespec.train.compare.workload import Item
+from treespec.train.training.chat import TEMPLATES, ChatRenderer
+
+
+@dataclass
+class TimedPrompt:
+    """One prompt the comparison times: a turn of a workload item, as token ids."""
+
+    ids: torch.Tensor            # LongTensor [1, P]
+    id: str                      # the item's id, "/turn k" appended for k > 1
+    category: str
+    turn: int                    # 1-based
+    max_new_tokens: int
+    answer_tokens: int = 0       # the target's greedy answer's length (predictions' generation length)
+
+    def describe(self) -> dict:
+        return {"id": self.id, "category": self.category, "turn": self.turn, "prompt_tokens": self.ids.shape[1],
+                "max_new_tokens": self.max_new_tokens, "answer_tokens": self.answer_tokens}
+
+
+class PromptTemplate:
+    """Renders messages into prompt ids for one tokenizer (module docstring)."""
+
+    def __init__(self, tokenizer, template: str | None = "auto", system_prompt: str | None = None,
+                 extra_end_ids=()):
+        self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        self.name = "none" if template in ("none", None) else str(template)
+        if self.name == "auto" and not getattr(tokenizer, "chat_template", None):
+            self.name = "none (auto: the target's tokenizer has no chat template)"
+        self.renderer, self.text = None, ""
+        if not self.name.startswith("none"):
+            choice = None if self.name == "auto" else self.name
+            if choice is not None and choice not in TEMPLATES and not Path(choice).is_file():
+                raise ValueError(f"workload.template={choice!r} is none of auto, none, {', '.join(TEMPLATES)} or a "
+                                 "template file")
+            self.renderer = ChatRenderer(tokenizer, choice)
+            self.text = self.renderer.template
+        self.end_ids = self._end_ids(extra_end_ids)
+
+    def _end_ids(self, extra) -> list[int]:
+        ids = []
+        for value in (self.tokenizer.eos_token_id, *extra):
+            ids += list(value) if isinstance(value, (list, tuple)) else [value] if value is not None else []
+        marker = self.renderer.end_marker if self.renderer is not None else ""
+        if marker:
+            encoded = self.tokenizer.encode(marker, add_special_tokens=False)
+            if len(encoded) == 1:  # a special token (an end marker spelled in several tokens cannot be one id)
+                ids.append(encoded[0])
+        return sorted({int(i) for i in ids})
+
+    def describe(self) -> dict:
+        """The stamp's record: template name, sha1 of its text, system prompt, end token ids."""
+        return {"template": self.name, "template_sha1": hashlib.sha1(self.text.encode()).hexdigest() if self.text
+                else None, "system_prompt": self.system_prompt, "end_token_ids": self.end_ids}
+
+    def messages(self, item: Item, turns: int, answers: list[str]) -> list[dict]:
+        """The conversation of ``item``'s turn ``turns`` (1-based): context, then user/assistant turns."""
+        msgs = item.messages()
+        if self.system_prompt and not (msgs and msgs[0]["role"] == "system"):
+            msgs.insert(0, {"role": "system", "content": self.system_prompt})
+        for k in range(turns):
+            msgs.append({"role": "user", "content": item.turns[k]})
+            if k < turns - 1:
+                msgs.append({"role": "assistant", "content": answers[k]})
+        return msgs
+
+    def ids(self, messages: list[dict]) -> torch.Tensor:
+        """LongTensor [1, P]: the conversation with the generation prompt (or, raw, its text)."""
+        if self.renderer is None:
+            text = ""
+            for m in messages:  # an answer continues its prompt; anything else starts a new paragraph
+                text += m["content"] if m["role"] == "assistant" or not text else "\n\n" + m["content"]
+            return self.tokenizer(text, return_tensors="pt").input_ids
+        text = self.renderer.render(messages, add_generation_prompt=True)
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+    def first_turn_tokens(self, item: Item) -> int:
+        """Prompt tokens of the item's first turn (what ``max_prompt_tokens`` is checked against first)."""
+        return self.ids(self.messages(item, 1, [])).shape[1]
+
+    def answer_text(self, new_ids: torch.Tensor) -> str:
+        """An answer's text without its end token (it goes back into the next turn's conversation)."""
+        ids = [int(t) for t in new_ids.reshape(-1)]
+        while ids and ids[-1] in self.end_ids:
+            ids.pop()
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip() if self.renderer is not None else \
+            self.tokenizer.decode(ids)
+
+
+def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_tokens_of, *,
+                  max_prompt_tokens: int | None = None, skipped=None, cut_to_fit: bool = False,
+                  log=print) -> list[TimedPrompt]:
+    """Every turn of every item as a TimedPrompt, turn k holding the target's greedy answers to turns 1..k-1
+    (module docstring). ``max_new_tokens_of(category)``: the generation budget. A later turn that grows past
+    ``max_prompt_tokens`` is skipped (with the turns after it) and counted in ``skipped``."""
+    out = []
+    device = target.device
+    positions = max_positions(target.config)  # a small target's context can be shorter than a prompt + answer
+    for item in items:
+        answers: list[str] = []
+        budget = int(max_new_tokens_of(item.category))
+        for turn in range(1, len(item.turns) + 1):
+            ids = template.ids(template.messages(item, turn, answers))
+            if cut_to_fit and positions is not None and ids.shape[1] + budget > positions > budget:
+                log(f"{item.id}: keeps its last {positions - budget} of {ids.shape[1]} tokens (the target has "
+                    f"{positions} positions, {budget} of them for new tokens)")
+                ids = ids[:, -(positions - budget):]
+            reason = ("over max_prompt_tokens" if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens
+                      else "past the target's positions" if positions is not None and ids.shape[1] + budget > positions
+                      else None)
+            if reason is not None:
+                if skipped is not None:
+                    skipped[reason] += len(item.turns) - turn + 1
+                break
+            greedy = generate(target, ids.to(device), max_new_tokens=budget, eos_token_id=template.end_ids or None)
+            new = greedy.sequences[0, ids.shape[1]:].cpu()
+            answers.append(template.answer_text(new))
+            out.append(TimedPrompt(ids.to(device), item.id if turn == 1 else f"{item.id}/turn {turn}", item.category,
+                                   turn, budget, answer_tokens=int(new.numel())))
+    log(f"workload: {len(out)} timed prompts from {len(items)} items, each turn's prompt holding the target's own "
+        "greedy answers to the turns before it")
+    if not out:
+        raise ValueError(f"no timed prompt: all {len(items)} selected items were skipped ({dict(skipped or {})}); "
+                         "raise workload.max_prompt_tokens, lower max_new_tokens, or pick shorter prompts")
+    return out
+
+
+def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128, lead: int = 16,
+                     temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                     max_prompt_tokens: int | None = None) -> list[torch.Tensor]:
+    """[1, lead + n] windows: the last ``lead`` tokens of each held-out item's first-turn prompt and the target's
+    own continuation (up to ``new_tokens``, stopping at an end token; sampled at ``temperature``/``top_p``).
+    Windows whose continuation has fewer than 2 tokens, and over-long prompts, are left out."""
+    windows = []
+    for i, item in enumerate(items):
+        ids = template.ids(template.messages(item, 1, []))
+        if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens:
+            continue
+        gen = torch.Generator().manual_seed(seed + i)
+        out = generate(target, ids.to(target.device), max_new_tokens=new_tokens, temperature=temperature, top_p=top_p,
+                       eos_token_id=template.end_ids or None, generator=gen)
+        if out.new_tokens >= 2:
+            windows.append(out.sequences[:, max(0, ids.shape[1] - lead):].cpu())
+    return windows
+
+
+def token_counts(windows: list[torch.Tensor], vocab: int, lead: int = 16) -> torch.Tensor:
+    """[V] counts of the continuation tokens (each window past its ``lead``): FR-Spec's ranking on the workload."""
+    tokens = [w[0, lead:] for w in windows if w.shape[1] > lead]
+    flat = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long)
+    return torch.bincount(flat.long(), minlength=vocab)
+
+
+def overlaps(timed: list[torch.Tensor], held_out: list[torch.Tensor], n: int = 16) -> int:
+    """How many timed prompts share a run of ``n`` tokens with the held-out text: the check behind "disjoint
+    from the timed prompts" for the reference workload, whose held-out text is corpus windows (a file
+    workload's held-out items are other items by construction, and share template boilerplate anyway)."""
+    seen = set()
+    for w in held_out:
+        row = w.reshape(-1).tolist()
+        seen.update(tuple(row[i:i + n]) for i in range(len(row) - n + 1))
+    count = 0
+    for p in timed:
+        row = p.reshape(-1).tolist()
+        count += any(tuple(row[i:i + n]) in seen for i in range(len(row) - n + 1))
+    return count

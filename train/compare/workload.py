@@ -1,0 +1,340 @@
+"""Workloads: the prompt sets the comparison times (conf/workload/, docs/workloads.md).
+
+Every source yields ``Item``s: an id, a category and one or more user turns (plus any messages before the
+first turn: a system prompt, recorded history). Sources (``workload.source``):
+
+- ``reference``: the shipped held-out code prompts (treespec/models/prompts.jsonl), in three categories a
+  code model's drafters differ on (``reference_category``): ``repetitive`` (tables, runs of near-identical
+  lines: prompt lookup's ground), ``tests`` (assertion-heavy test code) and ``library`` (the rest).
+- ``jsonl`` (``path``): one JSON object per line, its format detected per row (``FORMATS``): Spec-Bench /
+  MT-Bench ``question.jsonl`` (``question_id``, ``category``, ``turns``), OpenAI ``messages``, ShareGPT
+  ``conversations``, or ``{"prompt": ...}`` / ``{"text": ...}`` with an optional ``category`` and ``id``.
+- ``dataset`` (``name``, ``split``, ``columns``): a ``datasets`` folder (``save_to_disk``), parquet/JSON(L)
+  files, or a Hub id; ``columns`` maps these field names to the set's columns, then rows read as above.
+- ``texts`` (``path``): windows of about ``window_chars`` characters of the text or code files in a folder;
+  a file's category is its first sub-folder (its suffix when it lies at the top).
+
+A conversation (``messages``/``conversations``) is asked at its last user message: the messages before
+it are its context, as recorded, and a trailing recorded answer is dropped (the target writes its own).
+Rows that cannot be read, hold no user turn, or repeat an earlier row's content are skipped and counted.
+
+**Selection** (``select``) is deterministic and seeded. Within a category, items are ranked by a sha1 of
+(seed, content), never by file position: shuffling the file changes nothing, and a grown file keeps every
+earlier selected item that still ranks among the first of its category (an item enters only by ranking
+ahead). Per category, the first ``held_out`` (spread over categories, never a category's last item) are held
+out: the target's own continuations of them give the drafters' accuracies, FR-Spec's ranking, disjoint from
+the timed prompts. The next ``per_category`` are timed; ``prompts`` caps the total, taking categories in
+turn. Items longer than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treespec import reference
+from treespec.train.training.conversations import ROLES, BadRow, load_rows
+
+DEFAULT_CATEGORY = "all"
+FORMATS = {"turns": "spec-bench", "messages": "openai", "conversations": "sharegpt", "prompt": "prompt",
+           "text": "text"}
+REPETITIVE = 0.30  # zlib-compressed size ÷ size at or below which a reference prompt counts as repetitive
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question: ``turns`` are the user messages the target answers one after another (Spec-Bench's
+    multi-turn questions have two); ``context`` the messages before the first ({"role", "content"})."""
+
+    id: str
+    category: str
+    turns: tuple[str, ...]
+    context: tuple[tuple[str, str], ...] = ()   # (role, content) pairs, hashable
+
+    @property
+    def key(self) -> str:
+        """sha1 of the content (category, context, turns): what ranks, dedupes and stamps an item."""
+        text = json.dumps([self.category, self.context, self.turns], ensure_ascii=False)
+        return hashlib.sha1(text.encode()).hexdigest()
+
+    def messages(self) -> list[dict]:
+        return [{"role": r, "content": c} for r, c in self.context]
+
+
+@dataclass
+class Workload:
+    source: str                                   # what was read: "reference", "jsonl: /path", ...
+    timed: list[Item]
+    held_out: list[Item]                          # empty for the reference set (its held-out text is stdlib's)
+    skipped: Counter = field(default_factory=Counter)   # reason → count
+    formats: Counter = field(default_factory=Counter)   # detected row format → count
+    categories: list[str] = field(default_factory=list)  # every category the source holds (after the filter)
+
+    def digest(self) -> str:
+        """sha1 over the selected items' content keys, timed then held out: equal digests, equal prompts."""
+        keys = [i.key for i in self.timed] + ["held out"] + [i.key for i in self.held_out]
+        return hashlib.sha1("|".join(keys).encode()).hexdigest()
+
+
+# -- reading rows -----------------------------------------------------------------------------------------
+def _text(value) -> str | None:
+    """A content value as text: a string, or the text parts of an OpenAI content list."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, (str, dict)) for p in value):
+        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in value
+                       if isinstance(p, str) or p.get("type", "text") == "text")
+    return None
+
+
+def _conversation(turns, index: int) -> tuple[tuple[tuple[str, str], ...], str]:
+    """(context, last user message) of an OpenAI or ShareGPT conversation; a trailing answer is dropped."""
+    messages = []
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict):
+            raise BadRow("malformed turn", f"row {index}")
+        raw = turn.get("role", turn.get("from"))
+        role = ROLES.get(str(raw).strip().lower()) if raw is not None else None
+        content = _text(turn.get("content", turn.get("value")))
+        if role is None or content is None:
+            raise BadRow("malformed turn", f"row {index}: role {raw!r}")
+        messages.append((role, content))
+    while messages and messages[-1][0] != "user":
+        messages.pop()
+    if not messages or not messages[-1][1].strip():
+        raise BadRow("no user turn", f"row {index}")
+    return tuple(messages[:-1]), messages[-1][1]
+
+
+def parse_row(row, index: int) -> tuple[Item, str]:
+    """(Item, format name) of one row in any of ``FORMATS``; BadRow when it is none of them."""
+    if not isinstance(row, dict):
+        raise BadRow("not a JSON object", f"row {index}")
+    fmt = next((key for key in FORMATS if row.get(key) is not None), None)
+    if fmt is None:
+        raise BadRow("unknown format", f"row {index} has none of {', '.join(FORMATS)}")
+    category = str(row.get("category") or DEFAULT_CATEGORY)
+    rid = str(row.get("question_id", row.get("id", index)))
+    context: tuple = ()
+    if fmt == "turns":
+        turns = row["turns"] if isinstance(row["turns"], list) else [row["turns"]]
+        turns = tuple(t for t in (_text(t) for t in turns) if t is not None and t.strip())
+        if not turns:
+            raise BadRow("no user turn", f"row {index}")
+    elif fmt in ("messages", "conversations"):
+        context, last = _conversation(row[fmt], index)
+        turns = (last,)
+    else:
+        text = _text(row[fmt])
+        if not text or not text.strip():
+            raise BadRow("empty prompt", f"row {index}")
+        turns = (text,)
+    return Item(rid, category, turns, context), FORMATS[fmt]
+
+
+def read_rows(rows, where: str) -> tuple[list[Item], Counter, Counter]:
+    """Items of ``rows`` (dicts), with skipped rows and detected formats counted; duplicates dropped."""
+    items, skipped, formats, seen = [], Counter(), Counter(), set()
+    for i, row in enumerate(rows):
+        try:
+            item, fmt = parse_row(row, i)
+        except BadRow as bad:
+            skipped[bad.reason] += 1
+            continue
+        if item.key in seen:
+            skipped["duplicate"] += 1
+            continue
+        seen.add(item.key)
+        items.append(item)
+        formats[fmt] += 1
+    if not items:
+        raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}); the formats it reads are "
+                         "Spec-Bench turns, OpenAI messages, ShareGPT conversations, prompt or text "
+                         "(docs/workloads.md)")
+    return items, skipped, formats
+
+
+def read_jsonl(path: str | os.PathLike) -> tuple[list[Item], Counter, Counter]:
+    """A JSONL file (or a .json file holding a list of rows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"workload.path={str(path)!r}: no such file")
+    text = path.read_text(encoding="utf-8")
+    bad = Counter()
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad["not JSON"] += 1
+    items, skipped, formats = read_rows(rows, str(path))
+    return items, skipped + bad, formats
+
+
+def _offline() -> bool:
+    """Whether the Hugging Face clients are told to stay offline (the environment, read now)."""
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def read_dataset(name: str, split: str = "train", columns: dict | None = None, cache_dir=None):
+    """A ``datasets`` set: a local folder (``save_to_disk``), parquet/JSON(L) files, or a Hub id."""
+    import datasets  # heavy: only this source needs it
+
+    local = Path(str(name)).expanduser()
+    if local.exists():
+        rows = load_rows(local, split=split, cache_dir=cache_dir)
+    else:
+        datasets.disable_progress_bars()
+        try:
+            if _offline():  # say so at once rather than after the Hub client's retries
+                raise ConnectionError("offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)")
+            rows = datasets.load_dataset(str(name), split=split, cache_dir=cache_dir)
+        except Exception as err:  # noqa: BLE001 - offline, unknown or gated: one message that says what to do
+            raise ValueError(
+                f"workload.name={name!r} is not a local folder or file, and the Hugging Face Hub could not give it "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}). On a machine "
+                f"with a network: python -c \"import datasets; datasets.load_dataset('{name}', split='{split}')"
+                ".save_to_disk('DIR')\", copy DIR here and pass workload.name=DIR (or a parquet file)") from None
+    mapping = {k: v for k, v in (columns or {}).items() if v}
+    missing = sorted(v for v in mapping.values() if v not in rows.column_names)
+    if missing:
+        raise ValueError(f"workload.columns names {missing}, which {name} does not have (its columns: "
+                         f"{', '.join(rows.column_names)})")
+    renamed = ({**{k: v for k, v in row.items() if k not in mapping.values()},
+                **{ours: row[theirs] for ours, theirs in mapping.items()}} for row in rows)
+    return read_rows(renamed, str(name))
+
+
+def read_texts(path: str | os.PathLike, pattern: str = "*", window_chars: int = 1000,
+               windows_per_file: int = 4) -> tuple[list[Item], Counter, Counter]:
+    """Windows of the text files under ``path``: up to ``windows_per_file`` per file, each about
+    ``window_chars`` characters ending at a line break; files that are not UTF-8 text are skipped."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"workload.path={str(root)!r}: no such folder")
+    items, skipped = [], Counter()
+    for file in sorted(p for p in root.rglob(pattern) if p.is_file() and not p.name.startswith(".")):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped["not UTF-8 text"] += 1
+            continue
+        rel = file.relative_to(root)
+        category = rel.parts[0] if len(rel.parts) > 1 else (file.suffix.lstrip(".") or DEFAULT_CATEGORY)
+        start, k = 0, 0
+        while start < len(text) and k < windows_per_file:
+            end = text.rfind("\n", start, start + window_chars) + 1 if start + window_chars < len(text) else len(text)
+            end = end if end > start else min(len(text), start + window_chars)
+            if text[start:end].strip():
+                items.append(Item(f"{rel.as_posix()}#{k}", category, (text[start:end],)))
+                k += 1
+            start = end
+    if not items:
+        raise ValueError(f"workload.path={str(root)!r}: no text file matching {pattern!r}")
+    return items, skipped, Counter({"texts": len(items)})
+
+
+def reference_category(source: str, text: str) -> str:
+    """A shipped prompt's category: ``repetitive`` when it compresses to ≤ 30 % (tables, runs of similar
+    lines), else ``tests`` for test files, else ``library``."""
+    if len(zlib.compress(text.encode())) <= REPETITIVE * len(text.encode()):
+        return "repetitive"
+    return "tests" if "test" in source else "library"
+
+
+def read_reference() -> tuple[list[Item], Counter, Counter]:
+    """The shipped held-out prompts (treespec/models/prompts.jsonl, split test), raw code."""
+    with open(reference.MODELS_DIR / "prompts.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    items = [Item(r["source"], reference_category(r["source"], r["text"]), (r["text"],)) for r in rows
+             if r["split"] == "test"]
+    return items, Counter(), Counter({"reference": len(items)})
+
+
+def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
+    """The items of ``workload`` config ``w``, skipped and format counts, and a description of the source."""
+    source = w.get("source")
+    if source == "reference":
+        return (*read_reference(), "treespec reference prompts (prompts.jsonl, split test)")
+    if source == "jsonl":
+        return (*read_jsonl(w.path), f"jsonl: {w.path}")
+    if source == "dataset":
+        columns = dict(w.get("columns") or {})
+        return (*read_dataset(w.name, w.get("split") or "train", columns, cache_dir),
+                f"dataset: {w.name} (split {w.get('split') or 'train'})")
+    if source == "texts":
+        return (*read_texts(w.path, w.get("pattern") or "*", int(w.get("window_chars") or 1000),
+                            int(w.get("windows_per_file") or 4)), f"texts: {w.path}")
+    raise ValueError(f"workload.source={source!r} is not one of reference, jsonl, dataset, texts")
+
+
+# -- selection --------------------------------------------------------------------------------------------
+def rank_key(item: Item, seed: int) -> str:
+    return hashlib.sha1(f"{seed}\0{item.key}".encode()).hexdigest()
+
+
+def select(items: list[Item], *, per_category: int | None = None, categories=None, held_out: int = 0,
+           prompts: int | None = None, seed: int = 0, length=None, max_prompt_tokens: int | None = None,
+           skipped: Counter | None = None) -> tuple[list[Item], list[Item], list[str]]:
+    """(timed, held out, categories) chosen from ``items`` (module docstring). ``length(item)``: its prompt's
+    tokens, checked against ``max_prompt_tokens`` only for items that would be chosen; over-long ones are
+    counted in ``skipped["over max_prompt_tokens"]``. Timed items come grouped by category, categories sorted."""
+    skipped = skipped if skipped is not None else Counter()
+    by_category: dict[str, list[Item]] = {}
+    for item in items:
+        by_category.setdefault(item.category, []).append(item)
+    if categories:
+        wanted = [categories] if isinstance(categories, str) else [str(c) for c in categories]
+        unknown = [c for c in wanted if c not in by_category]
+        if unknown:
+            raise ValueError(f"workload.categories: {unknown} not found; the workload's categories are "
+                             f"{', '.join(sorted(by_category))}")
+        by_category = {c: by_category[c] for c in wanted}
+    names = sorted(by_category)
+    quota = {c: held_out // len(names) + (i < held_out % len(names)) for i, c in enumerate(names)}
+    timed: dict[str, list[Item]] = {}
+    kept_out: dict[str, list[Item]] = {}
+    for c in names:
+        ranked = sorted(by_category[c], key=lambda it: rank_key(it, seed))
+        fits = []
+        want = quota[c] + (per_category if per_category is not None else len(ranked))
+        for item in ranked:
+            if len(fits) >= want:
+                break
+            if max_prompt_tokens is not None and length is not None and length(item) > max_prompt_tokens:
+                skipped["over max_prompt_tokens"] += 1
+                continue
+            fits.append(item)
+        h = min(quota[c], max(0, len(fits) - 1))  # a category keeps at least one timed prompt
+        kept_out[c], timed[c] = fits[:h], fits[h:]
+    if prompts is not None:  # the total cap, categories in turn
+        order = [it for k in range(max((len(v) for v in timed.values()), default=0)) for c in names
+                 for it in timed[c][k:k + 1]]
+        keep = {it.key for it in order[:prompts]}
+        timed = {c: [it for it in timed[c] if it.key in keep] for c in names}
+    return [it for c in names for it in timed[c]], [it for c in names for it in kept_out[c]], names
+
+
+def load_workload(w, *, prompts: int | None = None, length=None, cache_dir=None) -> Workload:
+    """Read and select the workload of config ``w`` (conf/workload/); ``prompts`` caps the timed prompts
+    (the run's ``prompts``, by default ``w.prompts``); ``length(item)`` as in ``select``."""
+    items, skipped, formats, source = read_source(w, cache_dir)
+    held_out = 0 if w.get("source") == "reference" else int(w.get("held_out") or 0)
+    timed, kept_out, names = select(
+        items, per_category=w.get("per_category"), categories=w.get("categories"), held_out=held_out,
+        prompts=prompts if prompts is not None else w.get("prompts"), seed=int(w.get("seed") or 0), length=length,
+        max_prompt_tokens=w.get("max_prompt_tokens"), skipped=skipped)
+    if not timed:
+        raise ValueError(f"workload {source}: no prompt left to time ({dict(skipped)} skipped)")
+    return Workload(source, timed, kept_out, skipped, formats, names)

@@ -1,0 +1,51 @@
+"""Which formats the configured drafter can be exported to, checked when a drafter training starts.
+
+A drafter some consumer cannot represent (an EAGLE-3 layer with the target's q/k norms, a treespec-variant EAGLE,
+Medusa blocks that differ) used to be found out only at export, after training. The job now builds the drafter
+it is about to train once more, as a probe, before any data is prepared, logs which formats
+(``treespec.heads.export.CONSUMERS``) it can be exported to and why not the others, and refuses to start when
+``export_to`` (conf/train_heads.yaml) names one it cannot reach.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.export import CONSUMERS, formats
+
+# what changes a drafter config so that the serving stacks can hold it
+HINTS = {"eagle3": "drafter.layer=llama", "eagle": "drafter.variant=upstream, no fusion"}
+
+
+def check_export_names(cfg) -> list[str]:
+    """``export_to`` as a list, every entry a known format (ValueError otherwise); before any model is loaded."""
+    wanted = [str(c) for c in (cfg.get("export_to") or [])]
+    unknown = [c for c in wanted if c not in CONSUMERS]
+    if unknown:
+        raise ValueError(f"export_to: unknown format(s) {', '.join(unknown)}; formats: {', '.join(CONSUMERS)}")
+    return wanted
+
+
+def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
+    """Build the drafter ``recipe`` (heads/objective.py's function) makes for ``target`` as a probe (the global RNG is
+    left as it was), print (``log``) the formats it can be exported to and why not the others, and raise ValueError when
+    ``export_to`` names one it cannot reach. Returns the reachable formats."""
+    wanted = check_export_names(cfg)
+    with torch.random.fork_rng(devices=[]):
+        module = recipe(cfg, target, torch.arange(vocab_size_of(target))).drafter()  # its weights (export.module_of)
+    reach = formats(module, target, before_training=True)
+    ok = [c for c, why in reach.items() if why is None]
+    name = cfg.drafter.name
+    if log:
+        print(f"{name}: exportable to {', '.join(ok) or 'no format'}")
+        for consumer, why in reach.items():
+            if why is not None:
+                print(f"  not to {consumer}: {why}")
+    blocked = [c for c in wanted if reach[c] is not None]
+    if blocked:
+        hint = f" ({HINTS[name]} reaches the serving stacks)" if name in HINTS else ""
+        raise ValueError(f"export_to names {', '.join(blocked)}, which this {name} drafter cannot be exported to: "
+                         + "; ".join(f"{c}: {reach[c]}" for c in blocked)
+                         + f". Change the drafter config{hint} or drop them from export_to")
+    return ok

@@ -1,0 +1,166 @@
+"""The regeneration job (``scripts/regenerate.py``): a conversation file's assistant turns replaced by the
+target's own responses, so a drafter learns what the target says rather than what another model wrote.
+
+Turns are generated one at a time, each seeing the regenerated turns before it, a batch of conversations at
+a time (left-padded); the output is OpenAI-style JSONL rows ``{"row", "messages"}`` that ``data=chat`` reads
+(train/training/chat.py). Resumable: rows already in the output file are skipped, and a last line cut by a kill is
+removed. Under torchrun each rank writes its share of the rows; rank 0 merges them in row order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from treespec.io import atomic_write
+from treespec.reference import load_model
+from treespec.train.training import config_checks, distributed
+from treespec.train.training.chat import ChatRenderer, chat_settings
+from treespec.train.training.conversations import BadRow, load_rows, normalize
+
+
+def _done_rows(out: Path) -> set[int]:
+    """Rows already in a regeneration output; a last line cut by a kill is removed from the file."""
+    if not out.is_file():
+        return set()
+    data = out.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        out.write_bytes(data)
+    done = set()
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            done.add(int(json.loads(line)["row"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return done
+
+
+@torch.no_grad()
+def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8,
+               max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+               cache_dir: str | os.PathLike | None = None, rank: int = 0, world_size: int = 1,
+               progress: bool = True) -> dict:
+    """Replace every assistant turn of ``data.chat.source`` with the target's own response, generated turn
+    by turn (each sees the regenerated turns before it), ``batch_size`` conversations at a time (left-padded).
+    Writes OpenAI-style rows ``{"row", "messages"}`` to ``out`` (JSONL), flushed after every batch; a rerun
+    skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
+    Returns counts (written, skipped as bad, already done)."""
+    settings = chat_settings(chat_cfg)
+    renderer = ChatRenderer(tokenizer, settings["template"])
+    out = Path(out) if world_size == 1 else Path(f"{out}.rank{rank}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = _done_rows(out)
+    rows = load_rows(settings["source"], split=settings["split"] or "train", cache_dir=cache_dir)
+    todo, bad = [], Counter()
+    limit = settings["max_conversations"]
+    for i, row in enumerate(rows):
+        if limit and i >= limit:
+            break
+        if i % world_size != rank or i in done:
+            continue
+        try:
+            todo.append((i, normalize(row, settings["system_prompt"])))
+        except BadRow as err:
+            bad[err.reason] += 1
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop = [renderer.end_marker] if renderer.end_marker else None
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", dynamic_ncols=True)
+    turns = empty = 0
+    try:
+        with open(out, "a", encoding="utf-8") as f:
+            for b in range(0, len(todo), batch_size):
+                chunk = todo[b : b + batch_size]
+                convs = [[m for m in msgs] for _, msgs in chunk]
+                n_turns = max(sum(m["role"] == "assistant" for m in msgs) for msgs in convs)
+                for turn in range(n_turns):
+                    where = []  # (conversation, index of its turn-th assistant message)
+                    for c, msgs in enumerate(convs):
+                        idx = [j for j, m in enumerate(msgs) if m["role"] == "assistant"]
+                        if turn < len(idx):
+                            where.append((c, idx[turn]))
+                    prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
+                    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                    enc = {k: v.to(target.device) for k, v in enc.items()}
+                    torch.manual_seed(seed + b * 1009 + turn)
+                    gen = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                                          temperature=temperature if temperature > 0 else None,
+                                          top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0
+                                          else None, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+                                          stop_strings=stop, tokenizer=tokenizer if stop else None)
+                    new = gen[:, enc["input_ids"].shape[1]:].cpu()
+                    for (c, j), ids in zip(where, new, strict=True):
+                        text = tokenizer.decode(ids, skip_special_tokens=True)
+                        if renderer.end_marker and renderer.end_marker in text:
+                            text = text.split(renderer.end_marker)[0]
+                        convs[c][j] = {"role": "assistant", "content": text.strip()}
+                        turns, empty = turns + 1, empty + (not text.strip())
+                for (i, _), msgs in zip(chunk, convs, strict=True):
+                    f.write(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(len(chunk))
+    finally:
+        tokenizer.padding_side = padding_side
+        bar.close()
+    return {"written": len(todo), "bad_rows": dict(bad), "already_done": len(done), "out": str(out),
+            "turns": turns, "empty_turns": empty}
+
+
+def check_responses(counts: dict, template) -> None:
+    """A regeneration whose every response is empty failed, whatever it wrote: the target ended each one at
+    once (end of text straight after the assistant header), so there is nothing to train on."""
+    if counts["turns"] and counts["empty_turns"] == counts["turns"]:
+        used = template or "the tokenizer's own"
+        raise ValueError(f"regeneration failed: all {counts['turns']} regenerated assistant turns are empty (the "
+                         "target emitted end of text straight after the assistant header); check that "
+                         f"data.chat.template ({used}) is the target's chat format and that the target answers chats; "
+                         f"{counts['out']} holds the empty rows: delete it before rerunning")
+
+
+def run(cfg) -> dict:
+    """The ``scripts/regenerate.py`` job (train_heads' config: ``target``, ``data=chat``, ``data.regenerate``).
+    Under torchrun each rank writes its share; rank 0 then merges them, in row order, into
+    ``data.regenerate.out``."""
+    r = cfg.data.get("regenerate") or {}
+    if cfg.data.get("chat") is None or not cfg.data.chat.get("source"):
+        raise ValueError("regenerate needs data=chat and data.chat.source=<conversations>")
+    if not r.get("out"):
+        raise ValueError("regenerate needs data.regenerate.out=<the JSONL file to write>")
+    for key in ("batch_size", "max_new_tokens"):
+        config_checks.integer(r.get(key, 1), f"data.regenerate.{key}")
+    config_checks.number(r.get("temperature", 0.0), "data.regenerate.temperature", 0)
+    config_checks.number(r.get("top_p", 1.0), "data.regenerate.top_p", 0, 1, low_open=True)
+    config_checks.integer(cfg.trainer.get("threads"), "trainer.threads", optional=True)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
+        target, tokenizer = load_model(cfg.target)
+        target.to(ctx.device)
+        with distributed.rank0_first(ctx):  # rank 0 converts the source with datasets first (its cache)
+            load_rows(cfg.data.chat.source, split=cfg.data.chat.split or "train", cache_dir=cfg.data.cache_dir)
+        counts = regenerate(target, tokenizer, cfg.data.chat, r.out, batch_size=r.get("batch_size", 8),
+                            max_new_tokens=r.get("max_new_tokens", 512), temperature=r.get("temperature", 0.0),
+                            top_p=r.get("top_p", 1.0), seed=cfg.seed, cache_dir=cfg.data.cache_dir, rank=ctx.rank,
+                            world_size=ctx.world_size, progress=ctx.is_main)
+        check_responses(counts, cfg.data.chat.get("template"))
+        distributed.barrier(ctx)
+        if ctx.distributed and ctx.is_main:
+            rows = []
+            for rank in range(ctx.world_size):
+                part = Path(f"{r.out}.rank{rank}")
+                rows += [json.loads(line) for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
+            rows.sort(key=lambda row: row["row"])
+            atomic_write(Path(r.out), lambda tmp: tmp.write_text(
+                "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"))
+            counts["out"] = str(r.out)
+        if ctx.is_main:
+            print(f"regenerated responses: {counts}")
+        return counts
