@@ -3,6 +3,7 @@ cached ones, N = 1..128 (what tree sizing trades τ against). Random weights are
 
     python scripts/cost_curve.py --device cuda --dtype bfloat16 --model reference --model llama3-8b
     python scripts/cost_curve.py --device cpu --model tiny              # the dry run gpu_check.sh does in CI
+    python scripts/cost_curve.py --device cpu --model smollm2 --threads 1   # SmolLM2-135M-Instruct (trained)
 """
 
 import argparse
@@ -26,8 +27,9 @@ SHAPES = {
 
 
 def build(name: str, device: str, dtype: torch.dtype, attn: str):
-    if name == "reference":
-        return reference.load("target", dtype=dtype, attn_implementation=attn)[0].to(device)
+    if name == "reference" or name in reference.GGUF_TARGETS:
+        name = "target" if name == "reference" else name
+        return reference.load(name, dtype=dtype, attn_implementation=attn)[0].to(device)
     with torch.device(device):  # allocate on the device directly: an 8B model in fp32 on the host is 32 GB
         model = LlamaForCausalLM(LlamaConfig(**SHAPES[name], attn_implementation=attn))
     return model.to(dtype).eval()
@@ -38,11 +40,15 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--attn", default="sdpa")
-    parser.add_argument("--model", action="append", choices=["reference", *SHAPES], help="repeatable")
+    parser.add_argument("--model", action="append", choices=["reference", *reference.GGUF_TARGETS, *SHAPES],
+                        help="repeatable")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("runs/cost_curve"))
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.model or ["reference"]:

