@@ -1,6 +1,5 @@
 """Replace the assistant turns of a conversation file with the target's own responses (train/training/regeneration.py),
-so
-a drafter learns what the target says. Takes train_heads' overrides:
+so that a drafter learns what the target says. Takes train_heads' overrides:
 
     python scripts/regenerate.py data=chat data.chat.source=sharegpt.jsonl data.regenerate.out=regen.jsonl
     python scripts/regenerate.py ... data.regenerate.temperature=0.7 data.regenerate.batch_size=32

@@ -1,6 +1,6 @@
 """The comparison's report (train/compare/report.py, train/compare/plots.py, train/compare/stats.py,
-train/compare/stamp.py) on synthetic
-measurements: the figures' data, intervals, tables without holes, partial runs, re-rendering and side-by-side
+train/compare/stamp.py) on synthetic measurements: the figures' data, intervals, tables without holes, partial
+runs, re-rendering and side-by-side
 comparison. No model runs."""
 
 import copy

@@ -1,6 +1,5 @@
 """Workloads (train/compare/workload.py, train/compare/templates.py) and the comparison on them (train/compare/job.py):
-every
-prompt format, datasets folders and parquet files, seeded selection, chat templates and end tokens, turns
+every prompt format, datasets folders and parquet files, seeded selection, chat templates and end tokens, turns
 answered by the target itself, and a whole run by category on a tiny chat model."""
 
 

@@ -8,8 +8,7 @@ prediction from the drafter's measured per-depth top-k accuracies and the target
 sampling), assisted generation with ``assistant``, and ``prompt_lookup_num_tokens``, interleaved with each
 drafter's best configuration. Every prompt run's values are kept (results.json) with each prompt's category,
 so the report (train/compare/report.py, train/compare/categories.py) can be rendered again later without measuring, and
-every
-configuration's tree is saved (``trees/``) so the best one can be used elsewhere. train/compare/job.py drives it
+every configuration's tree is saved (``trees/``) so the best one can be used elsewhere. train/compare/job.py drives it
 from the config.
 
 Prompts may have different generation budgets (``max_new_tokens`` per prompt, e.g. per category): prompts

@@ -3,8 +3,7 @@
 
 ``run_from_config`` checks the whole config before loading anything, then: loads the target; reads and
 selects the workload (train/compare/workload.py) and turns it into prompt ids (train/compare/templates.py: chat
-template,
-end tokens, later turns holding the target's own earlier answers); loads the drafters, each with its
+template, end tokens, later turns holding the target's own earlier answers); loads the drafters, each with its
 accuracies measured on the target's own continuations of the workload's held-out part (never the timed
 prompts) and FR-Spec's ranking from the same text (or a corpus the config names); keeps the assistant peer
 only when it shares the target's vocabulary; then train/compare/harness.py measures and train/compare/report.py reports.

@@ -1,6 +1,6 @@
 """Markdown and text formatting shared by the comparison's reports (train/compare/report.py,
-train/compare/categories.py,
-train/compare/side_by_side.py): values that do not apply print as "–", never "nan"; intervals as "1.51× (1.40–1.62)".
+train/compare/categories.py, train/compare/side_by_side.py): values that do not apply print as "–", never "nan";
+intervals as "1.51× (1.40–1.62)".
 """
 
 from __future__ import annotations

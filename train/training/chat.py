@@ -26,8 +26,7 @@ so exact resume and rank sharding hold.
 bytes, the tokenizer, the template and these settings.
 
 **Regenerated responses** (train/training/regeneration.py) are conversations in the same format, with the assistant
-turns
-written by the target itself.
+turns written by the target itself.
 """
 
 from __future__ import annotations
