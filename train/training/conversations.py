@@ -100,8 +100,9 @@ def _text(content) -> str | None:
     raise BadRow("malformed turn", f"content of type {type(content).__name__}")
 
 
-def normalize(row, system_prompt: str | None = None) -> list[dict]:
-    """A ShareGPT or OpenAI row → [{"role", "content"(, "reasoning_content")}], or BadRow."""
+def normalize(row, system_prompt: str | None = None, *, answered: bool = True) -> list[dict]:
+    """A ShareGPT or OpenAI row → [{"role", "content"(, "reasoning_content")}], or BadRow. ``answered``: a row
+    with no assistant turn is a BadRow (training data; regeneration writes the answers itself)."""
     if not isinstance(row, dict):
         raise BadRow("malformed row", type(row).__name__)
     turns = row.get("messages")
@@ -125,7 +126,7 @@ def normalize(row, system_prompt: str | None = None) -> list[dict]:
         if isinstance(reasoning, str) and reasoning.strip():
             message["reasoning_content"] = reasoning
         messages.append(message)
-    if not any(m["role"] == "assistant" for m in messages):
+    if answered and not any(m["role"] == "assistant" for m in messages):
         raise BadRow("no assistant turn")
     if system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})

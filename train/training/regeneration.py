@@ -4,7 +4,11 @@ target's own responses, so a drafter learns what the target says rather than wha
 Turns are generated one at a time, each seeing the regenerated turns before it, a batch of conversations at
 a time (left-padded); the output is OpenAI-style JSONL rows ``{"row", "messages"}`` that ``data=chat`` reads
 (train/training/chat.py). Resumable: rows already in the output file are skipped, and a last line cut by a kill is
-removed. Under torchrun each rank writes its share of the rows; rank 0 merges them in row order.
+removed. Under torchrun each rank writes its share of the rows; rank 0 merges them in row order. A conversation
+that ends on a user turn gets the target's answer appended.
+
+``data.chat.source=magpie`` needs no conversations: the target first writes its own requests
+(train/training/magpie.py, ``data.magpie``) into ``<out>.requests.jsonl``, then answers them.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from treespec.io import atomic_write
 from treespec.reference import load_model
-from treespec.train.training import config_checks, distributed
+from treespec.train.training import config_checks, distributed, magpie
 from treespec.train.training.chat import ChatRenderer, chat_settings
 from treespec.train.training.conversations import BadRow, load_rows, normalize
 
@@ -65,9 +70,13 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
         if i % world_size != rank or i in done:
             continue
         try:
-            todo.append((i, normalize(row, settings["system_prompt"])))
+            messages = normalize(row, settings["system_prompt"], answered=False)
         except BadRow as err:
             bad[err.reason] += 1
+            continue
+        if messages[-1]["role"] == "user":  # a prompt without its answer: the target writes it
+            messages.append({"role": "assistant", "content": ""})
+        todo.append((i, messages))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = [renderer.end_marker] if renderer.end_marker else None
     padding_side = tokenizer.padding_side
@@ -125,15 +134,47 @@ def check_responses(counts: dict, template) -> None:
                          f"{counts['out']} holds the empty rows: delete it before rerunning")
 
 
+def magpie_requests(cfg, target, tokenizer, ctx) -> str:
+    """``data.chat.source=magpie``: the target's own requests (train/training/magpie.py), written once by rank 0
+    to ``<data.regenerate.out>.requests.jsonl`` (resumable) → that file, the source to answer."""
+    m, chat = cfg.data.magpie, cfg.data.chat
+    out = f"{cfg.data.regenerate.out}.requests.jsonl"
+    if ctx.is_main:
+        renderer = ChatRenderer(tokenizer, chat_settings(chat)["template"])
+        exclude = magpie.excluded_texts(m.exclude) if m.get("exclude") else set()
+        counts = magpie.generate_requests(
+            target, tokenizer, renderer, out, count=m.conversations, batch_size=m.batch_size,
+            temperature=m.temperature, top_p=m.top_p, max_new_tokens=m.max_new_tokens, min_chars=m.min_chars,
+            max_chars=m.max_chars, exclude=exclude, system_prompt=chat.get("system_prompt"), seed=cfg.seed,
+            progress=True)
+        print(f"magpie requests: {counts}")
+    distributed.barrier(ctx)
+    return out
+
+
+def check_magpie(m) -> None:
+    for key in ("conversations", "batch_size", "max_new_tokens", "min_chars", "max_chars"):
+        config_checks.integer(m.get(key), f"data.magpie.{key}")
+    config_checks.number(m.get("temperature"), "data.magpie.temperature", 0, low_open=True)
+    config_checks.number(m.get("top_p"), "data.magpie.top_p", 0, 1, low_open=True)
+    if m.min_chars > m.max_chars:
+        raise ValueError(f"data.magpie.min_chars={m.min_chars} exceeds data.magpie.max_chars={m.max_chars}")
+    if m.get("exclude") and not Path(m.exclude).is_file():
+        raise ValueError(f"data.magpie.exclude={m.exclude}: no such file (a JSONL of questions never to train on)")
+
+
 def run(cfg) -> dict:
     """The ``scripts/regenerate.py`` job (train_heads' config: ``target``, ``data=chat``, ``data.regenerate``).
     Under torchrun each rank writes its share; rank 0 then merges them, in row order, into
     ``data.regenerate.out``."""
     r = cfg.data.get("regenerate") or {}
     if cfg.data.get("chat") is None or not cfg.data.chat.get("source"):
-        raise ValueError("regenerate needs data=chat and data.chat.source=<conversations>")
+        raise ValueError("regenerate needs data=chat and data.chat.source=<conversations, or magpie>")
     if not r.get("out"):
         raise ValueError("regenerate needs data.regenerate.out=<the JSONL file to write>")
+    self_written = cfg.data.chat.source == "magpie"
+    if self_written:
+        check_magpie(cfg.data.magpie)
     for key in ("batch_size", "max_new_tokens"):
         config_checks.integer(r.get(key, 1), f"data.regenerate.{key}")
     config_checks.number(r.get("temperature", 0.0), "data.regenerate.temperature", 0)
@@ -144,9 +185,12 @@ def run(cfg) -> dict:
     with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
         target, tokenizer = load_model(cfg.target)
         target.to(ctx.device)
+        chat = cfg.data.chat
+        if self_written:
+            chat = OmegaConf.merge(chat, {"source": magpie_requests(cfg, target, tokenizer, ctx)})
         with distributed.rank0_first(ctx):  # rank 0 converts the source with datasets first (its cache)
-            load_rows(cfg.data.chat.source, split=cfg.data.chat.split or "train", cache_dir=cfg.data.cache_dir)
-        counts = regenerate(target, tokenizer, cfg.data.chat, r.out, batch_size=r.get("batch_size", 8),
+            load_rows(chat.source, split=chat.split or "train", cache_dir=cfg.data.cache_dir)
+        counts = regenerate(target, tokenizer, chat, r.out, batch_size=r.get("batch_size", 8),
                             max_new_tokens=r.get("max_new_tokens", 512), temperature=r.get("temperature", 0.0),
                             top_p=r.get("top_p", 1.0), seed=cfg.seed, cache_dir=cfg.data.cache_dir, rank=ctx.rank,
                             world_size=ctx.world_size, progress=ctx.is_main)

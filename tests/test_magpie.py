@@ -1,0 +1,95 @@
+"""Self-generated requests (train/training/magpie.py) and the regeneration job answering them
+(data.chat.source=magpie): the user-turn prefix, uniqueness, length bounds, excluded benchmark questions, a
+resume equal to an uninterrupted run, and a model that repeats itself stopping."""
+
+import json
+
+import pytest
+
+from treespec.reference import load_model
+from treespec.train.training import magpie
+from treespec.train.training.chat import ChatRenderer
+from treespec.train.training.regeneration import run as regenerate_job
+
+from .helpers import chat_tokenizer, compose_cfg, tiny_chat_target
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory):
+    target, tok = load_model(tiny_chat_target(tmp_path_factory.mktemp("target")))
+    return target, tok, ChatRenderer(tok)
+
+
+def requests(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_prefix_is_the_templates_user_turn_up_to_its_content():
+    renderer = ChatRenderer(chat_tokenizer())
+    assert magpie.user_prefix(renderer).endswith("<|im_start|>user\n")
+    with_system = magpie.user_prefix(renderer, "Be brief.")
+    assert with_system.startswith("<|im_start|>system\nBe brief.") and with_system.endswith("<|im_start|>user\n")
+
+
+def test_requests_are_unique_bounded_and_never_excluded(chat_target, tmp_path):
+    target, tok, renderer = chat_target
+    common = {"count": 6, "batch_size": 4, "max_new_tokens": 8, "min_chars": 5, "max_chars": 60, "progress": False}
+    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "a.jsonl", **common)
+    rows = requests(tmp_path / "a.jsonl")
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert counts["requests"] == len(rows) == 6 and [r["row"] for r in rows] == list(range(6))
+    assert len({magpie.request_key(t) for t in texts}) == 6 and all(5 <= len(t) <= 60 for t in texts)
+    assert all(r["messages"][0]["role"] == "user" for r in rows)
+    # a benchmark's question is dropped even when the model writes it (the same seeds write it again here)
+    bench = tmp_path / "question.jsonl"
+    bench.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": [texts[0].upper() + "  "]}) + "\n")
+    exclude = magpie.excluded_texts(bench)
+    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "b.jsonl", exclude=exclude, **common)
+    kept = [r["messages"][0]["content"] for r in requests(tmp_path / "b.jsonl")]
+    assert counts["dropped"]["excluded"] >= 1 and texts[0] not in kept and len(kept) == 6
+
+
+def test_a_killed_run_resumes_to_the_same_file(chat_target, tmp_path):
+    target, tok, renderer = chat_target
+    common = {"count": 7, "batch_size": 3, "max_new_tokens": 8, "min_chars": 3, "progress": False}
+    magpie.generate_requests(target, tok, renderer, tmp_path / "whole.jsonl", **common)
+    whole = (tmp_path / "whole.jsonl").read_text()
+    lines = whole.splitlines(keepends=True)
+    (tmp_path / "cut.jsonl").write_text("".join(lines[:4]) + lines[4][:15])  # killed mid-write
+    magpie.generate_requests(target, tok, renderer, tmp_path / "cut.jsonl", **common)
+    assert (tmp_path / "cut.jsonl").read_text() == whole
+
+
+def test_a_model_that_repeats_itself_stops(chat_target, tmp_path):
+    target, tok, renderer = chat_target
+    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "same.jsonl", count=5, batch_size=4,
+                                      temperature=1e-4, max_new_tokens=6, min_chars=1, max_batches=3,
+                                      progress=False)
+    assert counts["stopped_early"] and counts["requests"] == 1 and counts["dropped"]["duplicate"] == 11
+
+
+def test_the_regeneration_job_answers_its_own_requests(tmp_path):
+    target_dir = tiny_chat_target(tmp_path / "target")
+    out = tmp_path / "magpie.jsonl"
+    cfg = compose_cfg("train_heads", [
+        "data=chat", "data.chat.source=magpie", f"target={target_dir}", f"data.regenerate.out={out}",
+        f"data.cache_dir={tmp_path / 'cache'}", "data.magpie.conversations=4", "data.magpie.batch_size=4",
+        "data.magpie.min_chars=1", "data.magpie.max_new_tokens=6", "data.regenerate.max_new_tokens=3"])
+    counts = regenerate_job(cfg)
+    rows = requests(out)
+    assert counts["written"] == 4 and len(rows) == 4
+    asked = [r["messages"][0]["content"] for r in requests(tmp_path / "magpie.jsonl.requests.jsonl")]
+    assert [r["messages"][0]["content"] for r in rows] == asked
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in rows)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.magpie.min_chars=2000", r"min_chars=2000 exceeds data.magpie.max_chars"),
+    ("data.magpie.exclude=/nonexistent/q.jsonl", r"data.magpie.exclude=/nonexistent/q.jsonl: no such file"),
+    ("data.magpie.temperature=0", r"data.magpie.temperature"),
+])
+def test_bad_magpie_settings_are_refused_before_any_model_loads(tmp_path, override, message):
+    cfg = compose_cfg("train_heads", ["data=chat", "data.chat.source=magpie", "target=/nonexistent/model",
+                                      f"data.regenerate.out={tmp_path / 'o.jsonl'}", override])
+    with pytest.raises(ValueError, match=message):
+        regenerate_job(cfg)
