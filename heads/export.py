@@ -12,7 +12,8 @@ medusa         refused                                     refused              
 
 Each folder holds exactly the files that consumer reads (``config.json`` and one weight file:
 ``model.safetensors``, or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1,
-``medusa_lm_head.pt`` for Medusa-1). The tensors carry the consumer's names, the config its architecture
+``medusa_lm_head.pt`` for Medusa-1), and the hidden list of what the export wrote (``MANIFEST``): an export never
+replaces a file it did not write unless asked to (``overwrite``). The tensors carry the consumer's names, the config its architecture
 name, aux-layer ids in its convention (heads/eagle3/upstream.py), RoPE as ``rope_parameters`` mirrored into
 ``rope_theta`` / ``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as
 its loader builds them (zeros where it expects one the drafter lacks). What a consumer cannot represent is
@@ -31,11 +32,11 @@ from torch import nn
 
 from treespec.drafter import Drafter
 from treespec.heads import registry
-from treespec.io import atomic_write, atomic_write_json
+from treespec.io import atomic_write, atomic_write_json, read_json
 
 CONSUMERS = ("sglang", "vllm", "speculators", "eagle", "medusa")
-# files an export may find in its folder and replace: any other weight or drafter file there is refused
-OWN_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "medusa_lm_head.pt")
+# the list of files an export wrote, beside them: what a re-export into the same folder may replace
+MANIFEST = ".treespec_export.json"  # hidden: consumers read config.json and the weights only
 FOREIGN = ("*.safetensors", "*.bin", "*.pt", "*.index.json", "*_config.json")
 
 
@@ -94,26 +95,62 @@ def formats(drafter_or_module, target, *, before_training: bool = False) -> dict
 
 
 def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None = None,
-           speculative_tokens: int = 3) -> Path:
+           speculative_tokens: int = 3, overwrite: bool = False) -> Path:
     """Write ``drafter_or_module`` (a Drafter or its module) for ``target`` into ``out_dir`` in consumer ``to``'s
     layout (module docstring); returns the folder. ``verifier``: the target's name or path recorded where a
     consumer asks for one (speculators' verifier, Medusa's base model; default the target's own
-    ``_name_or_path``); ``speculative_tokens``: speculators' proposal length. A folder holding other drafter
-    files is refused (a consumer would find two checkpoints)."""
+    ``_name_or_path``); ``speculative_tokens``: speculators' proposal length.
+
+    An export never replaces a file it did not write: the files it writes are listed in ``MANIFEST``, and a
+    re-export into its own folder replaces them (removing those the new layout does not use); any other file
+    it would replace is refused, naming it, unless ``overwrite``. A folder holding other drafter files is
+    refused too (a consumer would find two checkpoints)."""
     config, tensors, filename = convert(drafter_or_module, target, to, verifier=verifier,
                                         speculative_tokens=speculative_tokens)
     out = Path(out_dir)
-    if out.exists():
-        if not out.is_dir():
-            raise ValueError(f"{out} exists and is not a folder")
-        other = sorted({p.name for pattern in FOREIGN for p in out.glob(pattern)} - {filename})
-        if other:
-            raise ValueError(f"{out} already holds {', '.join(other)}; export into an empty folder so that {to} finds "
-                             "one checkpoint only")
+    mine = check_folder(out, [filename, "config.json"], to, overwrite)
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+    for stale in sorted(mine - {filename, "config.json", MANIFEST}):  # the previous export's other layout
+        (out / stale).unlink(missing_ok=True)
     if filename.endswith(".safetensors"):
         atomic_write(out / filename, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     else:  # the pickle the original project reads (a plain dict of tensors; treespec reads it weights_only)
         atomic_write(out / filename, lambda tmp: torch.save(tensors, tmp))
     atomic_write_json(out / "config.json", config, indent=2)
+    atomic_write_json(out / MANIFEST, {"written_by": "treespec.heads.export", "to": to,
+                                       "files": sorted([filename, "config.json", MANIFEST])}, indent=1)
     return out
+
+
+def written_files(out: Path) -> set[str]:
+    """The files an earlier export listed in ``out``'s manifest (none without one; an unreadable manifest is an
+    error naming it, since it decides what may be replaced)."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return set()
+    data = read_json(path, "export manifest", dict)
+    files = data.get("files")
+    if not (isinstance(files, list) and all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..")
+                                            for f in files)):
+        raise ValueError(f"export manifest {path}: 'files' must be a list of file names, got {files!r}")
+    return set(files)
+
+
+def check_folder(out: Path, writes: list[str], to: str, overwrite: bool) -> set[str]:
+    """Refuse an ``out`` that is a file or lies under one, one whose files this export did not write and would
+    replace (unless ``overwrite``), and one holding another checkpoint; → the files an earlier export wrote."""
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"export folder {out}: {folder} is a file, not a folder; choose another out_dir")
+    if not out.exists():
+        return set()
+    mine = written_files(out)
+    foreign = sorted(name for name in writes if (out / name).exists() and name not in mine)
+    if foreign and not overwrite:
+        raise ValueError(f"{out} already holds {', '.join(foreign)}, which no treespec export wrote: exporting would "
+                         "replace them. Choose an empty folder, or pass overwrite=True (--overwrite) to replace them")
+    other = sorted({p.name for pattern in FOREIGN for p in out.glob(pattern)} - set(writes) - mine)
+    if other:
+        raise ValueError(f"{out} already holds {', '.join(other)}; export into an empty folder so that {to} finds "
+                         "one checkpoint only")
+    return mine

@@ -25,7 +25,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="drafter folder, reference:<name> or Hugging Face Hub repo id")
     parser.add_argument("--to", required=True, choices=CONSUMERS, help="the consumer whose layout to write")
-    parser.add_argument("--out", required=True, help="output folder (new or empty)")
+    parser.add_argument("--out", required=True, help="output folder (new, empty, or an earlier export's)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files in --out that no treespec export wrote (refused otherwise)")
     parser.add_argument("--target", default="reference:target", help="the target model: folder or reference:<name>")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="the source's format (default: detect)")
     parser.add_argument("--aux-layers", default=None,
@@ -44,7 +46,7 @@ def main() -> int:
     try:
         module = AUTO.load(args.source, target, format=args.format, aux_layers=aux, written_by=args.written_by)
         out = export(module, target, args.out, to=args.to, verifier=args.verifier,
-                     speculative_tokens=args.speculative_tokens)
+                     speculative_tokens=args.speculative_tokens, overwrite=args.overwrite)
     except Refused as err:
         print(f"refused: {err}", file=sys.stderr)
         return 2
