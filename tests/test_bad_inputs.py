@@ -282,3 +282,18 @@ def test_fuzz_the_door_of_generate(target, argument, value, drafted):
     for row in out.rows:
         assert 1 <= row.new_tokens <= kwargs["max_new_tokens"] and sum(row.accept_lengths) == row.new_tokens - 1
     assert int(out.sequences.min()) >= 0 and int(out.sequences.max()) < 64 and prompt >= 1
+
+
+@pytest.mark.parametrize("pad_value", [-100, 64, 10**9])
+def test_padding_may_hold_any_id(target, pad_value):
+    """Masked positions never reach the embedding: -100 (a label's ignore index), the vocabulary size or any id
+    in a padded batch, and a list of prompts padded with such a pad_token_id, decode as each row alone."""
+    rows = [torch.tensor([3, 7, 1, 9]), torch.tensor([5, 2])]
+    alone = [generate(target, r[None], max_new_tokens=5).sequences[0, len(r):] for r in rows]
+    ids = torch.tensor([[3, 7, 1, 9], [pad_value, pad_value, 5, 2]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    out = generate(target, ids, attention_mask=mask, drafter=PromptLookup(), max_new_tokens=5)
+    assert torch.equal(out.sequences[:, :4], ids)  # the prompts as given, padding kept
+    assert all(torch.equal(out.sequences[b, 4:], alone[b]) for b in range(2))
+    listed = generate(target, rows, pad_token_id=pad_value, max_new_tokens=5)
+    assert all(torch.equal(listed.sequences[b, 4:], alone[b]) for b in range(2))

@@ -305,5 +305,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     if mask is not None:
         mask = mask[:, columns:]
         mask = None if bool(mask.all()) else mask.to(target.device)
+    if mask is not None:  # padding may hold any id (-100, the vocabulary size): the model sees a real one there
+        input_ids = input_ids.masked_fill(mask == 0, pad if 0 <= pad < vocab else 0)
     return Inputs(input_ids, mask, lengths, given, pad, max_new_tokens, drafter if speculates else None, tree,
                   sampling, eos)
