@@ -232,3 +232,24 @@ def test_model_shards_outside_the_folder_are_refused(model_folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match=r"names shards outside its folder \(../outside.safetensors\)"):
         load_model(folder)
+
+
+def test_a_vllm_medusa_export_missing_one_bias_is_refused(tmp_path):
+    """Its config says medusa_fc_bias: a deleted bias tensor would load as zeros, silently."""
+    from treespec.heads import export
+
+    from .helpers import random_heads
+
+    target = tiny_llama(seed=0)
+    heads = random_heads(target, num_heads=3)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.bias.normal_(0, 0.1)
+    out = export(heads, target, tmp_path / "vllm", to="vllm")
+    assert json.loads((out / "config.json").read_text())["medusa_fc_bias"] is True
+    assert load(out, target) is not None  # whole, it loads
+    weights = dict(load_file(out / "model.safetensors"))
+    del weights["blocks.2.layers.0.bias"]
+    save_file(weights, out / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model.safetensors.*biases are missing for head 2 block 0"):
+        load(out, target)

@@ -98,6 +98,10 @@ def medusa_from_upstream(weights: dict, config: dict, target, where: str) -> Med
     else:
         raise ValueError(f"{where}: no Medusa head tensors ({{h}}.{{j}}.linear.weight or "
                          "blocks.{h}.layers.{l}.weight)")
+    with_bias = sorted(k for k, b in blocks.items() if "bias" in b)
+    if with_bias and len(with_bias) < len(blocks):  # a deleted bias would load as zeros, silently
+        absent = ", ".join(f"head {a} block {b}" for a, b in sorted(set(blocks) - set(with_bias)))
+        raise ValueError(f"{where}: residual block biases are missing for {absent} (the other blocks have theirs)")
     num_heads = _contiguous([k[0] for k in blocks], "heads", where)
     per_head = {}
     for (head, layer) in blocks:
