@@ -16,15 +16,38 @@ from .models import (
 )
 from .processes import assert_ok, free_port, run_ranks
 from .proposals import record_proposals, scratch_logits, scratch_proposal
+from .upstream_checkpoints import (
+    INTEROP_PROMPT,
+    UPSTREAM_CASES,
+    check_proposal,
+    eagle1_official,
+    eagle3_layer,
+    eagle3_specforge,
+    eagle3_speculators,
+    fresh_drafter,
+    interop_targets,
+    medusa1,
+    norm_w,
+    proposals_of,
+    recorded_run,
+    rnd,
+    speculators_config,
+    synthesise,
+    target_hidden_states,
+    tiny_qwen2,
+    write_checkpoint,
+)
 from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_two_counts, logits_with_argmax
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
-    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "NEW", "PROMPT", "RUNS", "T07", "T1", "UNEVEN", "VOCAB", "WALKS", "WORDS",
-    "World", "accept_everything", "assert_ok", "chat_tokenizer", "chi2_pvalue", "compose_cfg", "conversations",
-    "exact_distribution",
-    "first_two_counts", "free_port", "heads_cfg", "hf_greedy", "logits_with_argmax", "perturbed", "random_eagle",
-    "random_eagle3", "random_heads", "record_proposals", "run_ranks", "sampled_counts", "scratch_logits",
-    "scratch_proposal", "tiny_chat_target", "tiny_llama", "tiny_trained_target", "wandb_run_contains",
-    "write_jsonl",
+    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "UNEVEN",
+    "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_everything", "assert_ok", "chat_tokenizer",
+    "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
+    "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
+    "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",
+    "proposals_of", "random_eagle", "random_eagle3", "random_heads", "record_proposals", "recorded_run", "rnd",
+    "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config", "synthesise",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_trained_target",
+    "wandb_run_contains", "write_checkpoint", "write_jsonl",
 ]

@@ -12,8 +12,8 @@ window-ignoring implementation would give. Models whose state cannot be rolled b
 generate's door, naming the layer type.
 
 The checks are plain functions that return a summary (τ, p-values) or raise; ``NotApplicable`` marks a
-combination transformers itself does not offer. The test suite runs them as tests; scripts/architecture_matrix.py
-runs them into a markdown table.
+combination transformers itself does not offer. The test suite runs them as tests; matrix_report.py
+(scripts/architecture_matrix.py) runs them into a markdown table.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The SpecForge side of ``scripts/specforge_check.py``: runs under SpecForge's own Python (its venv pins
-transformers 5.8.1, treespec needs 5.24) and imports nothing from treespec.
+"""The SpecForge side of ``scripts/specforge_check.py`` (``treespec.train.checks.specforge_step``): runs under
+SpecForge's own Python (its venv pins transformers 5.8.1, treespec needs 5.24) and imports nothing from treespec,
+so it is started by its path, not imported:
 
-    /work/venvs/specforge/bin/python scripts/specforge_worker.py EXCHANGE_FOLDER
+    SPECFORGE_VENV/bin/python train/checks/specforge_worker.py EXCHANGE_FOLDER        # from the repository root
 
 It reads what the check wrote into EXCHANGE_FOLDER (``request.json``, ``inputs.safetensors``, the head in
 SpecForge's checkpoint layout under ``head/``, ``vocab_mapping.pt``, ``lm_head.safetensors``) and runs SpecForge's

@@ -1,7 +1,8 @@
-"""The upstream side of ``scripts/interop_check.py``: runs under one upstream package's own Python (its venv pins
-its own transformers) and imports nothing from treespec.
+"""The upstream side of ``scripts/interop_check.py`` (``treespec.train.checks.interop``): runs under one upstream
+package's own Python (its venv pins its own transformers) and imports nothing from treespec, so it is started by
+its path, not imported:
 
-    VENV/bin/python scripts/interop_worker.py PACKAGE EXCHANGE_FOLDER
+    VENV/bin/python train/checks/interop_worker.py PACKAGE EXCHANGE_FOLDER        # from the repository root
 
 PACKAGE is speculators, specforge, eagle-llm, medusa-llm, or vllm (``vllm_serve``). EXCHANGE_FOLDER holds what
 the check wrote: ``request.json`` (the target's folder, the cases) and ``inputs.safetensors`` (token ids [1, n],

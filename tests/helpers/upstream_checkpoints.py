@@ -1,0 +1,456 @@
+"""Upstream drafter checkpoints synthesised for the interop tests (tests/test_interop_load.py,
+tests/test_interop_export.py), and the reference forwards they are checked against.
+
+Nothing is downloaded: every upstream checkpoint is synthesised here with the exact key names and config
+fields its project writes (EAGLE-1/2 as SafeAILab publishes it, EAGLE-3 as SafeAILab, SpecForge/SGLang,
+vLLM and speculators write it, Medusa-1, Medusa "v2", Medusa-2 and vLLM's Medusa), for tiny random Llama
+and Qwen2 targets, each with a reference forward written below from the published equations (plain tensor
+ops, no transformers or treespec modules). ``recorded_run`` and ``check_proposal`` check a loaded drafter's
+proposals against that reference; ``proposals_of`` and ``fresh_drafter`` serve the export → load round trips.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from treespec import Tree, generate
+from treespec.heads.eagle import EagleModel
+from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
+from treespec.heads.medusa import MedusaHeads
+from treespec.sampling import probs
+
+from .models import tiny_llama
+from .proposals import record_proposals
+
+
+# -- targets ------------------------------------------------------------------------------------------------
+def tiny_qwen2(vocab=64, layers=4, seed=0, rope_theta=1e6):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "rope_theta": rope_theta}, initializer_range=0.2,
+                         attn_implementation="sdpa", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return Qwen2ForCausalLM(config).eval()
+
+
+TARGETS = {"llama": lambda: tiny_llama(layers=4, seed=0), "qwen2": lambda: tiny_qwen2()}
+
+
+
+def interop_targets() -> dict:
+    """The targets by name (a module-scoped fixture in each interop test module builds them once)."""
+    return {name: make() for name, make in TARGETS.items()}
+
+
+INTEROP_PROMPT = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+
+
+# -- the published equations, written out (no transformers or treespec modules) ------------------------------
+def rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, theta):
+    """x [heads, n, d] at positions 0..n-1, rotate-half convention (Llama / EAGLE)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+
+def lin(x, t, name):
+    y = x @ t[f"{name}.weight"].T
+    return y + t[f"{name}.bias"] if f"{name}.bias" in t else y
+
+
+def attention(x, t, p, heads, kv_heads, d, theta):
+    """Causal GQA self-attention over x [n, in] with RoPE; weights ``{p}self_attn.{q,k,v,o}_proj``."""
+    n = x.shape[0]
+    q = rope(lin(x, t, p + "self_attn.q_proj").view(n, heads, d).transpose(0, 1), theta)
+    k = rope(lin(x, t, p + "self_attn.k_proj").view(n, kv_heads, d).transpose(0, 1), theta)
+    v = lin(x, t, p + "self_attn.v_proj").view(n, kv_heads, d).transpose(0, 1)
+    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
+    scores = q @ k.transpose(1, 2) / math.sqrt(d) + torch.full((n, n), float("-inf")).triu(1)
+    return lin((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, heads * d), t, p + "self_attn.o_proj")
+
+
+def mlp(x, t, p):
+    return lin(F.silu(lin(x, t, p + "mlp.gate_proj")) * lin(x, t, p + "mlp.up_proj"), t, p + "mlp.down_proj")
+
+
+def target_hidden_states(target, ids):
+    with torch.no_grad():
+        return target(input_ids=ids, output_hidden_states=True).hidden_states  # L + 1 × [1, n, H]
+
+
+def eagle1_reference(t, c, target):
+    """EAGLE-1/2 (cnets1.py): x = fc(cat(embed(token), feature)); layer 0 without input norm; no final norm;
+    the target's lm_head. ``logits_at(committed, path)`` → the draft logits after ``path`` (tree tokens)."""
+    heads, eps, theta = c["num_attention_heads"], c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0)
+    h = t["fc.weight"].shape[0]
+    d, kv = h // heads, t["layers.0.self_attn.k_proj.weight"].shape[0] // (h // heads)
+    embed = t.get("embed_tokens.weight", target.get_input_embeddings().weight)
+    head = target.get_output_embeddings().weight
+    layers = len({k.split(".")[1] for k in t if k.startswith("layers.")})
+
+    def forward(tokens, feats):
+        x = lin(torch.cat([embed[tokens], feats], -1), t, "fc")
+        for i in range(layers):
+            p = f"layers.{i}."
+            y = x if i == 0 else rms(x, t[p + "input_layernorm.weight"], eps)
+            x = x + attention(y, t, p, heads, kv, d, theta)
+            x = x + mlp(rms(x, t[p + "post_attention_layernorm.weight"], eps), t, p)
+        return x  # [n, H]: predicted features
+
+    def logits_at(committed, path):
+        with torch.no_grad():
+            feats = target_hidden_states(target, committed[:, :-1])[-1][0]  # final-norm features of positions 0..L-2
+            tokens = committed[0, 1:].tolist()
+            for token in path:  # a tree node pairs its token with its parent's output
+                out = forward(torch.tensor(tokens), feats)
+                tokens, feats = tokens + [token], torch.cat([feats, out[-1:]])
+            return forward(torch.tensor(tokens), feats)[-1] @ head.T
+
+    return logits_at
+
+
+def eagle3_reference(t, c, target, aux, norm_before_residual=False):
+    """EAGLE-3 (cnets.py LlamaDecoderLayeremb; speculators' norm_before_residual): h = fc(cat(aux states));
+    x = cat(input_layernorm(embed), hidden_norm(h)); h' = residual + attn(x); out = h' + mlp(post_norm(h'));
+    logits = lm_head(norm(out)) over the draft vocabulary, target id = draft id + d2t; nodes feed ``out``."""
+    heads, eps, theta = c["num_attention_heads"], c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0)
+    h = t["fc.weight"].shape[0]
+    d = c.get("head_dim") or h // heads
+    kv = t["midlayer.self_attn.k_proj.weight"].shape[0] // d
+    embed = t.get("embed_tokens.weight", target.get_input_embeddings().weight)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    ids = torch.arange(t["lm_head.weight"].shape[0]) + t["d2t"] if "d2t" in t else torch.arange(vocab)
+
+    def forward(tokens, hidden):
+        normed = rms(hidden, t["midlayer.hidden_norm.weight"], eps)
+        x = torch.cat([rms(embed[tokens], t["midlayer.input_layernorm.weight"], eps), normed], -1)
+        hidden = (normed if norm_before_residual else hidden) + attention(x, t, "midlayer.", heads, kv, d, theta)
+        return hidden + mlp(rms(hidden, t["midlayer.post_attention_layernorm.weight"], eps), t, "midlayer.")
+
+    def logits_at(committed, path):
+        with torch.no_grad():
+            states = target_hidden_states(target, committed[:, :-1])
+            feats = lin(torch.cat([states[i][0] for i in aux], -1), t, "fc")
+            tokens = committed[0, 1:].tolist()
+            for token in path:
+                out = forward(torch.tensor(tokens), feats)
+                tokens, feats = tokens + [token], torch.cat([feats, out[-1:]])
+            draft = rms(forward(torch.tensor(tokens), feats)[-1], t["norm.weight"], eps) @ t["lm_head.weight"].T
+            return torch.full((vocab,), float("-inf")).index_copy(0, ids, draft)
+
+    return logits_at
+
+
+def medusa_reference(blocks, heads_lm, target):
+    """Medusa: head k = lm_k(ResBlock^L(f)), ResBlock(x) = x + SiLU(W x + b), f the final-norm feature before
+    the root. ``blocks[k]`` = [(W, b), ...]; ``heads_lm[k]`` = the head's projection (None: the target's)."""
+    head = target.get_output_embeddings().weight
+
+    def logits_at(committed, path):
+        with torch.no_grad():
+            x = target_hidden_states(target, committed[:, :-1])[-1][0, -1]
+            for w, b in blocks[len(path)]:
+                x = x + F.silu(x @ w.T + (0 if b is None else b))
+            lm = heads_lm[len(path)]
+            return x @ (head if lm is None else lm).T
+
+    return logits_at
+
+
+# -- synthesised upstream checkpoints ------------------------------------------------------------------------
+def rnd(g, *shape, scale=0.15):
+    return torch.randn(*shape, generator=g) * scale
+
+
+def norm_w(g, n):
+    return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+
+def decoder_layer(g, p, h, heads, kv, d, inter, in_width, qkv_bias=False, input_norm=True, hidden_norm=False):
+    t = {p + "self_attn.q_proj.weight": rnd(g, heads * d, in_width),
+         p + "self_attn.k_proj.weight": rnd(g, kv * d, in_width),
+         p + "self_attn.v_proj.weight": rnd(g, kv * d, in_width),
+         p + "self_attn.o_proj.weight": rnd(g, h, heads * d),
+         p + "mlp.gate_proj.weight": rnd(g, inter, h), p + "mlp.up_proj.weight": rnd(g, inter, h),
+         p + "mlp.down_proj.weight": rnd(g, h, inter), p + "post_attention_layernorm.weight": norm_w(g, h)}
+    if qkv_bias:
+        t.update({p + f"self_attn.{x}_proj.bias": rnd(g, t[p + f"self_attn.{x}_proj.weight"].shape[0]) for x in "qkv"})
+    if input_norm:
+        t[p + "input_layernorm.weight"] = norm_w(g, h)
+    if hidden_norm:
+        t[p + "hidden_norm.weight"] = norm_w(g, h)
+    return t
+
+
+def write_checkpoint(folder: Path, config: dict | None, tensors: dict, filename: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+    if filename.endswith(".safetensors"):
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / filename))
+    else:
+        torch.save(tensors, folder / filename)
+    return folder
+
+
+def eagle1_official(tmp, target, g):
+    """SafeAILab/EAGLE EAGLE-1 as published: pytorch_model.bin with embed_tokens, fc bias (no "bias" flag),
+    two layers (the second with its input norm), the draft's own rms_norm_eps (0.05, large enough to matter;
+    the target's is 1e-6)."""
+    h, v = 32, 64
+    t = {"fc.weight": rnd(g, h, 2 * h), "fc.bias": rnd(g, h),
+         "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone()}
+    for i in range(2):
+        t.update(decoder_layer(g, f"layers.{i}.", h, 2, 2, 16, 64, h, input_norm=i > 0))
+    c = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+         "hidden_size": h, "initializer_range": 0.02, "intermediate_size": 64, "max_position_embeddings": 2048,
+         "model_type": "llama", "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 2,
+         "pad_token_id": 0, "pretraining_tp": 1, "rms_norm_eps": 0.05, "rope_scaling": None,
+         "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True,
+         "vocab_size": v}
+    return write_checkpoint(tmp, c, t, "pytorch_model.bin"), eagle1_reference(t, c, target), "eagle"
+
+
+def eagle1_qwen(tmp, target, g):
+    """An EAGLE-1 draft for a Qwen2 target: model.safetensors, "bias": false, "qkv_bias": true, GQA, no
+    embed_tokens (the target's table), no rope_theta (10000, where the target's is 1e6)."""
+    h = 32
+    t = {"fc.weight": rnd(g, h, 2 * h), **decoder_layer(g, "layers.0.", h, 4, 2, 8, 48, h, qkv_bias=True,
+                                                          input_norm=False)}
+    c = {"architectures": ["Qwen2ForCausalLM"], "bias": False, "qkv_bias": True, "hidden_size": h,
+         "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+         "rms_norm_eps": 1e-6, "hidden_act": "silu", "model_type": "qwen2", "vocab_size": 64, "torch_dtype": "float32"}
+    return write_checkpoint(tmp, c, t, "model.safetensors"), eagle1_reference(t, c, target), "eagle"
+
+
+def eagle3_layer(g, h, heads, kv, d, inter, prefix="midlayer."):
+    return decoder_layer(g, prefix, h, heads, kv, d, inter, 2 * h, hidden_norm=True)
+
+
+def eagle3_vocab(g, draft_vocab, vocab=64):
+    d2t, t2d = build_vocab_map(torch.randint(0, 1000, (vocab,), generator=g), draft_vocab)
+    return d2t, t2d
+
+
+def eagle3_official(tmp, target, g):
+    """SafeAILab/EAGLE EAGLE-3: midlayer.*, d2t/t2d for a 40-token draft vocabulary, no embed_tokens, no aux
+    ids in the config (the published (2, L//2, L-3) = (2, 2, 1) for this 4-layer target), no rope_theta."""
+    h = 32
+    d2t, t2d = eagle3_vocab(g, 40)
+    t = {"fc.weight": rnd(g, h, 3 * h), **eagle3_layer(g, h, 2, 2, 16, 64), "norm.weight": norm_w(g, h),
+         "lm_head.weight": rnd(g, 40, h, scale=0.5), "d2t": d2t, "t2d": t2d}
+    c = {"architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+         "hidden_size": h, "intermediate_size": 64, "max_position_embeddings": 2048, "model_type": "llama",
+         "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 1, "pad_token_id": 0,
+         "rms_norm_eps": 0.05, "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 64,
+         "draft_vocab_size": 40}
+    return write_checkpoint(tmp, c, t, "model.safetensors"), eagle3_reference(t, c, target, (2, 2, 1)), "eagle3"
+
+
+def eagle3_specforge(tmp, target, g):
+    """SpecForge / SGLang export for a Qwen2 target: a ``model.`` prefix, nested eagle_config aux ids in the
+    output-of-layer convention ([0, 1, 2] = hidden_states 1, 2, 3), rope_theta absent (10000; the target: 1e6)."""
+    h = 32
+    d2t, t2d = eagle3_vocab(g, 48)
+    t = {"fc.weight": rnd(g, h, 3 * h), **eagle3_layer(g, h, 4, 2, 8, 64), "norm.weight": norm_w(g, h),
+         "lm_head.weight": rnd(g, 48, h, scale=0.5), "d2t": d2t, "t2d": t2d}
+    c = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h, "intermediate_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+         "hidden_act": "silu", "vocab_size": 64, "draft_vocab_size": 48, "target_hidden_size": h,
+         "max_position_embeddings": 256, "tie_word_embeddings": False,
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}}
+    stored = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v for k, v in t.items()}
+    return write_checkpoint(tmp, c, stored, "model.safetensors"), eagle3_reference(t, c, target, (1, 2, 3)), "eagle3"
+
+
+def speculators_config(c_layer, draft_vocab, aux, nbr, h=32):
+    return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "speculators_version": "0.3.0",
+            "transformer_layer_config": c_layer, "draft_vocab_size": draft_vocab, "norm_before_residual": nbr,
+            "target_hidden_size": h, "eagle_aux_hidden_state_layer_ids": aux,
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                         "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                                   "verifier": {"name_or_path": "tiny/llama", "architectures": ["LlamaForCausalLM"]}}}
+
+
+def eagle3_speculators(tmp, target, g):
+    """speculators: layers.0.*, transformer_layer_config, top-level aux ids (input of layer i, in the order
+    fc reads them: [1, 3, 2]), norm_before_residual true, its own embed_tokens, one KV head, rope_theta 5000."""
+    h = 32
+    d2t, t2d = eagle3_vocab(g, 32)
+    t = {"fc.weight": rnd(g, h, 3 * h), **eagle3_layer(g, h, 2, 1, 16, 64, prefix="layers.0."),
+         "norm.weight": norm_w(g, h), "lm_head.weight": rnd(g, 32, h, scale=0.5), "d2t": d2t, "t2d": t2d,
+         "embed_tokens.weight": rnd(g, 64, h, scale=1.0)}
+    c_layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": h, "intermediate_size": 64,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "num_hidden_layers": 1,
+               "rms_norm_eps": 1e-5, "hidden_act": "silu", "vocab_size": 64, "rope_theta": 5000.0,
+               "max_position_embeddings": 256, "attention_bias": False, "mlp_bias": False}
+    c = speculators_config(c_layer, 32, [1, 3, 2], True)
+    ref = {k.replace("layers.0.", "midlayer."): v for k, v in t.items()}
+    return (write_checkpoint(tmp, c, t, "model.safetensors"), eagle3_reference(ref, c_layer, target, (1, 3, 2), True),
+            "eagle3")
+
+
+def eagle3_vllm_full(tmp, target, g):
+    """vLLM's own EAGLE-3 layout for the full vocabulary: layers.0.*, no d2t/t2d, top-level aux ids."""
+    h = 32
+    t = {"fc.weight": rnd(g, h, 3 * h), **eagle3_layer(g, h, 2, 2, 16, 64, prefix="layers.0."),
+         "norm.weight": norm_w(g, h), "lm_head.weight": rnd(g, 64, h, scale=0.5)}
+    c = {"architectures": ["Eagle3LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": 64,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+         "hidden_act": "silu", "vocab_size": 64, "draft_vocab_size": 64, "rope_theta": 10000.0,
+         "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
+    ref = {k.replace("layers.0.", "midlayer."): v for k, v in t.items()}
+    return write_checkpoint(tmp, c, t, "model.safetensors"), eagle3_reference(ref, c, target, (1, 2, 3)), "eagle3"
+
+
+def medusa1(tmp, target, g):
+    """FasterDecoding/Medusa-1: medusa_lm_head.pt, 3 heads of one ResBlock + own lm_head; its config says 5
+    heads (published configs do not always match the file: the keys decide)."""
+    h, v = 32, 64
+    t, blocks, lms = {}, {}, {}
+    for k in range(3):
+        w, b, lm = rnd(g, h, h, scale=0.3), rnd(g, h), rnd(g, v, h, scale=0.5)
+        t.update({f"{k}.0.linear.weight": w, f"{k}.0.linear.bias": b, f"{k}.1.weight": lm})
+        blocks[k], lms[k] = [(w, b)], lm
+    c = {"medusa_num_heads": 5, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+         "transformers_version": "4.33.0"}
+    return write_checkpoint(tmp, c, t, "medusa_lm_head.pt"), medusa_reference(blocks, lms, target), "medusa"
+
+
+def medusa_v2(tmp, target, g):
+    """Medusa "v2" (TGI): medusa_lm_head.safetensors with residual blocks only; the target's lm_head."""
+    h = 32
+    t, blocks = {}, {}
+    for k in range(3):
+        w, b = rnd(g, h, h, scale=0.3), rnd(g, h)
+        t.update({f"{k}.0.linear.weight": w, f"{k}.0.linear.bias": b})
+        blocks[k] = [(w, b)]
+    c = {"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "tiny/qwen2"}
+    return (write_checkpoint(tmp, c, t, "medusa_lm_head.safetensors"),
+            medusa_reference(blocks, {k: None for k in range(3)}, target), "medusa")
+
+
+def medusa_vllm(tmp, target, g):
+    """vLLM's MedusaModel: blocks.{h}.layers.{l}.weight (two untied layers, no bias: medusa_fc_bias false),
+    lm_heads.{h}.weight; num_heads in its config."""
+    h, v = 32, 64
+    t, blocks, lms = {}, {}, {}
+    for k in range(2):
+        blocks[k] = [(rnd(g, h, h, scale=0.3), None) for _ in range(2)]
+        lms[k] = rnd(g, v, h, scale=0.5)
+        t.update({f"blocks.{k}.layers.{j}.weight": w for j, (w, _) in enumerate(blocks[k])})
+        t[f"lm_heads.{k}.weight"] = lms[k]
+    c = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": h, "vocab_size": v, "num_heads": 2,
+         "num_hidden_layers": 2, "truncated_vocab_size": v, "medusa_fc_bias": False}
+    return write_checkpoint(tmp, c, t, "model.safetensors"), medusa_reference(blocks, lms, target), "medusa"
+
+
+def medusa2(tmp, target, g):
+    """Medusa-2: a full model folder, medusa_head.{h}.{j}.* beside the base weights (which are ignored)."""
+    h, v = 32, 64
+    t, blocks, lms = {"model.embed_tokens.weight": rnd(g, v, h), "lm_head.weight": rnd(g, v, h)}, {}, {}
+    for k in range(2):
+        w, b, lm = rnd(g, h, h, scale=0.3), rnd(g, h), rnd(g, v, h, scale=0.5)
+        t.update({f"medusa_head.{k}.0.linear.weight": w, f"medusa_head.{k}.0.linear.bias": b,
+                  f"medusa_head.{k}.1.weight": lm})
+        blocks[k], lms[k] = [(w, b)], lm
+    c = {"architectures": ["MedusaModel"], "medusa_num_heads": 2, "medusa_num_layers": 1, "model_type": "llama"}
+    return write_checkpoint(tmp, c, t, "model.safetensors"), medusa_reference(blocks, lms, target), "medusa"
+
+
+UPSTREAM_CASES = {  # name → (synthesiser, target, expected module type)
+    "eagle1-official-llama": (eagle1_official, "llama", EagleModel),
+    "eagle1-qkvbias-qwen2": (eagle1_qwen, "qwen2", EagleModel),
+    "eagle3-official-llama": (eagle3_official, "llama", Eagle3Model),
+    "eagle3-specforge-qwen2": (eagle3_specforge, "qwen2", Eagle3Model),
+    "eagle3-speculators-llama": (eagle3_speculators, "llama", Eagle3Model),
+    "eagle3-vllm-fullvocab-qwen2": (eagle3_vllm_full, "qwen2", Eagle3Model),
+    "medusa1-llama": (medusa1, "llama", MedusaHeads),
+    "medusa-v2-qwen2": (medusa_v2, "qwen2", MedusaHeads),
+    "medusa-vllm-llama": (medusa_vllm, "llama", MedusaHeads),
+    "medusa2-qwen2": (medusa2, "qwen2", MedusaHeads),
+}
+
+
+def synthesise(name, tmp_path, targets):
+    make, target_name, _ = UPSTREAM_CASES[name]
+    target = targets[target_name]
+    folder, reference, fmt = make(tmp_path / name, target, torch.Generator().manual_seed(len(name)))
+    return target, folder, reference, fmt
+
+
+# -- proposals against the reference ---------------------------------------------------------------------------
+def recorded_run(drafter, target, tree, max_new_tokens=12, **kwargs):
+    """generate() with every proposal recorded: (result, [(committed, proposal), ...]) (one prompt: one row)."""
+    propose = drafter.propose
+    seen = record_proposals(drafter)
+    out = generate(target, INTEROP_PROMPT, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens, **kwargs)
+    drafter.propose = propose
+    return out, [(committed, proposal) for committed, _, proposal in seen]
+
+
+def check_proposal(committed, proposal, logits_at, sampling=None):
+    """Every node's children are what the reference says: the rank-r child is the reference's r-th likeliest
+    token (top-k candidates), or q_draft at the node is the reference's distribution (sampled ones)."""
+    tree, tokens = proposal.tree, [None, *proposal.tokens.tolist()]
+    paths = {0: []}
+    for i in range(1, tree.num_nodes):
+        paths[i] = [*paths[int(tree.parents[i])], tokens[i]]
+    checked = 0
+    for i in range(tree.num_nodes):
+        kids = list(tree.children[i])
+        if not kids:
+            continue
+        ref = logits_at(committed, paths[i]).float()
+        if proposal.q_draft is None:
+            order = ref.sort(descending=True).values
+            for kid in kids:
+                rank = int(tree.ranks[kid])
+                assert abs(float(ref[tokens[kid]] - order[rank])) < 1e-4, (i, kid, rank)
+        else:
+            q = probs(ref, sampling)
+            assert torch.allclose(proposal.q_draft[i].float(), q, atol=1e-5), i
+            assert all(float(q[tokens[k]]) > 0 for k in kids)
+        checked += 1
+    return checked
+
+
+
+# -- export → load round trips ----------------------------------------------------------------------------------
+ROUND_TRIP_TREE = Tree.full(2, 2)
+
+
+def proposals_of(drafter, target, tree=ROUND_TRIP_TREE):
+    out, seen = recorded_run(drafter, target, tree, max_new_tokens=8)
+    return out.sequences.tolist(), [(p.tree.paths, p.tokens.tolist()) for _, p in seen]
+
+
+def fresh_drafter(kind, target, seed=0):
+    """Drafters built in treespec (random weights), in the form each consumer can take."""
+    torch.manual_seed(seed)
+    if kind == "eagle":
+        model = EagleModel(target, variant="upstream", layer_overrides={"num_hidden_layers": 2})
+    elif kind == "eagle3":
+        model = Eagle3Model(target, vocab_map=build_vocab_map(torch.randint(0, 100, (64,)), 24))
+    else:
+        model = MedusaHeads(32, 64, num_heads=3, num_layers=1, share_lm_head=False,
+                            lm_head=target.get_output_embeddings())
+        with torch.no_grad():
+            for block in model.blocks:
+                block[0].linear.weight.normal_(0, 0.3)
+                block[0].linear.bias.normal_(0, 0.1)
+    return model.eval()
+
