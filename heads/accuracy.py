@@ -1,5 +1,5 @@
 """Per-depth rank accuracies of a drafter: acc[d][r], the chance that its rank-r candidate at draft depth
-d + 1 is the token the target emits at that node's parent (treespec.verify.rank_acceptance: greedy, the
+d + 1 is the token the target emits at that node's parent (treespec.walker.rank_acceptance: greedy, the
 target's argmax; sampling, p_target of it, EAGLE-2's sibling rule). Ranks are mutually exclusive, as
 analysis.grow_tree expects, so they drive accuracy-grown static trees and predicted speedups.
 
@@ -16,7 +16,7 @@ import torch
 
 from treespec.io import atomic_write_json, read_json
 from treespec.sampling import Sampling
-from treespec.verify import rank_acceptance
+from treespec.walker import rank_acceptance
 
 ACCURACY_FILE = "head_accuracy.json"
 

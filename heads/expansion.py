@@ -4,7 +4,7 @@
 One ``propose`` is one forward over the committed tokens the drafter has not seen yet (ending with the
 root), whose last output gives the root's children, then one forward per depth over the nodes chosen
 to have children. Each expanded node attends to the cached context, its expanded ancestors and itself
-(inside its window on a sliding-window layer: ``treespec.cache.attention_masks``) at position root + depth,
+(inside its window on a sliding-window layer: ``treespec.visibility.attention_masks``) at position root + depth,
 so its output equals a sequential decode of its path (SpecInfer, Miao et al. 2024). Children are chosen in
 one of two ways:
 
@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import torch
 
-from treespec.cache import SlidingWindowLayer, attention_masks
+from treespec.cache import SlidingWindowLayer
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
 from treespec.recurrent import DraftRows, is_recurrent
-from treespec.rows import RowSlots, causal_rows
+from treespec.rows import RowSlots
 from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
 from treespec.tree import Tree
+from treespec.visibility import attention_masks, causal_rows, slots_mask
 
 
 class GrownNodes:
@@ -131,7 +132,7 @@ class ExpandingDrafter(Drafter):
     def _forward_nodes(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor,
                        attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """One cached forward over grown ``nodes`` (tokens [b, F]; node ids and their ``parents`` [b or 1, F])
-        with the mask of ``treespec.cache.attention_masks`` or ``RowSlots.mask`` (float [b or 1, 1, F,
+        with the mask of ``treespec.visibility.attention_masks`` or ``slots_mask`` (float [b or 1, 1, F,
         slots + K]; a dict of them keyed by layer type when sliding and full layers differ) and positions
         [b or 1, F] → draft logits at those nodes [b, F, V]. A recurrent draft's rows (``_expand_rows``): tokens,
         nodes and parents [F, 1], no mask and no positions (causal after the cache) → [F, 1, V]."""
@@ -153,7 +154,7 @@ class ExpandingDrafter(Drafter):
         if not self.slots.ragged and all(c == width for c in counts):
             return {}
         allowed = causal_rows(counts, width, self.model.device)  # [b, m, m]
-        return {"attention_mask": self.slots.mask(allowed, dtype=self.model.dtype),
+        return {"attention_mask": slots_mask(self.slots, allowed, dtype=self.model.dtype),
                 "position_ids": self.slots.positions(torch.arange(width))}
 
     # -- the expansion ---------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ class ExpandingDrafter(Drafter):
             mask = attention_masks(self.cache, allowed[0], self.slots.length, positions[0], dtype=self.model.dtype,
                                    device=device)
         else:
-            mask = self.slots.mask(allowed, dtype=self.model.dtype)
+            mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
         if tokens is None:
             tokens = torch.tensor([[nodes.tokens[f] for f in frontier]
                                    for nodes, frontier in zip(grown, frontiers, strict=True)])

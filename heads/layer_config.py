@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from treespec.compat import layer_types_and_kwargs
-from treespec.masks import DENSE_MASK_ATTENTION
+from treespec.visibility import DENSE_MASK_ATTENTION
 
 
 def set_full_attention(config) -> bool:

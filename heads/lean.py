@@ -7,8 +7,8 @@ scripts/speed_checks.py`` measures both paths on the shipped reference models.
 
 * ``LeanDecoder`` runs a stock decoder stack's own layers and final norm (no forked model code) the way a
   draft step needs them: rotary cos/sin are rows of a table the model's own rotary embedding computed once,
-  and the attention mask is the one the caller built (``treespec.cache.attention_masks`` for tree nodes,
-  ``causal_mask`` for several committed tokens, none for a single query, which sees the whole cache). Only
+  and the attention mask is the one the caller built (treespec/visibility.py: ``attention_masks`` for tree
+  nodes, ``causal_mask`` for several committed tokens, none for a single query, which sees the whole cache). Only
   for architectures whose base-model forward does nothing else to the hidden states (``LEAN_MODEL_TYPES``,
   each checked equal to the plain forward in tests/test_lean.py), whose layers all attend fully and whose
   rotary frequencies do not depend on the sequence length (not "dynamic" or "longrope" scaling, which a table
@@ -31,18 +31,13 @@ import torch
 from torch import nn
 
 from treespec.compat import cache_arg
-from treespec.masks import ancestor_mask
+from treespec.visibility import causal_mask
 
 # model_type of the base models whose forward is embeddings → layers → final norm and nothing else (Gemma
 # scales its embeddings, GPT-2 adds learned positions: they take the plain path)
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # rotary scalings whose frequencies follow the longest position seen (transformers' dynamic_rope_update)
 SEQUENCE_DEPENDENT_ROPE = ("dynamic", "longrope")
-
-
-def causal_mask(n: int, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Float additive mask [1, 1, n, past_len + n]: new token q sees the cache and new tokens up to itself."""
-    return ancestor_mask(torch.ones(n, n, dtype=torch.bool, device=device).tril(), past_len, dtype=dtype, device=device)
 
 
 class LeanDecoder:

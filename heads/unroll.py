@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
-from treespec.masks import ancestor_mask
+from treespec.visibility import dense_mask
 
 
 def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -40,7 +40,7 @@ def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device
     root = roots(step)[:, None]  # [q, 1]
     blocks = [torch.arange(n, device=device)[None] <= root]  # [q, n]: the committed context, causal
     blocks += [roots(m)[None] == root for m in range(1, step + 1)]  # [q, entries of step m]: its own chain
-    return ancestor_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)
+    return dense_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)
 
 
 def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int, *,

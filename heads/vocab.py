@@ -4,7 +4,7 @@
 On a small target the vocabulary projection costs more per drafted token than the drafter's decoder
 layer; projecting onto N ≪ V rows cuts that. Losslessness is untouched: the drafter's distribution over
 the full target vocabulary is its softmax over the N rows, zero elsewhere (logits -inf outside), and the
-walker verifies whatever it proposes against the target (treespec/verify.py).
+walker verifies whatever it proposes against the target (treespec/walker.py).
 
 A vocabulary is stored as EAGLE-3 stores it: ``d2t`` (int64 [N], target id = draft id + d2t[draft id])
 and ``t2d`` (bool [V], whether a target id is in the draft vocabulary); draft ids follow target order.

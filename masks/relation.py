@@ -13,7 +13,7 @@ layer's cache may also have dropped its oldest entries: ``start`` is the positio
 and the relation has past_len − start cached columns.
 
 masks/ is a leaf: it takes plain tensors (an ancestor matrix, positions, lengths) and imports nothing of
-treespec; the core turns a Tree and a cache into those tensors.
+treespec; the core (treespec/visibility.py) turns a Tree and a cache into those tensors.
 
 Axis letters in shape comments: q query tokens (N for a whole tree), t new key positions (the new tokens'
 keys), p cached positions (past_len − start), k = p + t all key positions.

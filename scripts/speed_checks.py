@@ -30,7 +30,7 @@ from treespec.sampling import Sampling
 from treespec.timing import forward_time, median_time
 from treespec.train.compare.harness import hf_peer
 from treespec.tree import Tree
-from treespec.verify import walk
+from treespec.walker import walk
 
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
 

@@ -9,9 +9,8 @@ import pytest
 import torch
 import transformers
 
-import treespec.cache
+import treespec.visibility
 from treespec import Tree, generate
-from treespec.attention import tree_allowed, tree_masks, tree_position_ids
 from treespec.cache import TreeCache, keep_tree_path
 from treespec.compat import cache_arg
 from treespec.heads import DraftModel
@@ -36,6 +35,7 @@ from treespec.train.checks.architectures import (
     prompt,
     use_attention,
 )
+from treespec.visibility import tree_allowed, tree_masks, tree_position_ids
 
 ATTENTIONS = ("eager", "sdpa")
 NAMES = [f.name for f in FAMILIES]
@@ -85,8 +85,8 @@ def test_sampling_is_lossless(kind):
 
 def test_tree_masks_honour_the_window(monkeypatch):
     """Power of the greedy checks: tree masks that ignore the window break equality on a sliding family."""
-    mask_for = treespec.cache.mask_for
-    monkeypatch.setattr(treespec.cache, "mask_for", lambda *a, **k: mask_for(*a, **{**k, "window": None}))
+    mask_for = treespec.visibility.mask_for
+    monkeypatch.setattr(treespec.visibility, "mask_for", lambda *a, **k: mask_for(*a, **{**k, "window": None}))
     for name in ("Mistral", "Gemma-3"):
         with pytest.raises(AssertionError, match="greedy output differs"):
             check_greedy(name, "eager", "tree")

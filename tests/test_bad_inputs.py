@@ -16,7 +16,7 @@ from treespec.drafter import Proposal
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, Medusa, MedusaHeads, PromptLookup
 from treespec.sampling import GREEDY
-from treespec.verify import walk
+from treespec.walker import walk
 
 from .helpers import hf_greedy, perturbed, tiny_llama
 

@@ -133,7 +133,7 @@ def test_reference_models_batched(reference_batch, kind):
 def ragged_walker(seed=0):
     """A stand-in walker that accepts a random prefix of the deepest path, whatever the target says, so that
     rows of one batch keep different numbers of nodes every step (holes in every cache)."""
-    from treespec.verify import Walk
+    from treespec.walker import Walk
 
     rng = random.Random(seed)
 

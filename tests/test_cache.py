@@ -10,11 +10,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from treespec import Tree, generate
-from treespec.attention import tree_masks, tree_position_ids
 from treespec.cache import PreallocatedLayer, TreeCache, keep_row_paths, keep_tree_path, select_rows
 from treespec.compat import cache_arg
 from treespec.heads import DraftModel
 from treespec.rows import RowSlots
+from treespec.visibility import slots_mask, tree_masks, tree_position_ids
 
 from .helpers import hf_greedy, perturbed, tiny_llama
 
@@ -144,7 +144,7 @@ def test_row_slots_positions_and_masks():
     assert slots.length == 5 and slots.counts == [4, 4]
     assert slots.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
     assert slots.positions(torch.tensor([0, 1])).tolist() == [[4, 5], [4, 5]]
-    mask = slots.mask(torch.tensor([[True, False], [True, True]])[None])  # [2, 1, 2, 5 + 2]
+    mask = slots_mask(slots, torch.tensor([[True, False], [True, True]])[None])  # [2, 1, 2, 5 + 2]
     assert mask.shape == (2, 1, 2, 7)
     assert (mask[0, 0, :, 0] < 0).all() and (mask[1, 0, :, 4] < 0).all() and (mask[:, 0, 0, 6] < 0).all()
     assert (mask[0, 0, 1, 1:] == 0).all()

@@ -1,7 +1,7 @@
 """Each rule's τ on sampled chains in closed form (treespec/chain_tau.py), and what tree=auto chooses from it.
 
 The closed form given a draft, averaged exactly over every draft of a tiny vocabulary, must equal the walker's
-exact expected accepted length: for block verification the law of its trials (verify.sequence_trials), for
+exact expected accepted length: for block verification the law of its trials (walker.sequence_trials), for
 token-level rejection and for block walks themselves the mean of many walks (a z-test). One D-deep draft
 predicts every γ <= D, so the D-deep enumeration is compared with the walker on each γ-deep chain.
 """
@@ -20,7 +20,7 @@ from treespec.chain_tau import ChainTau, block_accepted, draft_chain, measure_ch
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
-from treespec.verify import sequence_trials, walk
+from treespec.walker import sequence_trials, walk
 
 from .helpers import T1, World, random_eagle, record_proposals, tiny_llama
 

@@ -84,7 +84,7 @@ def test_default_tree_and_short_budgets(target, prompt):
 def accept_deepest(logits, proposal, sampling, **kwargs):
     """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's
     cache must absorb long accepted paths (a random drafter is rarely right)."""
-    from treespec.verify import Walk
+    from treespec.walker import Walk
 
     tree = proposal.tree
     path = torch.tensor(max(tree.leaf_paths, key=len)) if len(tree) else torch.empty(0, dtype=torch.long)

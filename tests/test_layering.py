@@ -166,6 +166,36 @@ def test_ruff_is_clean():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+# -- one owner for what a query may see ------------------------------------------------------------------------
+MASK_OWNER = "treespec.visibility"
+
+
+def mask_users(graph: dict[str, set[str]]) -> list[str]:
+    """The modules of ``graph`` outside masks/ that import anything of treespec.masks, the owner excepted."""
+    return sorted(m for m, deps in graph.items() if m != MASK_OWNER and layer(m) != "treespec.masks"
+                  and any(layer(d) == "treespec.masks" for d in deps))
+
+
+def test_masks_have_one_owner():
+    """Tree ancestry, a batch's row slots, sliding windows and the choice between dense and flex masks meet in
+    treespec/visibility.py: the core, heads/, train/ and scripts/ ask it for masks, none calls masks/ itself (the
+    tests of masks/ do; masks/ imports only itself)."""
+    scripts = {f"scripts.{p.stem}": imports_of(f"scripts.{p.stem}", p, set(modules()))
+               for p in sorted((ROOT / "scripts").glob("*.py"))}
+    bad = mask_users(GRAPH | scripts)
+    assert not bad, f"{bad} import treespec.masks: ask {MASK_OWNER} for masks instead"
+    assert MASK_OWNER in GRAPH and any(layer(d) == "treespec.masks" for d in GRAPH[MASK_OWNER])
+
+
+def test_the_mask_owner_check_sees_a_direct_use(tmp_path):
+    """A function-local import of a masks/ submodule and a plain ``import treespec.masks`` are both found."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("import treespec.masks\ndef f():\n    from treespec.masks.dense import ancestor_mask\n")
+    found = imports_of("treespec.heads.fake", fake, set(modules()))
+    assert mask_users({"treespec.heads.fake": found, MASK_OWNER: found, "treespec.masks.dense": found}) == [
+        "treespec.heads.fake"]
+
+
 # -- the tests: shared helpers live in tests/helpers, and no test module imports another ----------------------
 TESTS = ROOT / "tests"
 

@@ -17,8 +17,8 @@ from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.lean import LeanProjection, lean_decoder
 from treespec.heads.medusa import Medusa, MedusaHeads
-from treespec.masks import ancestor_mask
 from treespec.train.checks.architectures import build, full_attention
+from treespec.visibility import dense_mask
 
 from .helpers import hf_greedy, perturbed, record_proposals, tiny_llama
 
@@ -46,7 +46,7 @@ def test_lean_decoder_equals_the_base_model(name):
     # a tree over the 4 nodes: 0 and 1 children of the cache's last token, 2 under 0, 3 under 2
     allowed = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     positions = torch.tensor([[9, 9, 10, 11]])
-    mask = ancestor_mask(allowed, 9, dtype=model.dtype)
+    mask = dense_mask(allowed, 9, dtype=model.dtype)
     plain, leaned = DynamicCache(config=model.config), DynamicCache(config=model.config)
     with torch.no_grad():
         for ids, past, kwargs in ((prompt, 0, {}), (more, 6, {}),

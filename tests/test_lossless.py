@@ -30,7 +30,7 @@ CASES = {
     "chain-topk": (lambda t: DraftModel(perturbed(t, 1.0)), Tree.chain(2), Sampling(1.0)),
     "tree-topk-top_p": (lambda t: DraftModel(perturbed(t, 1.0)), Tree.full(2, 2), Sampling(0.8, 0.9)),
     "prompt-lookup-tree": (lambda t: PromptLookup(max_ngram=2), Tree.full(2, 2), Sampling(1.0)),
-    # sequence-level rules (treespec/verify_traversal.py): block on chains, traversal on every tree kind
+    # sequence-level rules (treespec/walker_traversal.py): block on chains, traversal on every tree kind
     "block-chain-sampled": (lambda t: DraftModel(perturbed(t, 1.0), candidates="sample"), Tree.chain(3), Sampling(1.0),
                             "block"),
     "block-chain-prompt-lookup": (lambda t: PromptLookup(max_ngram=2), Tree.chain(2), Sampling(1.0), "block"),
@@ -51,7 +51,7 @@ CASES = {
 
 
 # the default suite runs one case per sequence-level rule and tree kind; the rest run with -m slow (the walker's
-# own tests, tests/test_verify_sequence.py, cover them all fast, exactly and by chi-square)
+# own tests, tests/test_walker_traversal.py, cover them all fast, exactly and by chi-square)
 SLOW = {"chain-topk", "block-chain-prompt-lookup", "traversal-dynamic-topk", "traversal-tree-sampled-t06-top_p",
         "traversal-prompt-lookup-tree", "without-replacement-traversal-top_p"}
 

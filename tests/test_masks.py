@@ -1,4 +1,4 @@
-"""treespec.masks (with the core's Tree glue, treespec.attention): one forward over a tree equals sequential
+"""treespec.masks (with the core's owner of masks, treespec.visibility): one forward over a tree equals sequential
 decoding of every root-to-node path.
 
 Tiny random-weight Llama, Qwen2 and GPT-2 (learned absolute positions), eager and sdpa attention. Weights
@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from treespec.attention import tree_allowed, tree_position_ids
 from treespec.compat import cache_arg, output_cache
-from treespec.masks import ancestor_mask, mask_for, tree_mask_builder
+from treespec.masks import ancestor_mask
 from treespec.masks.flex import FlexTreeMasks, mask_mod_of
 from treespec.tree import Tree
+from treespec.visibility import mask_for, tree_allowed, tree_mask_builder, tree_position_ids
 
 VOCAB, PREFIX, ATOL = 50, 7, 1e-4
 TREES = {
@@ -194,7 +194,8 @@ def test_per_row_masks_dense_and_flex():
     rows (un-compiled flex_attention on CPU) attends as sdpa does with the float mask."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from treespec.masks import rows_mask_for, visible_rows
+    from treespec.masks import visible_rows
+    from treespec.visibility import rows_mask_for
 
     cached = torch.tensor([[False, True, True, True], [True, True, False, True]])  # padding, a hole
     trees = [Tree.full(2, 2), Tree.chain(6)]  # 7 nodes each: per-row relations

@@ -48,7 +48,7 @@ class Row:
     prompt_speedups: list[float] = field(default_factory=list)      # tokens/s ÷ vanilla's on the same prompt
     prompt_accept_lengths: list[list[int]] = field(default_factory=list)
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
-    walk_time_per_pass: float = float("nan")   # seconds in the walker (verify.py) per verification pass
+    walk_time_per_pass: float = float("nan")   # seconds in the walker (walker.py) per verification pass
 
 
 def rows_of(results: dict[str, list]) -> list[Row]:

@@ -17,7 +17,7 @@ length (Rao-Blackwellised: the verifier's coins are integrated out, so it has le
 walks). Only h_γ depends on γ and the first γ tokens of a D-deep draft are a γ-deep draft, so one D-deep
 draft per context predicts every chain γ = 0..D: with A_0 = 0 and A_k = A_{k−1}(1 − h_k) + k h_k,
 E[accepted | x, γ] = A_{γ−1}(1 − w_γ) + γ w_γ. Deterministic candidates (top-k, ``q_draft`` None) are the
-point mass Q_i = δ_{x_{i+1}}, their exact law given the context (treespec/verify_traversal.py).
+point mass Q_i = δ_{x_{i+1}}, their exact law given the context (treespec/walker_traversal.py).
 
 ``measure_chain_tau`` drafts those chains through the public Drafter interface (any drafter: draft model,
 EAGLE, EAGLE-3), runs the target once over each, and returns τ = 1 + E[accepted] per rule and γ with its
@@ -37,7 +37,7 @@ from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, in_use, stack_features
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
-from treespec.verify_traversal import EMPTY_MASS
+from treespec.walker_traversal import EMPTY_MASS
 
 #: the rules with a closed form on chains, and the table each reads ("traversal" is "block" on a chain)
 CHAIN_RULES = {"rejection": "rejection", "block": "block", "traversal": "block"}
@@ -60,7 +60,7 @@ def token_level_accepted(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor)
 
 def block_accepted(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """E[accepted draft tokens | draft] under block verification for every γ: [b, D+1] (column γ); the
-    walker's rounding conventions for an empty residual (verify_traversal.Mass.reject) are kept, so it is
+    walker's rounding conventions for an empty residual (walker_traversal.Mass.reject) are kept, so it is
     exactly the walker's expectation."""
     ratios = chain_ratios(p, q, tokens).double()  # [b, D]
     p, q = p.double(), q.double()

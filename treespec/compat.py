@@ -53,7 +53,7 @@ def output_cache(out):
     return getattr(out, CACHE_KEYWORD)
 
 
-# 5.8 layer-type names → the names get_layer_types_and_kwargs uses (cache.py's UNSUPPORTED_LAYERS is keyed by them)
+# 5.8 layer-type names → the names get_layer_types_and_kwargs uses (layer_types.UNSUPPORTED_LAYERS is keyed by them)
 _RENAMED_LAYER_TYPES = {"mamba": "linear_attention", "moe": "dummy", "mlp": "dummy"}
 
 

@@ -11,7 +11,7 @@ drafter's side:
    node of each row's tree (one tree shape for every row, or each row's own: EAGLE-2's dynamic trees, a
    prompt lookup that found fewer candidates), and, if it *sampled* them, the distributions it drew each
    node's children from. Its model runs once per depth for the whole batch, never once per row.
-2. The target verifies; the walker picks each row's accepted path (treespec/verify.py).
+2. The target verifies; the walker picks each row's accepted path (treespec/walker.py).
 3. ``accept(paths, features)``: each row's accepted node indices (root excluded) and the target's hidden
    states at the root and at each accepted node, so drafters with their own caches stay in sync.
 4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
@@ -23,7 +23,7 @@ with a RuntimeError (``in_use``); give each thread its own drafter.
 Candidates are either deterministic given the context (top-k ranks: ``q_draft is None``; verified with
 EAGLE-2's sibling-by-sibling rule), sampled i.i.d. from ``q_draft`` (verified with multi-candidate
 rejection sampling, SpecInfer), or sampled from ``q_draft`` without replacement (siblings distinct, in draw
-order; verified with recursive rejection sampling, Jeon et al. 2024). All are lossless; see treespec/verify.py.
+order; verified with recursive rejection sampling, Jeon et al. 2024). All are lossless; see treespec/walker.py.
 """
 
 from __future__ import annotations

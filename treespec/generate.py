@@ -1,11 +1,11 @@
-"""The one decoding loop: prefill → draft → verify → commit, over a batch of rows (one prompt: b = 1).
+"""The one decoding loop: prefill → draft → target pass → commit, over a batch of rows (one prompt: b = 1).
 
-    prefill   target(prompts)                        → each row's first token (its root); drafter.prefill
-    draft     drafter.propose(committed, feature)    → each row's candidate tree (tokens, q_draft)
-    verify    target([root] + tree, tree mask)       → logits at every node of every row, one pass
-              walk(logits[b], proposal[b])           → each row's accepted path + next token
-    commit    RowSlots.keep(cache); drafter.accept   → caches hold each row's prefix + accepted path
-    retire    rows at eos or at their budget leave the batch (target cache, slots, drafter.keep_rows)
+    prefill       target(prompts)                        → each row's first token (its root); drafter.prefill
+    draft         drafter.propose(committed, feature)    → each row's candidate tree (tokens, q_draft)
+    target_pass   target([root] + tree, tree mask)       → logits at every node of every row, one pass
+                  walk(logits[b], proposal[b])           → each row's accepted path + next token
+    commit        RowSlots.keep(cache); drafter.accept   → caches hold each row's prefix + accepted path
+    retire        rows at eos or at their budget leave the batch (target cache, slots, drafter.keep_rows)
 
 Invariant between steps: the target's cache holds every committed token of a row except its last one,
 the root, which is fed at the start of the next verification pass. Rows accept different numbers of
@@ -24,20 +24,21 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from treespec.attention import TreeAttention
-from treespec.cache import TreeCache, check_filled, decoding_cache, is_hybrid
+from treespec.cache import TreeCache, decoding_cache
 from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_features
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
+from treespec.layer_types import check_filled, is_hybrid
 from treespec.profile import DrafterProfile
-from treespec.recurrent import RecurrentVerifier
+from treespec.recurrent import TargetRows
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
 from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
-from treespec.verify import Walk, walk
+from treespec.visibility import TreeAttention
+from treespec.walker import Walk, walk
 
 __all__ = ["GenerationResult", "RowResult", "generate"]
 
@@ -71,7 +72,7 @@ class DecodeState:
     cache: TreeCache | DynamicCache     # the target's: every committed token of a row but its root
     slots: RowSlots                     # which of the cache's slots hold each row's tokens
     attention: TreeAttention            # the verification passes' masks, with parts kept across steps
-    recurrent: RecurrentVerifier | None  # a hybrid target's passes (treespec/recurrent.py), else None
+    recurrent: TargetRows | None        # a hybrid target's passes (treespec/recurrent.py), else None
     features: torch.Tensor | None       # [b, k, L·h]: target hidden states at the last tokens each row committed
     feature_counts: list[int]           # row b's entries of ``features`` (the root's feature is the last)
     accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
@@ -181,14 +182,14 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     feature_counts = [width] * batch  # the prompts' last features produced the roots (left padding)
     ends = [n + inputs.max_new_tokens for n in lengths]
     return DecodeState(list(range(batch)), tokens, [n + 1 for n in lengths], ends, roots.tolist(), cache, slots,
-                       TreeAttention(run.target, cache), RecurrentVerifier(run.target, cache) if hybrid else None,
+                       TreeAttention(run.target, cache), TargetRows(run.target, cache) if hybrid else None,
                        features, feature_counts, [[] for _ in range(batch)])
 
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
     """One pass over each row's root alone (no drafter, or no depth left to draft): one token per row."""
     proposals = Proposals.shared(tree, torch.empty(len(state.rows), 0, dtype=torch.long))
-    accepted, features = verify(run, state, proposals)
+    accepted, features = target_pass(run, state, proposals)
     commit(run, state, proposals, accepted, features)
 
 
@@ -197,21 +198,21 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
     what was kept."""
     with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
-    accepted, features = verify(run, state, proposals)
+    accepted, features = target_pass(run, state, proposals)
     commit(run, state, proposals, accepted, features)
     with timed(run.observer, DRAFT):
         run.drafter.accept([a.path for a in accepted], state.features)
 
 
-def verify(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Walk], torch.Tensor | None]:
+def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Walk], torch.Tensor | None]:
     """One target pass over every row's root and candidates, and the walk over each row's logits → (each row's
     accepted path and next token, the target's hidden states at every node [b, N, L·h] or None)."""
     device = state.tokens.device
     roots = torch.tensor(state.roots, device=device)[:, None]  # [b, 1]
     tokens = torch.cat([roots, proposals.tokens.to(device)], dim=1)  # [b, N]
     if state.recurrent is not None:  # a hybrid: root-to-leaf paths as rows (one prompt)
-        logits, features = state.recurrent.verify(lambda ids: forward(run, state.cache, ids), tokens,
-                                                  proposals.trees[0])
+        logits, features = state.recurrent.tree_pass(lambda ids: forward(run, state.cache, ids), tokens,
+                                                     proposals.trees[0])
     else:
         logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
     # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'

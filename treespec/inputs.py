@@ -10,7 +10,7 @@ first eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer t
 target that is not a causal LM with an LM head, a target in training mode (dropout would make its output
 random), ALiBi models (their position biases cannot follow a tree), an attention implementation that cannot
 take a tree mask, flex_attention on CPU, a target whose cache layers cannot be rolled back to an accepted path
-(recurrent state: linear attention, state-space and convolution layers; see treespec/cache.py), named with the
+(recurrent state: linear attention, state-space and convolution layers; see treespec/layer_types.py), named with the
 layer types, right padding, and a batch of rows on a target with sliding-window layers (their windows count
 slots, which differ per row).
 """
@@ -25,16 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from treespec.cache import attention_layers, check_rollback, is_hybrid
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
-from treespec.masks import TREE_MASK_ATTENTION
+from treespec.layer_types import attention_layers, check_rollback, is_hybrid
 from treespec.profile import DrafterProfile
 from treespec.sampling import Sampling
 from treespec.timing import StepTimer
 from treespec.tree import Tree
 from treespec.tree_spec import build_tree
-from treespec.verify import ACCEPTANCE_MODES
+from treespec.visibility import TREE_MASK_ATTENTION
+from treespec.walker import ACCEPTANCE_MODES
 
 
 @dataclass

@@ -13,12 +13,12 @@ whole stock model rather than layer by layer, so that it needs nothing of a laye
 
 1. ``snapshot``: clone every recurrent and convolution state and remember the attention layers' length
    (``past_len``: the committed tokens but the root).
-2. ``verify``: each leaf's path (root, ..., leaf) becomes one batch row, shorter paths right-padded by repeating
-   their leaf; the cache is repeated to R rows (``index_select`` on the batch axis of every layer, the same
-   operation beam search uses) and the stock model runs ONE causal pass over the R × D tokens: attention
-   layers see the past and the row's own path, recurrent layers scan the path from the snapshot state. Every
-   node's logits (and hidden states) are those of its first row, at its depth: exactly what a sequential
-   decode of its path gives. A chain is one row: an ordinary pass.
+2. ``tree_pass`` (``TargetRows``): each leaf's path (root, ..., leaf) becomes one batch row, shorter paths
+   right-padded by repeating their leaf; the cache is repeated to R rows (``index_select`` on the batch axis of
+   every layer, the same operation beam search uses) and the stock model runs ONE causal pass over the R × D
+   tokens: attention layers see the past and the row's own path, recurrent layers scan the path from the
+   snapshot state. Every node's logits (and hidden states) are those of its first row, at its depth: exactly
+   what a sequential decode of its path gives. A chain is one row: an ordinary pass.
 3. ``keep`` (after the walk): if the accepted path ends at a leaf whose row is not padded, that row's states
    ARE the state after the accepted path: keep row r of every layer, nothing recomputed (a fully accepted
    chain costs nothing more). Otherwise restore the snapshot (recurrent states back, attention layers cut to
@@ -47,7 +47,7 @@ replay of its own).
 
 A batch of several prompts is refused for these targets (one prompt at a time), and so are sliding-window
 attention layers inside hybrid layers (``hybrid_sliding``), KV-shared layers and models without an attention
-layer (``cache.check_rollback``).
+layer (``layer_types.check_rollback``).
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ def path_rows(tree: Tree) -> tuple[torch.Tensor, list[int]]:
     return rows, [len(path) for path in paths]
 
 
-class RecurrentVerifier:
-    """Verification passes of one decoding run over a hybrid target (one batch row); see the module docstring.
+class TargetRows:
+    """A hybrid target's cache over the tree passes of one decoding run (one batch row): each pass runs the tree's
+    root-to-leaf paths as rows, ``keep`` leaves the accepted path's state; see the module docstring.
     ``forward(input_ids [R, n]) → (logits [R, n, V], features [R, n, F] or None)`` runs the target over the
     cache; ``replay(input_ids [1, n])`` runs it without collecting anything."""
 
@@ -152,7 +153,7 @@ class RecurrentVerifier:
         self.tokens_fed = 0  # tokens fed to the target by verification and replay passes (for the cost columns)
         self.replays = 0
 
-    def verify(self, forward: Callable, tokens: torch.Tensor, tree: Tree):
+    def tree_pass(self, forward: Callable, tokens: torch.Tensor, tree: Tree):
         """tokens [1, N] (root + candidates of ``tree``) → (logits [1, N, V], features [1, N, F] or None)."""
         self.snapshot = Snapshot(self.cache)
         self.tokens = tokens

@@ -1,4 +1,4 @@
-"""A batch's rows on one cache slot axis: which slots hold a row's tokens, its positions and its masks.
+"""A batch's rows on one cache slot axis: which slots hold a row's tokens, and its positions.
 
 The design is in treespec/cache.py's docstring ("A batch of rows"). A ``RowSlots`` describes the slots a
 cache holds between passes (committed tokens, left padding, holes); a pass's own new slots are described by
@@ -8,7 +8,8 @@ cache and a drafter's own cache (heads/expansion.py) each have one.
 While no slot of any row is invalid (one row; rows of one length that kept alike) the layout is *dense*:
 every row's position is the slot count, the model's own causal mask is right for chains, and a tree's mask
 broadcasts over the rows. The first invalid slot makes it *ragged*: positions then come per row and every
-pass takes an explicit [b, 1, q, slots + t] mask (``mask``).
+pass takes an explicit [b, 1, q, slots + t] mask, which treespec/visibility.py builds over the slots
+(``slots_mask``: what a query may see has one owner; this module keeps the bookkeeping).
 
 Axis letters: b rows, s slots held, q queries, t new slots, k kept slots.
 """
@@ -19,7 +20,6 @@ import torch
 from einops import rearrange, repeat
 
 from treespec.cache import keep_row_paths, select_rows
-from treespec.masks import rows_mask_for
 
 
 class RowSlots:
@@ -84,11 +84,6 @@ class RowSlots:
             return self.length + (offsets if offsets.dim() == 2 else offsets[None])
         return torch.tensor(self.counts, device=self.device)[:, None] + offsets
 
-    def mask(self, allowed: torch.Tensor, *, attn_implementation: str = "sdpa", dtype=torch.float32):
-        """The mask of a pass over new slots related by ``allowed`` [b or 1, q, t] (which new slots each query
-        sees), the queries being the last q of them: [b, 1, q, s + t] (a BlockMask under flex_attention)."""
-        return rows_mask_for(attn_implementation, self.valid, allowed, self.length, dtype=dtype, device=self.device)
-
     def keep(self, cache, keeps: list[list[int]]) -> None:
         """A pass appended slots after the held ones; row b keeps those at offsets ``keeps[b]`` (increasing)
         and ``cache`` is compacted to them (``keep_row_paths``); a row keeping fewer than the most leaves holes."""
@@ -103,15 +98,6 @@ class RowSlots:
         self.batch, self.counts = len(picked), [self.counts[i] for i in picked]
         if self._valid is not None:
             self._valid = self._valid.index_select(0, rows.to(self._valid.device))
-
-
-def causal_rows(counts: list[int], width: int, device=None) -> torch.Tensor:
-    """BoolTensor [b, width, width]: row b feeds ``counts[b]`` tokens right-padded to ``width``; each sees itself
-    and the row's tokens before it, and no padding slot (a padding query sees itself, so its row is not empty)."""
-    i = torch.arange(width, device=device)
-    fed = i[None] < torch.tensor(counts, device=device)[:, None]  # [b, t]
-    return (i[None, :, None] >= i[None, None, :]) & fed[:, None, :] | torch.eye(width, dtype=torch.bool,
-                                                                               device=device)[None]
 
 
 def right_aligned(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -21,7 +21,7 @@ from treespec.cache import TreeCache
 from treespec.compat import cache_arg
 
 TARGET, DRAFT, WALK = "target", "draft", "walk"  # the parts a StepTimer charges: target forwards, drafter
-#                                                   calls, the walker (verify.py) over a pass's logits
+#                                                   calls, the walker (walker.py) over a pass's logits
 
 
 def wait_for(device=None) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from treespec.cache import check_rollback, decoding_cache
+from treespec.cache import decoding_cache
 from treespec.compat import cache_arg
 from treespec.heads.accuracy import RankHits
 from treespec.heads.drafter_folder import check_same_vocab
@@ -29,6 +29,7 @@ from treespec.heads.expansion import ExpandingDrafter
 from treespec.heads.lean import LeanProjection, lean_decoder
 from treespec.heads.vocab import DraftVocab, ReducedHead
 from treespec.inputs import max_positions
+from treespec.layer_types import check_rollback
 from treespec.recurrent import one_token_at_a_time, steps
 from treespec.rows import gather_last
 from treespec.sampling import GREEDY, Sampling

@@ -24,7 +24,7 @@ class Eagle3(Eagle):
 def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
                   batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
     """acc[d][r] (heads/accuracy.py): the chance that the drafter's rank-r token at draft depth d + 1 is the
-    one the target emits (``verify.rank_acceptance``: greedy, that it is the target's argmax), drafting from
+    one the target emits (``walker.rank_acceptance``: greedy, that it is the target's argmax), drafting from
     each root over its own outputs along the window's tokens (what an accepted tree path feeds it), on
     held-out ``windows`` [n, S]. Ranks are the drafter's, over the target vocabulary (as it proposes them)."""
     was_training = model.training

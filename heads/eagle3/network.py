@@ -48,9 +48,10 @@ from torch import nn
 
 from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.eagle3.layer import Eagle3Layer, check_layer_choice, final_norm, layer_config_for, rotary_for
-from treespec.heads.lean import LeanProjection, causal_mask
+from treespec.heads.lean import LeanProjection
 from treespec.heads.vocab import DraftVocab
 from treespec.io import check_float_weights
+from treespec.visibility import causal_mask
 
 
 def default_aux_layers(num_hidden_layers: int) -> tuple[int, int, int]:

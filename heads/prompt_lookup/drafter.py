@@ -5,7 +5,7 @@ the last ``n`` tokens of its context (committed sequence + the node's path) are 
 committed sequence, longest n first; the tokens that followed earlier occurrences, most recent first and
 without repeats, are the node's ranked children. Ranks with no candidate are pruned, so the proposal's
 tree is a subtree of the requested one (possibly empty: then the step is a plain decoding step).
-Candidates are a deterministic function of the context, hence verified losslessly (verify.py). A batch's
+Candidates are a deterministic function of the context, hence verified losslessly (walker.py). A batch's
 rows are looked up one by one on the host, each in its own context; a row's pruned tree is its own.
 """
 

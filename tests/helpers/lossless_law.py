@@ -10,7 +10,7 @@ import torch
 from treespec import generate
 from treespec.sampling import Sampling, probs
 from treespec.train.checks.lossless import chi2_pvalue  # noqa: F401 - one implementation, shared with the matrix
-from treespec.verify import Walk
+from treespec.walker import Walk
 
 # 20k generations per case take ~90 s each on one CPU core; the default suite runs 3k per case (as many as
 # the negative control of tests/test_lossless.py, which they reject by a wide margin) to stay within its time

@@ -1,4 +1,4 @@
-"""A toy world for the walker (treespec/verify.py): target and drafter logits that depend only on the token
+"""A toy world for the walker (treespec/walker.py): target and drafter logits that depend only on the token
 prefix, the target's exact law of the first two committed tokens, and the counts that many walks give."""
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ import torch
 import transformers
 
 from treespec import Tree, generate
-from treespec.cache import check_layer, check_layer_types, check_rollback
+from treespec.cache import check_layer
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.medusa import Medusa, MedusaHeads
+from treespec.layer_types import check_layer_types, check_rollback
 from treespec.sampling import Sampling
 from treespec.train.checks.lossless import chi2_pvalue, enumerate_law, hf_greedy, perturbed
 

@@ -23,14 +23,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from treespec import Tree, generate
-from treespec.cache import check_rollback
 from treespec.compat import cache_arg
 from treespec.drafter import Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.medusa import Medusa, MedusaHeads
-from treespec.recurrent import RecurrentVerifier
+from treespec.layer_types import check_rollback
+from treespec.recurrent import TargetRows
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import NotApplicable
 from treespec.train.checks.lossless import chi2_pvalue, enumerate_law, hf_greedy
@@ -79,7 +79,7 @@ HYBRIDS = [
     Hybrid("LFM2", "lfm2", "short convolution",
            {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "block_auto_adjust_ff_dim": False}),
 ]
-# recurrent-only families (no attention layer): refused as targets (treespec.cache.check_hybrid), drafts only
+# recurrent-only families (no attention layer): refused as targets (treespec.layer_types.check_hybrid), drafts only
 RECURRENT_ONLY = [
     Hybrid("Mamba", "mamba", "Mamba-1 (no attention)", {"num_hidden_layers": 2, "state_size": 8, "use_mambapy": False}),
     Hybrid("Mamba-2", "mamba2", "Mamba-2 (no attention)",
@@ -287,9 +287,9 @@ def verification_cost(name: str, tree: str = "tree", repeats: int = 15, past: in
             times["step"].append(time.perf_counter() - start)
             for label, replay in (("tree", False), ("tree+replay", True)):
                 cache = fresh()
-                verifier = RecurrentVerifier(target, cache)
+                verifier = TargetRows(target, cache)
                 start = time.perf_counter()
-                verifier.verify(lambda feed, c=cache: (run(c, feed).logits, None), tokens, shape)
+                verifier.tree_pass(lambda feed, c=cache: (run(c, feed).logits, None), tokens, shape)
                 verifier.keep(lambda feed, c=cache: run(c, feed), [0, 1] if replay else [0, *shape.leaf_paths[0]])
                 times[label].append(time.perf_counter() - start)
     step = statistics.median(times["step"])

@@ -40,7 +40,7 @@ from treespec.train.training import config_checks
 from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from treespec.train.training.log import RunLogger
 from treespec.tree_spec import check_tree_spec
-from treespec.verify import ACCEPTANCE_MODES
+from treespec.walker import ACCEPTANCE_MODES
 
 REFERENCE_TARGET = "reference:target"
 REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "medusa", "eagle")  # drafters: null on the reference target
@@ -78,7 +78,7 @@ def tree_specs_of(cfg) -> list[dict]:
 
 
 def acceptance_rules(cfg) -> str | list[str]:
-    """``cfg.acceptance``: one walker rule, or a list run side by side (treespec.verify.ACCEPTANCE_MODES)."""
+    """``cfg.acceptance``: one walker rule, or a list run side by side (treespec.walker.ACCEPTANCE_MODES)."""
     rules = cfg.get("acceptance", "rejection")
     rules = [rules] if isinstance(rules, str) else list(rules)
     unknown = [r for r in rules if r not in ACCEPTANCE_MODES]

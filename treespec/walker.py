@@ -30,7 +30,7 @@ Modes
     final residual. Each round is one Leviathan/Chen step whose target is the previous round's
     residual, so by induction the emitted token is distributed as p.
 
-* **Sequence-level verification** (treespec/verify_traversal.py), lossless and never accepting less than
+* **Sequence-level verification** (treespec/walker_traversal.py), lossless and never accepting less than
   token-level rejection in expectation:
 
   - ``acceptance="block"``: block verification of a chain (Sun, Mendlovic, Leviathan et al. 2024,
@@ -59,7 +59,7 @@ import torch
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
 from treespec.tree import Tree
-from treespec.verify_traversal import draft_after, trials
+from treespec.walker_traversal import draft_after, trials
 
 ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
 #: the lossless rules, side by side in the comparison (typical acceptance is not lossless)
@@ -289,7 +289,7 @@ def _walk_sequence(logits, proposal, sampling, generator) -> Walk:
 
 
 def sequence_trials(logits: torch.Tensor, proposal: Proposal, sampling: Sampling):
-    """The traversal's trials (treespec/verify_traversal.py) for this proposal at this sampling: what
+    """The traversal's trials (treespec/walker_traversal.py) for this proposal at this sampling: what
     ``walk`` draws against, and what tests sum to the walk's exact output law. Rows of p_target and
     q_draft are made and brought to the host only for the nodes the traversal reaches."""
     tree, q_draft = proposal.tree, proposal.q_draft

@@ -1,4 +1,4 @@
-"""Block and traversal verification (treespec/verify_traversal.py, modes of the one walker), and candidates drawn
+"""Block and traversal verification (treespec/walker_traversal.py, modes of the one walker), and candidates drawn
 without replacement (recursive rejection sampling, Jeon et al. 2024): lossless, greedy-exact, faithful to Sun et
 al.'s block verification on chains, and accepting at least as much as token-level rejection.
 
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from treespec import verify_traversal
+from treespec import walker_traversal
 from treespec.drafter import Proposal
 from treespec.sampling import Sampling, probs, sample_without_replacement
 from treespec.tree import Tree
-from treespec.verify import sequence_trials, walk
+from treespec.walker import sequence_trials, walk
 
 from .helpers import ALPHA, GREEDY, T1, UNEVEN, World, chi2_pvalue, first_two_counts, logits_with_argmax
 
@@ -109,7 +109,7 @@ def test_traversal_law_is_exactly_the_targets(tree, vocab, sampling, draws):
 
 def test_exact_law_detects_a_missing_residual(monkeypatch):
     """Negative control for the exact test: a rejected child that leaves its parent's mass as it was."""
-    monkeypatch.setattr(verify_traversal.Mass, "reject", lambda self, token, draft: None)
+    monkeypatch.setattr(walker_traversal.Mass, "reject", lambda self, token, draft: None)
     world = World(3, 2, seed=5)
     law = exact_walk_law(world, Tree.full(2, 2), T1, "sampled")
     assert np.abs(law - world.exact_first_two(T1)).max() > 1e-2
@@ -170,7 +170,7 @@ def test_walks_are_lossless(acceptance, tree, vocab, sampling, sampled):
 
 
 def test_chi_square_detects_a_missing_residual(monkeypatch):
-    monkeypatch.setattr(verify_traversal.Mass, "reject", lambda self, token, draft: None)
+    monkeypatch.setattr(walker_traversal.Mass, "reject", lambda self, token, draft: None)
     world = World(4, 2, seed=406)
     counts = first_two_counts(world, functools.partial(walk, acceptance="traversal"), Tree.full(2, 2), T1,
                               sampled=True)
@@ -235,9 +235,9 @@ def test_certain_path_is_accepted():
 def test_recursive_rejection_without_the_draft_update_is_detected(monkeypatch):
     """Negative control: siblings drawn without replacement but verified as if i.i.d. (the draft law not
     updated after each sibling) is biased, and the chi-square test sees it."""
-    from treespec import verify
+    from treespec import walker
 
-    monkeypatch.setattr(verify, "draft_after", lambda draft, token: draft)
+    monkeypatch.setattr(walker, "draft_after", lambda draft, token: draft)
     world = World(3, 1, seed=7, draft_noise=2.0)
     counts = first_two_counts(world, walk, Tree.full(2, 1), T1, sampled=True, without_replacement=True)
     assert chi2_pvalue(counts, world.exact_first_two(T1)) < ALPHA

@@ -1,6 +1,6 @@
 """Sequence-level verification: traversal verification of trees and its chain case, block verification.
 
-Token-level rejection (treespec/verify.py, ``acceptance="rejection"``) decides each drafted token on its own
+Token-level rejection (treespec/walker.py, ``acceptance="rejection"``) decides each drafted token on its own
 ratio p/q and discards a path at its first rejected token. Two lossless rules decide on whole sequences:
 
 * **Block verification** (Sun, Mendlovic, Leviathan et al. 2024, "Block Verification Accelerates Speculative
@@ -42,7 +42,7 @@ Q_c is the distribution sibling c was drawn from, given its earlier siblings:
   beat "draw a target sequence, accept its longest prefix in the tree" when the tree is fixed.
 
 Losslessness (the output law is the target's) is proven in the papers and checked here exactly (the law
-of ``trials`` summed over every draft of a tiny vocabulary) and by chi-square tests (tests/test_verify.py,
+of ``trials`` summed over every draft of a tiny vocabulary) and by chi-square tests (tests/test_walker.py,
 tests/test_lossless.py).
 """
 
@@ -55,7 +55,7 @@ import torch
 
 from treespec.tree import Tree
 
-# Mass below which a residual is rounding noise (float32 distributions sum to 1 within ~1e-7); see verify.py.
+# Mass below which a residual is rounding noise (float32 distributions sum to 1 within ~1e-7); see walker.py.
 EMPTY_MASS = 1e-6
 
 

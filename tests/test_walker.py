@@ -1,4 +1,4 @@
-"""The walker (treespec/verify.py): greedy exactness, exact losslessness of sampling, typical acceptance.
+"""The walker (treespec/walker.py): greedy exactness, exact losslessness of sampling, typical acceptance.
 
 Losslessness is tested on the committed *tokens*, not on the walker's internals: for a tiny vocabulary
 and tree, the distribution of the first two committed tokens must equal the target's own
@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treespec import verify
+from treespec import walker
 from treespec.drafter import Proposal
 from treespec.sampling import probs, sample
 from treespec.tree import Tree
-from treespec.verify import Walk, walk
+from treespec.walker import Walk, walk
 
 from .helpers import ALPHA, GREEDY, T07, T1, UNEVEN, World, chi2_pvalue, first_two_counts, logits_with_argmax
 
@@ -158,7 +158,7 @@ def test_negative_control_residual_not_updated(monkeypatch):
                 return j, None
         return None, p_target
 
-    monkeypatch.setattr(verify, "_siblings_sampled", siblings_without_residual)
+    monkeypatch.setattr(walker, "_siblings_sampled", siblings_without_residual)
     tree, world = Tree.full(2, 2), World(4, 2, seed=406)
     counts = first_two_counts(world, walk, tree, T1, sampled=True)
     assert chi2_pvalue(counts, world.exact_first_two(T1)) < ALPHA
@@ -277,12 +277,12 @@ def test_validation():
 
 @pytest.mark.parametrize("sampling", [GREEDY, T1, T07])
 def test_rank_acceptance_is_how_often_the_walker_accepts_each_sibling(sampling):
-    """verify.rank_acceptance (the input of accuracy-grown trees at a temperature) against the walker: the
+    """walker.rank_acceptance (the input of accuracy-grown trees at a temperature) against the walker: the
     share of walks accepting sibling r of a one-level tree."""
     tree = Tree.full(3, 1)
     logits = torch.tensor([[0.3, 1.2, 0.0, 0.9, -0.5, 0.4]]).repeat(4, 1)  # [N, V]
     drafted = torch.tensor([3, 1, 5])  # distinct tokens in "draft rank" order; 1 is the target's argmax
-    expected = verify.rank_acceptance(drafted[None], logits[:1], sampling)[0]  # [3]
+    expected = walker.rank_acceptance(drafted[None], logits[:1], sampling)[0]  # [3]
     counts = torch.zeros(3)
     for seed in range(4000):
         w = walk(logits, Proposal(tree, drafted), sampling, generator=torch.Generator().manual_seed(seed))
