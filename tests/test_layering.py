@@ -254,3 +254,14 @@ def test_no_two_modules_share_a_file_name():
         if name not in KIND_ROLES or rest not in ([], [KIND_ROLES[name]]):
             bad[name] = paths
     assert not bad, f"modules sharing a file name: {bad}"
+
+
+def test_setup_cfg_lists_every_package():
+    """A package setup.cfg leaves out is missing from an installed (non-editable) copy."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = {p.strip() for p in cfg["options"]["packages"].replace(",", "\n").split() if p.strip()}
+    found = {m for m, path in modules().items() if path.stem == "__init__"}
+    assert listed == found, f"setup.cfg's packages: missing {sorted(found - listed)}, extra {sorted(listed - found)}"
