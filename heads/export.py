@@ -10,17 +10,16 @@ eagle          SafeAILab/EAGLE (``pytorch_model.bin``)     SafeAILab/EAGLE EAGLE
 medusa         refused                                     refused                      ``medusa_lm_head.pt``
 =============  ==========================================  ===========================  ===================
 
-Each folder holds exactly the files that consumer reads (``config.json`` and one weight file:
-``model.safetensors``, or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1,
-``medusa_lm_head.pt`` for Medusa-1), and the hidden list of what the export wrote (``MANIFEST``): an export never
-replaces a file it did not write unless asked to (``overwrite``). The tensors carry the consumer's names, the
-config its architecture name, aux-layer ids in its convention (heads/eagle3/upstream.py), RoPE as
-``rope_parameters`` mirrored into ``rope_theta`` / ``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as
-its loader builds them (zeros where it expects one the drafter lacks). What a consumer cannot represent is
-refused with the reason (``Refused``, a ValueError): a treespec-variant or fused EAGLE-1 drafter, a nonzero
-bias its loader would drop, aux layers it cannot capture, norm_before_residual where it has none, a token
-table of the drafter's own where it uses the target's.
-"""
+Each folder holds exactly the files that consumer reads (``config.json`` and one weight file: ``model.safetensors``,
+or the pickle the original project reads: ``pytorch_model.bin`` for EAGLE-1, ``medusa_lm_head.pt`` for Medusa-1),
+and the hidden list of what the export wrote (``MANIFEST``): an export never replaces a file it did not write unless
+asked to (``overwrite``). The tensors carry the consumer's names, the config its architecture name, aux-layer ids in
+its convention (heads/eagle3/upstream.py), RoPE as ``rope_parameters`` mirrored into ``rope_theta`` /
+``rope_scaling``, ``max_position_embeddings`` at least the target's, and biases exactly as its loader builds them
+(zeros where it expects one the drafter lacks). What a consumer cannot represent is refused with the reason
+(``Refused``, a ValueError): a treespec-variant or fused EAGLE-1 drafter, a nonzero bias its loader would drop, aux
+layers it cannot capture, norm_before_residual where it has none, a token table of the drafter's own where it uses
+the target's. """
 
 from __future__ import annotations
 
