@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from treespec.heads import export, load, registry
 from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
+from treespec.heads.export import MANIFEST
 from treespec.heads.medusa import MedusaHeads
 from treespec.heads.upstream_common import Refused
 
@@ -221,7 +222,9 @@ def check_consumer(folder: Path, consumer: str, kind: str, module, target):
     every tensor lands on a parameter the consumer builds, with its shape and dtype; every parameter it needs is
     provided; aux ids in its convention name the module's hidden states; RoPE and positions mirrored."""
     rule = RULES[(consumer, kind)]
-    assert sorted(p.name for p in folder.iterdir()) == sorted(["config.json", rule["file"]])
+    # what the consumer reads, and the export's hidden manifest of its own files (heads/export.py)
+    assert sorted(p.name for p in folder.iterdir() if p.name != MANIFEST) == sorted(["config.json", rule["file"]])
+    assert json.loads((folder / MANIFEST).read_text())["files"] == sorted(["config.json", rule["file"], MANIFEST])
     config = json.loads((folder / "config.json").read_text())
     path = folder / rule["file"]
     tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)
