@@ -57,6 +57,14 @@ def read_accuracy(folder) -> list[list[float]] | None:
     acc = read_json(path, "accuracy file", list)
     if not (isinstance(acc, list) and acc and all(isinstance(row, list) and row for row in acc)):
         raise ValueError(f"accuracy file {path} must hold a non-empty list of per-depth lists of rank accuracies")
+    for d, row in enumerate(acc):
+        bad = [x for x in row if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1]
+        if bad:  # NaN fails 0 <= x too
+            raise ValueError(f"accuracy file {path}: depth {d + 1} holds {bad[:3]}; rank accuracies are chances in "
+                             "[0, 1]")
+        if sum(row) > 1 + 1e-6:
+            raise ValueError(f"accuracy file {path}: depth {d + 1}'s rank accuracies sum to {sum(row):.4f} > 1 "
+                             "(each is the chance that one rank is the target's token)")
     return acc
 
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from treespec.drafter import Drafter
 from treespec.heads import registry
-from treespec.io import atomic_write, atomic_write_json, read_json
+from treespec.io import atomic_write, atomic_write_json, folder_path, read_json
 
 CONSUMERS = ("sglang", "vllm", "speculators", "eagle", "medusa")
 # the list of files an export wrote, beside them: what a re-export into the same folder may replace
@@ -138,9 +138,7 @@ def written_files(out: Path) -> set[str]:
 def check_folder(out: Path, writes: list[str], to: str, overwrite: bool) -> set[str]:
     """Refuse an ``out`` that is a file or lies under one, one whose files this export did not write and would
     replace (unless ``overwrite``), and one holding another checkpoint; → the files an earlier export wrote."""
-    for folder in (out, *out.parents):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"export folder {out}: {folder} is a file, not a folder; choose another out_dir")
+    folder_path(out, "export folder")
     if not out.exists():
         return set()
     mine = written_files(out)

@@ -54,6 +54,13 @@ def test_bad_settings_are_named_at_start_up(job, overrides, message):
         CHECKS[job](compose_cfg(job, overrides))
 
 
+@pytest.mark.parametrize("job", ["train_lm", "train_heads"])
+def test_a_run_dir_under_a_file_is_named_at_start_up(job, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match=r"run_dir .*a-file/run: .*a-file is a file, not a folder"):
+        CHECKS[job](compose_cfg(job, [f"run_dir={tmp_path / 'a-file' / 'run'}"]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has the device")
 def test_cuda_without_cuda_is_named():
     with pytest.raises(ValueError, match=r"device='cuda', but this torch build or machine has no CUDA device"):

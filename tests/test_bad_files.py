@@ -253,3 +253,41 @@ def test_a_vllm_medusa_export_missing_one_bias_is_refused(tmp_path):
     save_file(weights, out / "model.safetensors")
     with pytest.raises(ValueError, match=r"model.safetensors.*biases are missing for head 2 block 0"):
         load(out, target)
+
+
+@pytest.mark.parametrize("values, message", [
+    ([[0.5, float("nan")], [0.4]], r"depth 1 holds \[nan\]"),
+    ([[0.5, 0.3], [1.5]], r"depth 2 holds \[1.5\]; rank accuracies are chances in \[0, 1\]"),
+    ([[0.7, 0.6]], r"depth 1's rank accuracies sum to 1.3000 > 1"),
+    ([["0.5"]], r"depth 1 holds \['0.5'\]"),
+])
+def test_a_head_accuracy_file_out_of_range_is_refused_at_load(medusa_folder, values, message):
+    from treespec.heads import load_profile
+
+    _, folder = medusa_folder
+    (folder / "head_accuracy.json").write_text(json.dumps(values))
+    with pytest.raises(ValueError, match=rf"accuracy file .*head_accuracy.json: {message}"):
+        load_profile(folder)
+
+
+def test_a_tree_file_whose_kind_is_not_a_string_is_named(tmp_path):
+    from treespec import Tree
+    from treespec.tree_spec import build_tree, load_tree
+
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps({"kind": ["paths"], "paths": [[0]]}))
+    for read in (Tree.load, load_tree):
+        with pytest.raises(ValueError, match=r"tree.json: its kind must be a string such as \"paths\", got \['paths'\]"):
+            read(path)
+    with pytest.raises(ValueError, match=r"kind \['chain'\] is not one of"):
+        build_tree({"kind": ["chain"], "depth": 2})
+
+
+def test_writing_under_a_file_names_it(tmp_path):
+    from treespec import Tree
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match=r"a-file is a file, not a folder"):
+        Tree.chain(2).save(tmp_path / "a-file" / "tree.json")
+    with pytest.raises(ValueError, match=r"is a folder; give a file path"):
+        Tree.chain(2).save(tmp_path)

@@ -297,3 +297,11 @@ def test_padding_may_hold_any_id(target, pad_value):
     assert all(torch.equal(out.sequences[b, 4:], alone[b]) for b in range(2))
     listed = generate(target, rows, pad_token_id=pad_value, max_new_tokens=5)
     assert all(torch.equal(listed.sequences[b, 4:], alone[b]) for b in range(2))
+
+
+def test_a_float_attention_mask_is_told_its_dtype(target):
+    ids = torch.tensor([[0, 3, 7], [5, 2, 4]])
+    for mask in (torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]), torch.tensor([[0, 1, 1], [1, 1, 1]]).half()):
+        with pytest.raises(ValueError, match=rf"attention_mask must be an integer or bool tensor of 0 and 1, got a "
+                                             rf"{mask.dtype} tensor: convert it with .long\(\)"):
+            generate(target, ids, attention_mask=mask, max_new_tokens=2)

@@ -68,8 +68,11 @@ def test_mismatched_heads_are_refused(target, tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size 64 \(drafter\) vs 80 \(target\)"):
         MedusaHeads.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
     loaded = MedusaHeads.from_pretrained(tmp_path, target)
-    with pytest.raises(ValueError, match="deeper than the 3 Medusa heads"):
-        generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=8)
+    # refused at the door, naming the tree as given, also when max_new_tokens would cut it to a depth that fits
+    for budget in (8, 2):
+        with pytest.raises(ValueError, match=r"tree Tree\(nodes=4, depth=4, width=1\) is deeper than the 3 levels "
+                                             "Medusa can fill"):
+            generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=budget)
 
 
 def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
@@ -147,3 +150,6 @@ def test_medusa2_refuses_settings_it_cannot_train():
                                                                 "drafter.heads_warmup_steps=100"]))
     with pytest.raises(ValueError, match="stored target features"):
         heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "data.features=/tmp/x"]))
+    with pytest.raises(ValueError, match=r"lm_weight=0 and drafter.distill_weight=0: nothing would hold"):
+        heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "drafter.lm_weight=0",
+                                                                "drafter.distill_weight=0"]))

@@ -156,6 +156,8 @@ class Drafter:
     candidates: str = "topk"
     #: the longest sequence (prompt + new tokens) the drafter's own model can position; None: no limit
     max_positions: int | None = None
+    #: the deepest tree it can fill (Medusa: its number of heads), checked at generate's door; None: no limit
+    max_tree_depth: int | None = None
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
 

@@ -120,7 +120,10 @@ def check_attention_mask(attention_mask, input_ids: torch.Tensor) -> torch.Tenso
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got "
                          f"{tuple(attention_mask.shape)}")
-    if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise ValueError(f"attention_mask must be an integer or bool tensor of 0 and 1, got a {attention_mask.dtype} "
+                         "tensor: convert it with .long() (transformers' tokenizers return int64)")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
         raise ValueError("attention_mask must hold 0 (padding) and 1 (prompt token), as transformers' tokenizers "
                          "return it")
     mask = attention_mask.long().cpu()
@@ -240,6 +243,9 @@ def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, prof
         return Tree.chain(0)
     if isinstance(tree, DynamicTree) and not drafter.grows_dynamic_trees:
         raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
+    limit = drafter.max_tree_depth
+    if limit is not None and isinstance(tree, Tree) and tree.depth > limit:  # whatever max_new_tokens cuts it to
+        raise ValueError(f"tree {tree!r} is deeper than the {limit} levels {type(drafter).__name__} can fill")
     return tree
 
 

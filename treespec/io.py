@@ -16,10 +16,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 
+def folder_path(path: str | os.PathLike, what: str = "folder") -> Path:
+    """``path`` where a folder is or can be made: one that is a file, or lies under a file, is a ValueError naming
+    both (rather than mkdir's bare FileExistsError / NotADirectoryError)."""
+    path = Path(path)
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{what} {path}: {folder} is a file, not a folder; choose another path")
+    return path
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` to produce the file, then move it to ``path`` in one step. Returns ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a file path to write")
+    folder_path(path.parent, f"the folder of {path.name}").mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)

@@ -101,6 +101,8 @@ class Tree:
         data = read_json(path, "tree file")
         if not isinstance(data, dict) or "kind" not in data:
             raise ValueError(f"tree file {path} holds {type(data).__name__}, not a tree spec with a kind")
+        if not isinstance(data["kind"], str):
+            raise ValueError(f"tree file {path}: its kind must be a string such as \"paths\", got {data['kind']!r}")
         spec = {k: v for k, v in data.items() if k != "about"}
         try:
             if spec["kind"] == "paths" and set(spec) == {"kind", "paths"}:
@@ -220,5 +222,4 @@ class Tree:
 
 def write_spec(spec: dict, path, /, **about) -> Path:
     """A tree-spec dict as JSON at ``path`` (folders made), ``about`` under "about"."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path, {**spec, **({"about": about} if about else {})}, default=str)

@@ -107,7 +107,7 @@ def _normalized(spec) -> dict:
         raise ValueError(f"a tree spec is a dict such as {{'kind': 'chain', 'depth': 3}} (or a Tree), got {spec!r}")
     spec = dict(spec)
     kind = spec.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"tree spec {spec}: kind {kind!r} is not one of {tuple(KINDS)}")
     required, optional = KINDS[kind]
     missing = [k for k in required if k not in spec]

@@ -29,6 +29,7 @@ class Medusa(Drafter):
         lean: heads sharing the target's lm_head project all depths in one product through a transposed copy of
         it (heads/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
+        self.max_tree_depth = heads.num_heads  # head k fills depth k + 1
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
         self._projections = heads.reduced(draft_vocab) if draft_vocab is not None else None
         shared = heads.shared_lm_head

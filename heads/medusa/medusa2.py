@@ -143,6 +143,10 @@ def check_settings(cfg, world_size: int) -> None:
                          "stand in for it: drop data.features")
     if world_size > 1:  # the warm-up leaves the backbone without gradients, which DDP refuses
         raise ValueError("drafter=medusa2 trains in one process (run it without torchrun)")
+    if not (cfg.drafter.lm_weight > 0 or cfg.drafter.distill_weight > 0):  # only the heads' loss would move it
+        raise ValueError(f"drafter.lm_weight={cfg.drafter.lm_weight} and drafter.distill_weight="
+                         f"{cfg.drafter.distill_weight}: nothing would hold the fine-tuned target's distribution to "
+                         "the original's (set distill_weight > 0, the default 1.0, or lm_weight > 0)")
     if cfg.drafter.heads_warmup_steps >= (cfg.trainer.max_steps or 0) > 0:
         raise ValueError(f"drafter.heads_warmup_steps={cfg.drafter.heads_warmup_steps} leaves no joint step of "
                          f"trainer.max_steps={cfg.trainer.max_steps}: the target would not be fine-tuned")

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from treespec.heads.eagle.network import VARIANTS
+from treespec.io import folder_path
 from treespec.reference import float_dtype
 from treespec.train.training import distributed
 from treespec.train.training.data import BYTE_ALPHABET, SPECIAL_TOKENS
@@ -133,6 +134,8 @@ def check_job(cfg) -> None:
     check_data(cfg.data)
     integer(cfg.get("seed", 0), "seed", 0)
     boolean(cfg.get("resume", False), "resume")
+    if cfg.get("run_dir"):
+        folder_path(cfg.run_dir, "run_dir")
 
 
 def check_export_dtype(value) -> None:
