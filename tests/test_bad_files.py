@@ -277,7 +277,7 @@ def test_a_tree_file_whose_kind_is_not_a_string_is_named(tmp_path):
     path = tmp_path / "tree.json"
     path.write_text(json.dumps({"kind": ["paths"], "paths": [[0]]}))
     for read in (Tree.load, load_tree):
-        with pytest.raises(ValueError, match=r"tree.json: its kind must be a string such as \"paths\", got \['paths'\]"):
+        with pytest.raises(ValueError, match=r"tree.json: its kind must be a string .*, got \['paths'\]"):
             read(path)
     with pytest.raises(ValueError, match=r"kind \['chain'\] is not one of"):
         build_tree({"kind": ["chain"], "depth": 2})
