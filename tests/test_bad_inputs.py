@@ -305,3 +305,29 @@ def test_a_float_attention_mask_is_told_its_dtype(target):
         with pytest.raises(ValueError, match=rf"attention_mask must be an integer or bool tensor of 0 and 1, got a "
                                              rf"{mask.dtype} tensor: convert it with .long\(\)"):
             generate(target, ids, attention_mask=mask, max_new_tokens=2)
+
+
+def test_nan_draft_probabilities_warn_once_per_run(target):
+    """Every candidate drawn from a NaN q_draft is rejected: the output stays the target's, and the run says so
+    once, however many steps it took."""
+    import dataclasses
+    import warnings
+
+    class NanDraft(DraftModel):
+        def propose(self, *args, **kwargs):
+            proposals = super().propose(*args, **kwargs)
+            return dataclasses.replace(proposals, q_draft=torch.full_like(proposals.q_draft, float("nan")))
+
+    drafter = NanDraft(perturbed(target), candidates="sample")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = generate(target, PROMPT, drafter=drafter, tree=Tree.chain(3), max_new_tokens=12, temperature=1.0,
+                       generator=torch.Generator().manual_seed(0))
+    nan_warnings = [w for w in caught if "holding NaN" in str(w.message)]
+    assert len(nan_warnings) == 1 and issubclass(nan_warnings[0].category, RuntimeWarning)
+    assert out.mean_accept_length == 1.0 and out.new_tokens == 12
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate(target, PROMPT, drafter=DraftModel(perturbed(target), candidates="sample"), tree=Tree.chain(3),
+                 max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert not [w for w in caught if "holding NaN" in str(w.message)]

@@ -19,6 +19,7 @@ Timing is an optional observer (treespec/timing.py): without one the loop never 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -78,6 +79,7 @@ class DecodeState:
     accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
     done: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt → its committed tokens, once finished
     passes: int = 0                     # batched verification passes
+    draft_nan: torch.Tensor | None = None  # bool [] on the device: a q_draft held NaN (read once, at the end)
 
     @property
     def committed(self) -> Committed:
@@ -143,6 +145,7 @@ def generate(
                 speculative_step(run, state, step_tree)
             retire(run, state)
     sequences, rows = outputs(inputs, state)
+    warn_draft_nan(run, state)
     wall_time = clock(observer) - start
     spent = {} if observer is None else observer.seconds
     return GenerationResult(sequences=sequences, prompt_length=inputs.given.shape[1],
@@ -198,10 +201,22 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
     what was kept."""
     with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
+    if proposals.q_draft is not None:  # kept on the device: no host read per step
+        nan = torch.isnan(proposals.q_draft).any()
+        state.draft_nan = nan if state.draft_nan is None else state.draft_nan | nan
     accepted, features = target_pass(run, state, proposals)
     commit(run, state, proposals, accepted, features)
     with timed(run.observer, DRAFT):
         run.drafter.accept([a.path for a in accepted], state.features)
+
+
+def warn_draft_nan(run: Run, state: DecodeState) -> None:
+    """Once per run: a drafter whose q_draft held NaN had those candidates rejected (the output stays exact, but
+    speculation was wasted), which is a drafter bug worth seeing."""
+    if state.draft_nan is not None and bool(state.draft_nan):
+        warnings.warn(f"{type(run.drafter).__name__} proposed draft probabilities (q_draft) holding NaN: those "
+                      "candidates were rejected (the output is still the target's), so check the drafter's weights "
+                      "and its dtype", RuntimeWarning, stacklevel=3)
 
 
 def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Walk], torch.Tensor | None]:
