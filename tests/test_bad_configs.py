@@ -3,6 +3,7 @@ key, the value and what is accepted, before any model loads; a resume refuses ot
 changed; a data job never reports success on nothing. Plus a fuzz over each job's config overrides."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -75,6 +76,38 @@ def test_training_config_is_checked_before_the_target_loads(monkeypatch):
     monkeypatch.setattr(train_heads, "load_model", no_loading)
     with pytest.raises(ValueError, match=r"eval.temperature"):
         train_heads.run(compose_cfg("train_heads", ["eval.temperature=-1", "logger=none"]))
+
+
+# -- one run per output ---------------------------------------------------------------------------------------
+def test_a_second_run_on_the_same_output_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from treespec.io import single_run
+
+    lock = tmp_path / "run" / ".treespec.lock"
+    with single_run(lock, "run_dir run"):
+        with pytest.raises(RuntimeError, match=rf"run_dir run is in use by another run \(pid {os.getpid()} on "):
+            with single_run(lock, "run_dir run"):
+                pass
+    assert not lock.exists()  # released
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    held = {"pid": int(gone.stdout), "host": socket.gethostname()}
+    lock.write_text(json.dumps(held))  # a run killed with its lock in place
+    with single_run(lock, "run_dir run"):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+
+
+def test_a_training_job_refuses_a_run_dir_in_use(tmp_path):
+    from treespec.io import single_run
+
+    run_dir = tmp_path / "run"
+    cfg = compose_cfg("train_lm", ["debug=tiny_lm", f"run_dir={run_dir}", f"data.cache_dir={tmp_path / 'cache'}"])
+    with single_run(run_dir / ".treespec.lock", "another run"):
+        with pytest.raises(RuntimeError, match=rf"run_dir {run_dir} is in use by another run"):
+            lm.run(cfg)
 
 
 # -- resume ---------------------------------------------------------------------------------------------------

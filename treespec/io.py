@@ -1,13 +1,16 @@
 """Files, safely: written so that a crash never leaves half of one (write a temporary file beside the
 target, flush it, rename it over the target: atomic on POSIX and Windows); read so that a missing,
 truncated or corrupt file is an error naming it (JSON, safetensors; never pickle); and digests of
-weights and files, so caches are keyed by content."""
+weights and files, so caches are keyed by content; and one run at a time per output (``single_run``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +27,47 @@ def folder_path(path: str | os.PathLike, what: str = "folder") -> Path:
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"{what} {path}: {folder} is a file, not a folder; choose another path")
     return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def single_run(lock: str | os.PathLike, what: str):
+    """Hold ``lock`` (a file: a run folder's ``.treespec.lock``, an output's ``<out>.lock``) while one run writes
+    ``what``: a second run given the same output is refused, naming the first (its pid, host and start), rather
+    than interleaving with it. A lock left by a killed run (its process gone, on this host) is taken over."""
+    lock = Path(lock)
+    folder_path(lock.parent, f"the folder of {what}").mkdir(parents=True, exist_ok=True)
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                held = json.loads(lock.read_text())
+            except (OSError, ValueError):
+                held = {}
+            if held.get("host") == mine["host"] and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
+                lock.unlink(missing_ok=True)  # its run was killed: take over
+                continue
+            raise RuntimeError(f"{what} is in use by another run (pid {held.get('pid')} on {held.get('host')}, "
+                               f"since {held.get('started')}; lock {lock}): wait for it to finish, or choose another "
+                               "output; delete the lock only if that run is gone") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(mine, f)
+        break
+    try:
+        yield lock
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:

@@ -30,6 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record as _elastic_record
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from treespec.io import single_run
 
 STRATEGIES = ("ddp", "fsdp")
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; a rank waits this long for a hung peer
@@ -165,6 +168,9 @@ def _is_comm_error(err: BaseException) -> bool:
                             "broken pipe", "peer"))
 
 
+LOCK_FILE = ".treespec.lock"
+
+
 def run_job(cfg, job):
     """A training job's start: the trainer's thread count, then ``job(cfg, ctx)`` inside a ``session`` (every
     rank under torchrun)."""
@@ -172,7 +178,11 @@ def run_job(cfg, job):
     if t.threads:
         torch.set_num_threads(t.threads)
     with session(t.get("strategy", "ddp"), t.get("dist_timeout_s")) as ctx:
-        return job(cfg, ctx)
+        # rank 0 holds the run folder: a second run given it is refused (the ranks of one run share it)
+        hold = single_run(Path(cfg.run_dir) / LOCK_FILE, f"run_dir {cfg.run_dir}") if ctx.is_main \
+            else contextlib.nullcontext()
+        with hold:
+            return job(cfg, ctx)
 
 
 @contextlib.contextmanager

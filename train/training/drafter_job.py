@@ -11,10 +11,12 @@ What differs per drafter is its ``Recipe`` (heads/objective.py), found by the dr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -24,7 +26,7 @@ from treespec.bench import Config, Row, measure
 from treespec.heads import registry
 from treespec.heads.export import formats as export_formats
 from treespec.heads.objective import TARGET_FOLDER
-from treespec.io import weights_digest
+from treespec.io import single_run, weights_digest
 from treespec.reference import load_model
 from treespec.train.training import config_checks, distributed, expected_tau, run_summary
 from treespec.train.training.chat import SampleBatches, Samples, prepare_chat
@@ -378,7 +380,9 @@ def prepare_features(cfg) -> dict | None:
         raise ValueError("prepare_features needs data.features=<folder to write the features to>")
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
+    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx, \
+            (single_run(Path(cfg.data.features) / distributed.LOCK_FILE, f"data.features={cfg.data.features}")
+             if ctx.is_main else contextlib.nullcontext()):
         target, tokenizer = load_target(cfg, ctx)
         features = cfg.data.features
         with distributed.rank0_first(ctx):

@@ -13,6 +13,7 @@ that ends on a user turn gets the target's answer appended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter
@@ -22,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from treespec.io import atomic_write
+from treespec.io import atomic_write, single_run
 from treespec.reference import load_model
 from treespec.train.training import config_checks, distributed, magpie
 from treespec.train.training.chat import ChatRenderer, chat_settings
@@ -182,7 +183,8 @@ def run(cfg) -> dict:
     config_checks.integer(cfg.trainer.get("threads"), "trainer.threads", optional=True)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx:
+    with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx, \
+            (single_run(f"{r.out}.lock", f"data.regenerate.out={r.out}") if ctx.is_main else contextlib.nullcontext()):
         target, tokenizer = load_model(cfg.target)
         target.to(ctx.device)
         chat = cfg.data.chat
