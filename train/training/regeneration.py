@@ -99,7 +99,7 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
                     prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
                     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                     enc = {k: v.to(target.device) for k, v in enc.items()}
-                    torch.manual_seed(seed + b * 1009 + turn)
+                    torch.manual_seed(seed + chunk[0][0] * 1009 + turn)  # by row: a resumed run draws alike
                     gen = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                                           temperature=temperature if temperature > 0 else None,
                                           top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0
@@ -112,8 +112,9 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
                             text = text.split(renderer.end_marker)[0]
                         convs[c][j] = {"role": "assistant", "content": text.strip()}
                         turns, empty = turns + 1, empty + (not text.strip())
-                for (i, _), msgs in zip(chunk, convs, strict=True):
-                    f.write(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n")
+                # one write a batch: a kill loses at most the batch in flight, and a rerun redoes it whole
+                f.write("".join(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n"
+                                for (i, _), msgs in zip(chunk, convs, strict=True)))
                 f.flush()
                 os.fsync(f.fileno())
                 bar.update(len(chunk))
