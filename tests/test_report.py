@@ -330,6 +330,74 @@ def test_busy_machine_is_flagged(tmp_path):
     assert "Warning: vanilla decoding ran at 30–" in (tmp_path / "results.md").read_text()
 
 
+def test_vanilla_speed_is_compared_between_alike_runs_only(tmp_path):
+    """Prompts that end early (an end token) pay the prefill over fewer tokens: slower on an idle machine too."""
+    result = with_categories(synthetic_result())
+    vanilla = result["records"][0]["runs"]
+    for i in (1, 3, 6):  # ended after 3 tokens: a third of the speed, and no busy machine
+        vanilla["tokens_per_s"][i], vanilla["accept_lengths"][i] = 30.0, [1, 1]
+    spread = report.vanilla_spread(result, report.analyse(result))
+    assert (spread["left_out"], spread["runs"], spread["budget"]) == (3, 7, 16) and spread["hi"] / spread["lo"] < 1.1
+    report.render(result, tmp_path, figures=False)
+    assert "Warning: vanilla" not in (tmp_path / "results.md").read_text()
+    vanilla["tokens_per_s"][0] = 30.0  # one that ran its whole budget that slowly: the machine was busy
+    report.render(result, tmp_path, figures=False)
+    assert "Warning: vanilla decoding ran at 30–" in (tmp_path / "results.md").read_text()
+    assert "over this run's 7 prompt runs that generated their whole budget of 16 tokens" in \
+        (tmp_path / "results.md").read_text()
+    # budgets differ (per category): each budget's runs are compared among themselves
+    for p in result["prompt_info"]:
+        p["max_new_tokens"] = 16 if p["category"] == "code" else 8
+    vanilla["tokens_per_s"][0] = vanilla["tokens_per_s"][2]
+    for i, p in enumerate(result["prompt_of_run"]):
+        if result["prompt_info"][p]["category"] == "chat":
+            vanilla["tokens_per_s"][i], vanilla["accept_lengths"][i] = 50.0, [1] * 7
+    spread = report.vanilla_spread(result, report.analyse(result))
+    assert spread["hi"] / spread["lo"] < 1.1
+
+
+def test_report_of_a_results_json_lacking_values_renders_what_is_there(tmp_path):
+    result = with_categories(synthetic_result())
+    for p in result["prompt_info"]:
+        del p["category"]
+    for rec in result["records"]:
+        del rec["tau"], rec["speedup"]
+    report.save_result(result, tmp_path)
+    md = (report.rerender(tmp_path, figures=False) / "results.md").read_text()
+    assert "**results.json lacks 'tau' in 9 of 9 configurations; 'speedup' in 9 of 9 configurations; " \
+           "'category' in 5 of 5 prompts (counted in 'all')**" in md
+    assert "| all speedup | all τ |" in md and "nan" not in md.lower()
+    points = synthetic_result()  # points only (no per-prompt runs), and those missing: dashes, no best
+    for rec in points["records"]:
+        del rec["runs"], rec["speedup"], rec["tau"]
+    del points["peer_pass"]
+    report.save_result(points, tmp_path)
+    md = (report.rerender(tmp_path, figures=False) / "results.md").read_text()
+    header, rows = md_table_of(md, "All configurations")
+    assert {row[header.index("vs the run's best")] for row in rows} == {"–"} and "nan" not in md.lower()
+    del points["records"][2]["drafter"]  # what names a configuration cannot be filled in: the file and field
+    report.save_result(points, tmp_path)
+    with pytest.raises(ValueError, match=r"results.json .*results.json: record 2 \('draft \| chain γ=2'\) has no "
+                                         r"'drafter'"):
+        report.rerender(tmp_path, figures=False)
+
+
+def test_the_best_tree_is_named_relative_to_where_the_run_started(tmp_path, monkeypatch):
+    result = synthetic_result()
+    for rec in result["records"][1:]:
+        rec["tree_spec"] = {"kind": "chain", "depth": 2}
+    out = tmp_path / "runs" / "compare" / "run1"
+    out.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    report.render(copy.deepcopy(result), out, figures=False)  # the harness gives an absolute folder
+    assert 'tree = Tree.load("runs/compare/run1/best_tree.json")' in (out / "results.md").read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a folder outside the current one: its path as it is
+    report.render(copy.deepcopy(result), out, figures=False)
+    assert f'tree = Tree.load("{out}/best_tree.json")' in (out / "results.md").read_text()
+
+
 # ------------------------------------------------------------------------------------------- re-render, compare
 
 def test_report_rerenders_identical_tables(rendered, tmp_path):

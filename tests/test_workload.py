@@ -2,6 +2,9 @@
 every prompt format, datasets folders and parquet files, seeded selection, chat templates and end tokens, turns
 answered by the target itself, and a whole run by category on a tiny chat model."""
 
+import codecs
+import json
+import re
 
 import pytest
 import torch
@@ -111,6 +114,101 @@ def test_texts_folder_windows_by_sub_folder(tmp_path):
     assert all(len(i.turns[0]) <= 100 and i.turns[0].endswith("\n") for i in items if i.category == "src")
 
 
+def _jsonl_bytes(rows) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
+
+
+def test_a_line_that_is_not_utf8_is_skipped_counted_and_named_and_a_bom_keeps_the_first_row(tmp_path):
+    path = tmp_path / "q.jsonl"
+    latin = json.dumps({"prompt": "café au lait"}, ensure_ascii=False).encode("latin-1")
+    path.write_bytes(codecs.BOM_UTF8 + _jsonl_bytes([{"prompt": "first"}, latin, {"prompt": "third"}, latin]))
+    with pytest.warns(UserWarning, match=r"workload.path='.*q.jsonl': lines 2 and 4 are not UTF-8 text"):
+        items, skipped, _ = read_jsonl(path)
+    assert [i.turns[0] for i in items] == ["first", "third"] and skipped == {"not UTF-8": 2}
+
+
+def test_a_file_of_nothing_but_bad_lines_says_how_many_were_not_json(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("{oops\nnot json\n[1,\n")
+    with pytest.raises(ValueError, match=r"q.jsonl: no usable prompt \(\{'not JSON': 3\}\)"):
+        read_jsonl(path)
+
+
+def test_json_files_hold_a_list_one_object_or_json_lines_and_a_broken_one_is_named(tmp_path):
+    pretty = tmp_path / "one.json"
+    pretty.write_text(json.dumps({"prompt": "only one", "category": "c"}, indent=2))
+    items, skipped, _ = read_jsonl(pretty)
+    assert [(i.turns[0], i.category) for i in items] == [("only one", "c")] and not skipped
+    lines = tmp_path / "lines.json"
+    lines.write_bytes(_jsonl_bytes([{"prompt": "a"}, {"prompt": "b"}]))
+    assert [i.turns[0] for i in read_jsonl(lines)[0]] == ["a", "b"]
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}], indent=1))
+    assert len(read_jsonl(listed)[0]) == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text('[\n {"prompt": "a"},\n {"prompt": "b",}\n]')
+    with pytest.raises(ValueError, match=r"workload.path='.*broken.json': not valid JSON at line 3, column"):
+        read_jsonl(broken)
+    number = tmp_path / "number.json"
+    number.write_text("3")
+    with pytest.raises(ValueError, match=r"number.json'?: holds a JSON int, not a list of rows or one row"):
+        read_jsonl(number)
+
+
+def test_categories_that_are_not_strings_and_malformed_turns_are_skipped_and_counted(tmp_path):
+    rows = [{"prompt": f"p{i}", "category": c} for i, c in enumerate([0, False, ["a"], {"b": 1}])]
+    rows += [{"prompt": "kept", "category": ""}, {"prompt": "kept too", "category": "math"}]
+    rows += [{"question_id": 1, "turns": ["q1", 3, "q3"]}, {"question_id": 2, "turns": [["a", "b"]]},
+             {"question_id": 3, "turns": ["q1", " ", "q3"]}, {"question_id": 4, "turns": {"q": 1}}]
+    items, skipped, _ = read_jsonl(write_jsonl(tmp_path / "q.jsonl", rows))
+    assert [(i.turns, i.category) for i in items] == [(("kept",), "all"), (("kept too",), "math")]
+    assert skipped == {"category not a string": 4, "turns not a list of strings": 3, "empty turn": 1}
+
+
+def test_rows_sharing_an_id_get_their_own_ids_with_a_warning(tmp_path):
+    rows = [{"question_id": 81, "turns": ["one"]}, {"question_id": 81, "turns": ["two"]},
+            {"question_id": 81, "turns": ["three"]}, {"question_id": 81, "turns": ["one"]}]
+    with pytest.warns(UserWarning, match=r"q.jsonl: 2 row\(s\) share an id.*81 → 81#2, 81 → 81#3"):
+        items, skipped, _ = read_jsonl(write_jsonl(tmp_path / "q.jsonl", rows))
+    assert [i.id for i in items] == ["81", "81#2", "81#3"] and skipped == {"duplicate": 1}
+
+
+def test_texts_stay_inside_the_folder_and_say_why_no_file_gave_text(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "secret.txt"
+    (root / "src").mkdir(parents=True)
+    outside.write_text("do not read me\n")
+    (root / "src" / "a.py").write_text("x = 1\n")
+    (root / "src" / "link.txt").symlink_to(outside)
+    for pattern in ("../*", "/etc/*", "src/../../*"):
+        with pytest.raises(ValueError, match=r"workload.pattern=.* must be a glob inside workload.path"):
+            read_texts(root, pattern)
+    items, skipped, _ = read_texts(root)
+    assert [i.turns[0] for i in items] == ["x = 1\n"] and skipped == {"outside workload.path": 1}
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (binary / name).write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ValueError, match=r"none of the 2 files matching it holds text \(2 not UTF-8 text\)"):
+        read_texts(binary)
+    with pytest.raises(ValueError, match=r"workload.pattern='\*.py': no file matches it"):
+        read_texts(binary, "*.py")
+    for kw, message in (({"window_chars": -5}, "workload.window_chars must be an integer >= 1, got -5"),
+                        ({"window_chars": 0}, "workload.window_chars must be an integer >= 1, got 0"),
+                        ({"windows_per_file": 0}, "workload.windows_per_file must be an integer >= 1, got 0")):
+        with pytest.raises(ValueError, match=message):
+            read_texts(root, **kw)
+
+
+def test_a_per_category_budget_for_an_unknown_category_is_refused(tmp_path):
+    w = OmegaConf.create({"source": "jsonl", "path": str(write_jsonl(tmp_path / "q.jsonl", SPEC_BENCH)),
+                          "max_new_tokens": {"mathh": 2}, "held_out": 0})
+    with pytest.raises(ValueError, match=r"workload.max_new_tokens: \['mathh'\] not found; the workload's categories "
+                                         r"are math, writing"):
+        load_workload(w)
+    w.max_new_tokens = {"math": 2}
+    assert len(load_workload(w).timed) == 4
+
+
 # -- selection --------------------------------------------------------------------------------------------
 def _items(n: int, category: str = "c") -> list[Item]:
     return [Item(str(i), category, (f"question {category} {i}",)) for i in range(n)]
@@ -161,6 +259,19 @@ def test_over_long_prompts_are_skipped_and_counted_and_categories_filtered():
     (["workload=jsonl", "workload.path=q.jsonl", "workload.held_out=-1"], r"workload.held_out must be"),
     (["workload=jsonl", "workload.path=q.jsonl", "workload.max_new_tokens={math: 0}"],
      r"workload.max_new_tokens.math must be"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.max_new_tokens=5"],
+     r"workload.max_new_tokens must be \{category: tokens\} or null, got 5"),
+    (["workload=texts", "workload.path=/src", "workload.window_chars=-5"],
+     r"workload.window_chars must be an integer >= 1, got -5"),
+    (["workload=texts", "workload.path=/src", "workload.window_chars=0"], r"workload.window_chars must be"),
+    (["workload=texts", "workload.path=/src", "workload.windows_per_file=0"], r"workload.windows_per_file must be"),
+    (["workload=texts", "workload.path=/src", "workload.pattern='../*'"], r"workload.pattern='../\*' must be a glob"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.seed=abc"],
+     r"workload.seed must be an integer >= 0, got 'abc'"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.system_prompt=42"],
+     r"workload.system_prompt must be a string or null, got 42"),
+    (["workload=jsonl", "workload.path=q.jsonl", "workload.template=nope.jinja"],
+     r"workload.template='nope.jinja' is none of auto, none, chatml"),
 ])
 def test_every_workload_config_passes_or_fails_the_start_up_check(overrides, message):
     cfg = compose_cfg("compare", ["logger=none", *overrides])
@@ -201,6 +312,30 @@ def test_prompts_use_the_chat_template_and_generation_stops_at_its_end_tokens():
     assert plain.renderer is None and "has no chat template" in plain.describe()["template"]
     with pytest.raises(ValueError, match=r"workload.template='nope.jinja' is none of auto, none, chatml"):
         PromptTemplate(tokenizer, "nope.jinja")
+
+
+def test_a_template_file_that_is_not_utf8_or_not_jinja_or_raises_names_workload_template(tmp_path):
+    tokenizer = chat_tokenizer()
+    latin = tmp_path / "latin.jinja"
+    latin.write_bytes("{{ 'café' }}".encode("latin-1"))
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    for path, message in ((latin, "the file is not UTF-8 text"),
+                          (broken, r"the template is not valid Jinja \(line 2\)")):
+        pattern = rf"workload.template='{re.escape(str(path))}': {message}"
+        with pytest.raises(ValueError, match=pattern):
+            PromptTemplate(tokenizer, str(path))
+        with pytest.raises(ValueError, match=pattern):  # before any model loads
+            compare.check_config(compose_cfg("compare", ["logger=none", f"workload.template={path}"]))
+    strict = tmp_path / "strict.jinja"
+    strict.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                      "{% endif %}{{ m.content }}{% endfor %}")
+    template = PromptTemplate(tokenizer, str(strict), system_prompt="Be brief.")
+    with pytest.raises(ValueError, match=rf"workload.template='{re.escape(str(strict))}': the template failed .*no "
+                                         "system role"):
+        template.ids(template.messages(Item("1", "c", ("Hi",)), 1, []))
+    with pytest.raises(ValueError, match=r"workload.system_prompt must be a string or null, got 7 \(int"):
+        PromptTemplate(tokenizer, "auto", system_prompt=7)
 
 
 def tiny_tokenizer_without_template():

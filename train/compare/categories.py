@@ -205,6 +205,18 @@ def category_markdown(result: dict, a: dict) -> list[str]:
     return lines
 
 
+def shown_path(path) -> Path:
+    """``path`` as a report prints it: relative to the current directory (where the run was started) when it
+    lies under it, so no report names the folders of the machine it ran on; as given otherwise."""
+    path = Path(path)
+    if not path.is_absolute():
+        return path
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:  # elsewhere: the only way to name it
+        return path
+
+
 def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
     """How to decode with the run's best tree elsewhere: ``folder``/best_tree.json and its drafter."""
     best = a.get("best")
@@ -219,6 +231,6 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
             "`best_tree.json` beside this file (every configuration's tree is under `trees/`):", "", "```python",
             "from treespec import Tree, generate", "from treespec.heads import registry", "",
             f"drafter = {make}",
-            f'tree = Tree.load("{Path(folder or ".") / "best_tree.json"}")',
+            f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
             + (f", eos_token_id={stop})" if stop else ")"), "```"]

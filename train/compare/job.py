@@ -34,8 +34,16 @@ from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.stamp import model_checksum
-from treespec.train.compare.templates import PromptTemplate, continuation_windows, overlaps, timed_prompts, token_counts
-from treespec.train.compare.workload import load_workload
+from treespec.train.compare.templates import (
+    PromptTemplate,
+    check_system_prompt,
+    check_template,
+    continuation_windows,
+    overlaps,
+    timed_prompts,
+    token_counts,
+)
+from treespec.train.compare.workload import check_texts, load_workload
 from treespec.train.training import config_checks
 from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from treespec.train.training.log import RunLogger
@@ -87,13 +95,6 @@ def acceptance_rules(cfg) -> str | list[str]:
     return rules[0] if len(rules) == 1 else rules
 
 
-def _positive(value, key: str, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-
-
 def check_workload(cfg) -> None:
     w = cfg.workload
     if w.get("source") not in SOURCES:
@@ -101,13 +102,22 @@ def check_workload(cfg) -> None:
     for key in {"jsonl": ("path",), "texts": ("path",), "dataset": ("name",)}.get(w.source, ()):
         if OmegaConf.is_missing(w, key) or not w.get(key):
             raise ValueError(f"workload={w.source} needs workload.{key}=... (docs/workloads.md)")
-    _positive(cfg.prompts, "prompts", allow_none=True)
-    _positive(w.get("per_category"), "workload.per_category", allow_none=True)
-    _positive(w.get("max_prompt_tokens"), "workload.max_prompt_tokens", allow_none=True)
-    if not (isinstance(w.get("held_out", 0), int) and w.get("held_out", 0) >= 0):
-        raise ValueError(f"workload.held_out must be an integer >= 0, got {w.get('held_out')!r}")
-    for category, n in (w.get("max_new_tokens") or {}).items():
-        _positive(n, f"workload.max_new_tokens.{category}")
+    config_checks.integer(cfg.prompts, "prompts", optional=True)
+    config_checks.integer(w.get("per_category"), "workload.per_category", optional=True)
+    config_checks.integer(w.get("max_prompt_tokens"), "workload.max_prompt_tokens", optional=True)
+    config_checks.integer(w.get("held_out", 0), "workload.held_out", 0)
+    config_checks.integer(w.get("held_out_tokens", 128), "workload.held_out_tokens")
+    config_checks.integer(w.get("seed", 0), "workload.seed", 0)
+    budgets = w.get("max_new_tokens")
+    if budgets is not None and not OmegaConf.is_dict(budgets):
+        raise ValueError(f"workload.max_new_tokens must be {{category: tokens}} or null, got {budgets!r} (one budget "
+                         "for every category: max_new_tokens=N)")
+    for category, n in (budgets or {}).items():  # the categories themselves are checked once the workload is read
+        config_checks.integer(n, f"workload.max_new_tokens.{category}")
+    check_system_prompt(w.get("system_prompt"))
+    check_template(w.get("template", "auto"))
+    if w.source == "texts":
+        check_texts(w.get("pattern", "*"), w.get("window_chars", 1000), w.get("windows_per_file", 4))
     if w.source == "reference":
         available = len(reference.prompts())
         if cfg.prompts is not None and cfg.prompts > available:

@@ -24,6 +24,7 @@ from treespec.train.compare.categories import category_markdown, category_rows, 
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
 from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
 from treespec.train.compare.tables import DASH, md_table, missing, num, with_interval
+from treespec.train.compare.workload import DEFAULT_CATEGORY
 from treespec.tree_spec import build_tree, save_tree
 
 BOOTSTRAP = {"samples": 2000, "level": 0.95, "seed": 0}
@@ -44,27 +45,31 @@ def analyse(result: dict) -> dict:
     configs = {}
     for rec in result["records"]:
         runs = rec.get("runs")
+        point = {k: Estimate(math.nan if missing(rec.get(k)) else rec[k]) for k in ("speedup", "tau")}
         if runs and runs.get("speedup"):
             speedup = median_interval(groups_of(runs["speedup"], prompt_of_run), **kw)
             if rec["config"] == "vanilla":  # the baseline: 1 by definition, nothing to resample
                 speedup, tau = Estimate(1.0), Estimate(1.0)
             else:
-                tau = tau_interval(groups_of(runs["accept_lengths"], prompt_of_run), **kw)
+                tau = tau_interval(groups_of(runs["accept_lengths"], prompt_of_run), **kw) \
+                    if runs.get("accept_lengths") else point["tau"]
         else:  # a results.json from before per-prompt values were kept: points only
-            speedup, tau = Estimate(rec["speedup"]), Estimate(rec["tau"] if rec["tau"] is not None else math.nan)
+            speedup, tau = point["speedup"], point["tau"]
         configs[rec["config"]] = {**rec, "speedup_est": speedup, "tau_est": tau}
     measured = [c for c in configs.values() if c["config"] != "vanilla"]
-    best = max(measured, key=lambda c: c["speedup_est"].value) if measured else None
+    ranked = [c for c in measured if not math.isnan(c["speedup_est"].value)]  # a configuration without one: –
+    best = max(ranked, key=lambda c: c["speedup_est"].value) if ranked else None
     for c in measured:
         if c is best:
             c["verdict"] = "best"
-        elif not (c["speedup_est"].has_interval and best["speedup_est"].has_interval):
+        elif best is None or not (c["speedup_est"].has_interval and best["speedup_est"].has_interval):
             c["verdict"] = None  # points only (one prompt, or an old results.json): no call either way
         else:
             c["verdict"] = "indistinguishable" if c["speedup_est"].overlaps(best["speedup_est"]) else "below"
     bests: dict[str, dict] = {}
+    speed = lambda c: -math.inf if math.isnan(c["speedup_est"].value) else c["speedup_est"].value
     for c in measured:
-        if c["drafter"] not in bests or c["speedup_est"].value > bests[c["drafter"]]["speedup_est"].value:
+        if c["drafter"] not in bests or speed(c) > speed(bests[c["drafter"]]):
             bests[c["drafter"]] = c
     peers = []
     peer_pass = result.get("peer_pass") or {}
@@ -91,12 +96,33 @@ VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"
 NOISY = 1.5  # vanilla's fastest ÷ slowest prompt run above which the report warns that the machine was busy
 
 
-def vanilla_spread(a: dict) -> tuple[float, float, float] | None:
-    """(min, median, max) of vanilla's tokens/s over the prompt runs; prompts differ a little in length, a
-    busy machine a lot."""
-    runs = (a["configs"].get("vanilla", {}).get("runs") or {}).get("tokens_per_s") or []
-    runs = sorted(x for x in runs if not missing(x) and x > 0)
-    return (runs[0], runs[len(runs) // 2], runs[-1]) if runs else None
+def vanilla_spread(result: dict, a: dict) -> dict | None:
+    """How far apart vanilla's tokens/s lie over prompt runs that are alike: {"lo", "median", "hi", "budget",
+    "runs", "left_out"} for the budget whose runs lie furthest apart, or None (fewer than two alike runs).
+
+    Alike: runs that generated their whole budget, compared within a budget. A run that stopped early (an end
+    token) pays the prefill and the first steps over fewer tokens, so its tokens/s is lower on an idle machine
+    too; runs of different budgets share their prefill over different numbers of tokens. What is left (prompts
+    differ a little in length) moves tokens/s a little, a busy machine a lot."""
+    runs = (a["configs"].get("vanilla", {}).get("runs") or {})
+    speeds, lengths = runs.get("tokens_per_s") or [], runs.get("accept_lengths") or []
+    info, order = result.get("prompt_info"), result.get("prompt_of_run") or []
+    default = (result.get("settings") or {}).get("max_new_tokens")
+    groups: dict = {}
+    left_out = 0
+    for i, speed in enumerate(speeds):
+        if missing(speed) or speed <= 0:
+            continue
+        budget = (info[order[i]].get("max_new_tokens") if info and i < len(order) else None) or default
+        if budget is not None and i < len(lengths) and lengths[i] is not None and 1 + sum(lengths[i]) < budget:
+            left_out += 1  # the prefill commits one token, each vanilla pass one more
+            continue
+        groups.setdefault(budget, []).append(speed)
+    spreads = [{"lo": min(v), "median": sorted(v)[len(v) // 2], "hi": max(v), "budget": b, "runs": len(v)}
+               for b, v in groups.items() if len(v) >= 2]
+    if not spreads:
+        return None
+    return {**max(spreads, key=lambda g: g["hi"] / g["lo"]), "left_out": left_out}
 
 
 def summary_table(a: dict) -> tuple[list[str], list[list]]:
@@ -248,27 +274,32 @@ def markdown(result: dict, a: dict, folder=None) -> str:
         lines += [f"**partial run: {done[0]} of {done[1]} prompt runs measured**: the run stopped before it "
                   f"finished (or is still going), so every number and interval below is over those {done[0]} prompt "
                   "runs" + ("; the peers were not measured" if result.get("peers") is None else "") + ".", ""]
+    if result.get("absent_fields"):
+        lines += [f"**results.json lacks {'; '.join(result['absent_fields'])}**: those values show as –.", ""]
     lines += stamp_lines(stamp, result, a) + [""]
     lines += ["## Summary: each drafter's best configuration", ""]
     lines += md_table(*summary_table(a))
     vanilla = a["configs"].get("vanilla")
     n_prompts = s.get("prompts", DASH)
-    spread = vanilla_spread(a)
+    spread = vanilla_spread(result, a)
     runs = f"{n_prompts} prompts × {s.get('repeats', 1)} repeat(s)"
     if done:
         runs = f"the {done[0]} prompt runs measured (of {runs} planned)"
     lines += ["", f"Speedup: median over {runs} of the per-prompt ratio of tokens/s to treespec's vanilla decoding, "
               "interleaved in the same process"
-              + (f" (vanilla: {vanilla['tokens_per_s']:.1f} tokens/s)" if vanilla else "") + ". "
+              + (f" (vanilla: {vanilla['tokens_per_s']:.1f} tokens/s)" if vanilla and not missing(
+                  vanilla.get("tokens_per_s")) else "") + ". "
               "τ: tokens committed per target pass, bonus token included. \"vs <peer>\": this drafter's best "
               "configuration's tokens/s ÷ the peer's, per prompt, measured again in one interleaved pass beside the "
               "peers. \"≈ best\": the speedup intervals overlap; this run cannot tell the two apart. c: drafting "
               "time per draft depth ÷ one target forward over one token, as measured in this run's decoding (\"draft "
               "ms/depth\": the same time in milliseconds)."]
-    if spread and spread[2] / spread[0] > NOISY:
-        lines += ["", f"**Warning: vanilla decoding ran at {spread[0]:.0f}–{spread[2]:.0f} tokens/s over this run's "
-                  f"prompt runs ({spread[2] / spread[0]:.1f}× apart)**: the machine's speed changed during the run "
-                  "(other processes, thread contention), so the intervals are wide for that reason and not only "
+    if spread and spread["hi"] / spread["lo"] > NOISY:
+        alike = f"{spread['runs']} prompt runs that generated their whole budget" + \
+            (f" of {spread['budget']} tokens" if spread["budget"] is not None else "")
+        lines += ["", f"**Warning: vanilla decoding ran at {spread['lo']:.0f}–{spread['hi']:.0f} tokens/s over this "
+                  f"run's {alike} ({spread['hi'] / spread['lo']:.1f}× apart)**: the machine's speed changed during the "
+                  "run (other processes, thread contention), so the intervals are wide for that reason and not only "
                   "because prompts differ. Rerun on an idle machine for tighter numbers."]
     if a["peers"]:
         lines += ["", "## Peers", ""] + md_table(*peer_table(a))
@@ -353,17 +384,47 @@ def write_outputs(result: dict, out_dir: Path, logger=None, figures: bool = True
 
 
 def load_result(path: str | Path) -> tuple[dict, Path]:
-    """results.json's contents and its folder, from the file or the run folder holding it."""
+    """results.json's contents and its folder, from the file or the run folder holding it. Values it lacks
+    (from another version, or edited) are filled in as missing (``fill_absent``), named under
+    ``"absent_fields"``; what the report cannot do without is refused (``check_result``)."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no results.json (give a comparison run's folder or its results.json)")
     result = read_json(file, "results.json", dict)
     check_result(result, file)
+    result["absent_fields"] = fill_absent(result)
     result["cost_curve"] = {int(n): t for n, t in result["cost_curve"].items()}
     result["cost_curves_after_drafting"] = {name: {int(n): t for n, t in c.items()} for name, c in
                                             (result.get("cost_curves_after_drafting") or {}).items()}
     return result, file.parent
+
+
+RECORD_VALUES = ("tau", "speedup", "tokens_per_s", "predicted_tau", "predicted_speedup", "target_passes",
+                 "new_tokens", "depth")  # what a configuration measured: shown as – when a results.json lacks it
+RECORD_NAMES = ("drafter", "tree", "nodes")  # what names a configuration: required (check_result)
+PROMPT_VALUES = {"category": DEFAULT_CATEGORY, "id": None, "turn": None, "prompt_tokens": None,
+                 "max_new_tokens": None, "answer_tokens": None}
+
+
+def fill_absent(result: dict) -> list[str]:
+    """Fill in what a results.json lacks: a configuration's values as None (shown as –), a prompt's category as
+    ``all`` (the workload's category of a row without one). Returns what was filled in, for results.md."""
+    notes = []
+    for key in RECORD_VALUES:
+        lacking = sum(key not in rec for rec in result["records"])
+        if lacking:
+            notes.append(f"'{key}' in {lacking} of {len(result['records'])} configurations")
+        for rec in result["records"]:
+            rec.setdefault(key, None)
+    info = result.get("prompt_info") or []
+    for key, default in PROMPT_VALUES.items():
+        lacking = sum(p.get(key) is None for p in info)
+        if lacking and default is not None:
+            notes.append(f"'{key}' in {lacking} of {len(info)} prompts (counted in {default!r})")
+        for p in info:
+            p[key] = default if p.get(key) is None else p[key]
+    return notes
 
 
 def check_result(result: dict, file) -> None:
@@ -379,12 +440,22 @@ def check_result(result: dict, file) -> None:
         raise bad("'cost_curve' must map tree sizes to seconds")
     if not isinstance(settings, dict):
         raise bad("'settings' must be a JSON object")
+    for i, rec in enumerate(records):
+        absent = [k for k in RECORD_NAMES if k not in rec]
+        if absent:
+            raise bad(f"record {i} ({rec['config']!r}) has no {', '.join(map(repr, absent))}")
+    info = result.get("prompt_info")
+    if info is not None and not (isinstance(info, list) and all(isinstance(p, dict) for p in info)):
+        raise bad("'prompt_info' must be a list of prompts (JSON objects)")
     runs_of = {r["config"]: (r.get("runs") or {}).get("speedup") for r in records}
     prompt_of_run = result.get("prompt_of_run")
     planned = int(settings.get("prompts", 0) or 0) * int(settings.get("repeats", 1) or 1)
     if prompt_of_run is not None and result.get("complete", True) and planned and len(prompt_of_run) != planned:
         raise bad(f"settings give {planned} prompt runs (prompts × repeats) but prompt_of_run lists "
                   f"{len(prompt_of_run)}")
+    if info is not None and prompt_of_run is not None and any(
+            not isinstance(p, int) or not 0 <= p < len(info) for p in prompt_of_run):
+        raise bad(f"'prompt_of_run' must hold indices of prompt_info's {len(info)} prompts")
     cut = partial(result)
     expected = None if prompt_of_run is None else len(prompt_of_run[: cut[0] if cut else None])
     for config, runs in runs_of.items():

@@ -50,24 +50,74 @@ class TimedPrompt:
                 "max_new_tokens": self.max_new_tokens, "answer_tokens": self.answer_tokens}
 
 
+def check_system_prompt(value) -> None:
+    """``workload.system_prompt``: a string or null."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"workload.system_prompt must be a string or null, got {value!r} ({type(value).__name__}; "
+                         "quote a number on the command line: workload.system_prompt=\"'42'\")")
+
+
+def _template_errors() -> tuple[type[Exception], ...]:
+    """What rendering or compiling a chat template raises (Jinja's errors, raise_exception's included)."""
+    try:
+        import jinja2
+    except ImportError:  # no Jinja, no chat template to render
+        return ()
+    return (jinja2.TemplateError,)
+
+
+def compile_template(text: str, where: str) -> None:
+    """Parse a chat template as transformers will render it: a ValueError naming ``where`` on a syntax error."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers: errors then surface when rendering, still wrapped (ids())
+        return
+    try:
+        _compile_jinja_template(text)
+    except _template_errors() as err:
+        line = getattr(err, "lineno", None)
+        raise ValueError(f"{where}: the template is not valid Jinja{f' (line {line})' if line else ''}: "
+                         f"{getattr(err, 'message', None) or err}") from None
+
+
+def check_template(template) -> None:
+    """``workload.template``: auto, none, a name in TEMPLATES, or a UTF-8 .jinja file that compiles."""
+    if template in ("auto", "none", None) or (isinstance(template, str) and template in TEMPLATES):
+        return
+    if not isinstance(template, str) or not Path(template).is_file():
+        raise ValueError(f"workload.template={template!r} is none of auto, none, {', '.join(TEMPLATES)} or a "
+                         "template file")
+    try:
+        text = Path(template).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"workload.template={template!r}: the file is not UTF-8 text (byte {err.start}); save it as "
+                         "UTF-8") from None
+    compile_template(text, f"workload.template={template!r}")
+
+
 class PromptTemplate:
     """Renders messages into prompt ids for one tokenizer (module docstring)."""
 
     def __init__(self, tokenizer, template: str | None = "auto", system_prompt: str | None = None,
                  extra_end_ids=()):
+        check_template(template)
+        check_system_prompt(system_prompt)
         self.tokenizer, self.system_prompt = tokenizer, system_prompt
         self.name = "none" if template in ("none", None) else str(template)
         if self.name == "auto" and not getattr(tokenizer, "chat_template", None):
             self.name = "none (auto: the target's tokenizer has no chat template)"
         self.renderer, self.text = None, ""
         if not self.name.startswith("none"):
-            choice = None if self.name == "auto" else self.name
-            if choice is not None and choice not in TEMPLATES and not Path(choice).is_file():
-                raise ValueError(f"workload.template={choice!r} is none of auto, none, {', '.join(TEMPLATES)} or a "
-                                 "template file")
-            self.renderer = ChatRenderer(tokenizer, choice)
+            self.renderer = ChatRenderer(tokenizer, None if self.name == "auto" else self.name)
             self.text = self.renderer.template
+            compile_template(self.text, self.where)
         self.end_ids = self._end_ids(extra_end_ids)
+
+    @property
+    def where(self) -> str:
+        """The setting and the template's origin, for errors."""
+        return "workload.template=auto (the target tokenizer's chat template)" if self.name == "auto" else \
+            f"workload.template={self.name!r}"
 
     def _end_ids(self, extra) -> list[int]:
         ids = []
@@ -103,7 +153,11 @@ class PromptTemplate:
             for m in messages:  # an answer continues its prompt; anything else starts a new paragraph
                 text += m["content"] if m["role"] == "assistant" or not text else "\n\n" + m["content"]
             return self.tokenizer(text, return_tensors="pt").input_ids
-        text = self.renderer.render(messages, add_generation_prompt=True)
+        try:
+            text = self.renderer.render(messages, add_generation_prompt=True)
+        except _template_errors() as err:  # a syntax error, or the template's own raise_exception
+            raise ValueError(f"{self.where}: the template failed on a prompt's conversation (roles "
+                             f"{[m['role'] for m in messages]}): {type(err).__name__}: {err}") from None
         return self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
 
     def first_turn_tokens(self, item: Item) -> int:

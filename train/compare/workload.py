@@ -16,7 +16,10 @@ first turn: a system prompt, recorded history). Sources (``workload.source``):
 
 A conversation (``messages``/``conversations``) is asked at its last user message: the messages before
 it are its context, as recorded, and a trailing recorded answer is dropped (the target writes its own).
-Rows that cannot be read, hold no user turn, or repeat an earlier row's content are skipped and counted.
+Rows that cannot be read (a line that is not UTF-8 or not JSON, a category that is not a string, Spec-Bench
+turns that are not a list of strings), hold no user turn, or repeat an earlier row's content are skipped and
+counted; lines that are not UTF-8 are also named in a warning. Rows that share an id but differ are kept, the
+later ones renamed ``ID#2``, ``ID#3``, ... with a warning, so every prompt has its own id in the report.
 
 **Selection** (``select``) is deterministic and seeded. Within a category, items are ranked by a sha1 of
 (seed, content), never by file position: shuffling the file changes nothing, and a grown file keeps every
@@ -29,15 +32,19 @@ turn. Items longer than ``max_prompt_tokens`` (after the template) are skipped a
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import itertools
 import json
 import os
+import warnings
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePath, PurePosixPath
 
 from treespec import reference
+from treespec.train.training import config_checks
 from treespec.train.training.conversations import ROLES, BadRow, load_rows
 
 DEFAULT_CATEGORY = "all"
@@ -111,6 +118,27 @@ def _conversation(turns, index: int) -> tuple[tuple[tuple[str, str], ...], str]:
     return tuple(messages[:-1]), messages[-1][1]
 
 
+def _category(value, index: int) -> str:
+    """A row's category: a string; none (missing, null, empty) is ``DEFAULT_CATEGORY``."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return DEFAULT_CATEGORY
+    if not isinstance(value, str):  # 0, false, a list: never merged into "all" nor turned into a repr
+        raise BadRow("category not a string", f"row {index}: category {value!r}")
+    return value
+
+
+def _turns(value, index: int) -> tuple[str, ...]:
+    """Spec-Bench's ``turns``: a list of non-empty strings (or one string)."""
+    turns = [value] if isinstance(value, str) else value
+    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise BadRow("turns not a list of strings", f"row {index}: turns {str(value)[:80]}")
+    if not any(t.strip() for t in turns):
+        raise BadRow("no user turn", f"row {index}")
+    if not all(t.strip() for t in turns):  # dropping it would answer a different conversation
+        raise BadRow("empty turn", f"row {index}")
+    return tuple(turns)
+
+
 def parse_row(row, index: int) -> tuple[Item, str]:
     """(Item, format name) of one row in any of ``FORMATS``; BadRow when it is none of them."""
     if not isinstance(row, dict):
@@ -118,14 +146,11 @@ def parse_row(row, index: int) -> tuple[Item, str]:
     fmt = next((key for key in FORMATS if row.get(key) is not None), None)
     if fmt is None:
         raise BadRow("unknown format", f"row {index} has none of {', '.join(FORMATS)}")
-    category = str(row.get("category") or DEFAULT_CATEGORY)
-    rid = str(row.get("question_id", row.get("id", index)))
+    category = _category(row.get("category"), index)
+    rid = next((str(v) for v in (row.get("question_id"), row.get("id")) if v is not None), str(index))
     context: tuple = ()
     if fmt == "turns":
-        turns = row["turns"] if isinstance(row["turns"], list) else [row["turns"]]
-        turns = tuple(t for t in (_text(t) for t in turns) if t is not None and t.strip())
-        if not turns:
-            raise BadRow("no user turn", f"row {index}")
+        turns = _turns(row["turns"], index)
     elif fmt in ("messages", "conversations"):
         context, last = _conversation(row[fmt], index)
         turns = (last,)
@@ -137,9 +162,17 @@ def parse_row(row, index: int) -> tuple[Item, str]:
     return Item(rid, category, turns, context), FORMATS[fmt]
 
 
-def read_rows(rows, where: str) -> tuple[list[Item], Counter, Counter]:
-    """Items of ``rows`` (dicts), with skipped rows and detected formats counted; duplicates dropped."""
-    items, skipped, formats, seen = [], Counter(), Counter(), set()
+def _lines(numbers: list[int], most: int = 10) -> str:
+    """"3, 7 and 12" (the first ``most`` of them, then how many more)."""
+    shown = [str(n) for n in numbers[:most]] + ([f"{len(numbers) - most} more"] if len(numbers) > most else [])
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def read_rows(rows, where: str, skipped: Counter | None = None) -> tuple[list[Item], Counter, Counter]:
+    """Items of ``rows`` (dicts), with skipped rows and detected formats counted (added to ``skipped``: what
+    the caller skipped before, such as lines that are not JSON); duplicates dropped; ids made unique."""
+    items, formats, seen, taken, renamed = [], Counter(), set(), set(), []
+    skipped = Counter(skipped or {})
     for i, row in enumerate(rows):
         try:
             item, fmt = parse_row(row, i)
@@ -149,9 +182,18 @@ def read_rows(rows, where: str) -> tuple[list[Item], Counter, Counter]:
         if item.key in seen:
             skipped["duplicate"] += 1
             continue
+        if item.id in taken:  # another row's id, other content: both kept, this one renamed
+            new = next(f"{item.id}#{k}" for k in itertools.count(2) if f"{item.id}#{k}" not in taken)
+            renamed.append(f"{item.id} → {new}")
+            item = replace(item, id=new)
         seen.add(item.key)
+        taken.add(item.id)
         items.append(item)
         formats[fmt] += 1
+    if renamed:
+        warnings.warn(f"{where}: {len(renamed)} row(s) share an id with an earlier row but differ; renamed "
+                      f"{', '.join(renamed[:10])}{' ...' if len(renamed) > 10 else ''} so every prompt has its own id",
+                      stacklevel=2)
     if not items:
         raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}); the formats it reads are "
                          "Spec-Bench turns, OpenAI messages, ShareGPT conversations, prompt or text "
@@ -159,26 +201,73 @@ def read_rows(rows, where: str) -> tuple[list[Item], Counter, Counter]:
     return items, skipped, formats
 
 
+def _json_lines(data: bytes, path: Path) -> tuple[list, Counter]:
+    """The rows of JSON Lines ``data``; lines that are not UTF-8 or not JSON are skipped and counted, the first
+    kind also named in a warning (line numbers from 1)."""
+    rows, bad, undecodable = [], Counter(), []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            bad["not UTF-8"] += 1
+            undecodable.append(number)
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad["not JSON"] += 1
+    if undecodable:
+        one = len(undecodable) == 1
+        warnings.warn(f"workload.path={str(path)!r}: {'line' if one else 'lines'} {_lines(undecodable)} "
+                      f"{'is' if one else 'are'} not UTF-8 text: skipped and counted (save the file as UTF-8 to keep "
+                      f"{'it' if one else 'them'})", stacklevel=3)
+    return rows, bad
+
+
+def _one_document(data: bytes, path: Path) -> list:
+    """The rows of a .json file holding one document: a list of rows, or one row."""
+    where = f"workload.path={str(path)!r}"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise ValueError(f"{where}: not UTF-8 text at line {line} (byte {err.start}); save it as UTF-8") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not valid JSON at line {err.lineno}, column {err.colno}: {err.msg} (a .json "
+                         "workload holds a list of rows, one row, or one row per line)") from None
+    if isinstance(doc, dict):
+        return [doc]
+    if isinstance(doc, list):
+        return doc
+    raise ValueError(f"{where}: holds a JSON {type(doc).__name__}, not a list of rows or one row")
+
+
+def _first_line_is_a_row(data: bytes) -> bool:
+    """Whether the first non-blank line of ``data`` is a JSON object on its own (the file is JSON Lines)."""
+    first = next((line for line in data.split(b"\n") if line.strip()), b"")
+    try:
+        return isinstance(json.loads(first.decode("utf-8")), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
 def read_jsonl(path: str | os.PathLike) -> tuple[list[Item], Counter, Counter]:
-    """A JSONL file (or a .json file holding a list of rows)."""
+    """A JSONL file, or a .json file holding a list of rows, one row (pretty-printed or not) or JSON Lines.
+    A leading byte-order mark is dropped."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"workload.path={str(path)!r}: no such file")
-    text = path.read_text(encoding="utf-8")
-    bad = Counter()
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
+    data = path.read_bytes()
+    data = data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data
+    if path.suffix == ".json" and not _first_line_is_a_row(data):
+        rows, bad = _one_document(data, path), Counter()
     else:
-        rows = []
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad["not JSON"] += 1
-    items, skipped, formats = read_rows(rows, str(path))
-    return items, skipped + bad, formats
+        rows, bad = _json_lines(data, path)
+    return read_rows(rows, str(path), bad)
 
 
 def _offline() -> bool:
@@ -216,19 +305,40 @@ def read_dataset(name: str, split: str = "train", columns: dict | None = None, c
     return read_rows(renamed, str(name))
 
 
+def check_texts(pattern, window_chars, windows_per_file) -> None:
+    """``workload=texts``'s settings: a glob inside ``workload.path`` (relative, no ``..``) and windows of at
+    least one character, at least one per file. A ValueError names the key, the value and what is accepted."""
+    config_checks.integer(window_chars, "workload.window_chars")
+    config_checks.integer(windows_per_file, "workload.windows_per_file")
+    if not isinstance(pattern, str) or not pattern or PurePath(pattern).anchor \
+            or ".." in PurePosixPath(pattern.replace("\\", "/")).parts:
+        raise ValueError(f"workload.pattern={pattern!r} must be a glob inside workload.path: relative, without '..' "
+                         "(e.g. '*.py', 'src/*.py', '*')")
+
+
 def read_texts(path: str | os.PathLike, pattern: str = "*", window_chars: int = 1000,
                windows_per_file: int = 4) -> tuple[list[Item], Counter, Counter]:
     """Windows of the text files under ``path``: up to ``windows_per_file`` per file, each about
-    ``window_chars`` characters ending at a line break; files that are not UTF-8 text are skipped."""
+    ``window_chars`` characters ending at a line break; files that are not UTF-8 text are skipped, and so is
+    any file whose real path (links followed) lies outside ``path``."""
+    check_texts(pattern, window_chars, windows_per_file)
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"workload.path={str(root)!r}: no such folder")
+    real_root = root.resolve()
     items, skipped = [], Counter()
-    for file in sorted(p for p in root.rglob(pattern) if p.is_file() and not p.name.startswith(".")):
+    files = sorted(p for p in root.rglob(pattern) if p.is_file() and not p.name.startswith("."))
+    for file in files:
+        if not file.resolve().is_relative_to(real_root):
+            skipped["outside workload.path"] += 1
+            continue
         try:
-            text = file.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+            text = file.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:
             skipped["not UTF-8 text"] += 1
+            continue
+        except OSError:
+            skipped["unreadable"] += 1
             continue
         rel = file.relative_to(root)
         category = rel.parts[0] if len(rel.parts) > 1 else (file.suffix.lstrip(".") or DEFAULT_CATEGORY)
@@ -240,8 +350,13 @@ def read_texts(path: str | os.PathLike, pattern: str = "*", window_chars: int = 
                 items.append(Item(f"{rel.as_posix()}#{k}", category, (text[start:end],)))
                 k += 1
             start = end
+        if k == 0:
+            skipped["no text"] += 1
     if not items:
-        raise ValueError(f"workload.path={str(root)!r}: no text file matching {pattern!r}")
+        counts = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+        why = f"none of the {len(files)} files matching it holds text ({counts})" if files else "no file matches it"
+        raise ValueError(f"workload.path={str(root)!r}, workload.pattern={pattern!r}: {why}; workload=texts reads "
+                         "UTF-8 text files")
     return items, skipped, Counter({"texts": len(items)})
 
 
@@ -274,14 +389,21 @@ def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
         return (*read_dataset(w.name, w.get("split") or "train", columns, cache_dir),
                 f"dataset: {w.name} (split {w.get('split') or 'train'})")
     if source == "texts":
-        return (*read_texts(w.path, w.get("pattern") or "*", int(w.get("window_chars") or 1000),
-                            int(w.get("windows_per_file") or 4)), f"texts: {w.path}")
+        return (*read_texts(w.path, w.get("pattern", "*"), w.get("window_chars", 1000), w.get("windows_per_file", 4)),
+                f"texts: {w.path}")
     raise ValueError(f"workload.source={source!r} is not one of reference, jsonl, dataset, texts")
 
 
 # -- selection --------------------------------------------------------------------------------------------
 def rank_key(item: Item, seed: int) -> str:
     return hashlib.sha1(f"{seed}\0{item.key}".encode()).hexdigest()
+
+
+def check_categories(names, known, key: str) -> None:
+    """A ValueError naming ``key`` when ``names`` holds a category the workload does not have (a typo)."""
+    unknown = [c for c in names if c not in known]
+    if unknown:
+        raise ValueError(f"{key}: {unknown} not found; the workload's categories are {', '.join(sorted(known))}")
 
 
 def select(items: list[Item], *, per_category: int | None = None, categories=None, held_out: int = 0,
@@ -296,10 +418,7 @@ def select(items: list[Item], *, per_category: int | None = None, categories=Non
         by_category.setdefault(item.category, []).append(item)
     if categories:
         wanted = [categories] if isinstance(categories, str) else [str(c) for c in categories]
-        unknown = [c for c in wanted if c not in by_category]
-        if unknown:
-            raise ValueError(f"workload.categories: {unknown} not found; the workload's categories are "
-                             f"{', '.join(sorted(by_category))}")
+        check_categories(wanted, by_category, "workload.categories")
         by_category = {c: by_category[c] for c in wanted}
     names = sorted(by_category)
     quota = {c: held_out // len(names) + (i < held_out % len(names)) for i, c in enumerate(names)}
@@ -330,6 +449,9 @@ def load_workload(w, *, prompts: int | None = None, length=None, cache_dir=None)
     """Read and select the workload of config ``w`` (conf/workload/); ``prompts`` caps the timed prompts
     (the run's ``prompts``, by default ``w.prompts``); ``length(item)`` as in ``select``."""
     items, skipped, formats, source = read_source(w, cache_dir)
+    # a per-category budget for a category the workload does not have is a typo, never a silent no-op
+    check_categories([str(c) for c in (w.get("max_new_tokens") or {})], {i.category for i in items},
+                     "workload.max_new_tokens")
     held_out = 0 if w.get("source") == "reference" else int(w.get("held_out") or 0)
     timed, kept_out, names = select(
         items, per_category=w.get("per_category"), categories=w.get("categories"), held_out=held_out,
