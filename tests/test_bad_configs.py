@@ -108,6 +108,8 @@ def test_a_training_job_refuses_a_run_dir_in_use(tmp_path):
     with single_run(run_dir / ".treespec.lock", "another run"):
         with pytest.raises(RuntimeError, match=rf"run_dir {run_dir} is in use by another run"):
             lm.run(cfg)
+        with pytest.raises(RuntimeError, match=rf"run_dir {run_dir} is in use by another run"):
+            compare.run_job(compose_cfg("compare", []), run_dir)
 
 
 # -- resume ---------------------------------------------------------------------------------------------------

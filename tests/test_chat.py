@@ -15,11 +15,11 @@ from treespec.train.training.regeneration import regenerate
 
 from .helpers import (
     BAD_ROWS,
-    CONF,
     WORDS,
     chat_tokenizer,
     compose_cfg,
     conversations,
+    run_killed,
     tiny_chat_target,
     write_jsonl,
 )
@@ -146,36 +146,6 @@ def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
     assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 1, 2, 3, 4]
 
 
-KILL_AFTER = """
-import os, signal, sys
-from pathlib import Path
-from hydra import compose, initialize_config_dir
-fsyncs, real = [0], os.fsync
-
-def fsync(fd):  # SIGKILL right after the n-th durable write: a kill between a job's writes
-    real(fd)
-    fsyncs[0] += 1
-    if fsyncs[0] == int(sys.argv[2]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-os.fsync = fsync
-with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
-    cfg = compose(config_name="train_heads", overrides=sys.argv[4:])
-__import__(sys.argv[3], fromlist=["run"]).run(cfg)
-"""
-
-
-def run_killed(module: str, overrides: list[str], after: int) -> int:
-    """Run ``module.run`` on train_heads' config in a subprocess that SIGKILLs itself after ``after`` fsyncs."""
-    import signal
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", KILL_AFTER, str(CONF), str(after), module, *overrides],
-                          capture_output=True, text=True)
-    return done.returncode if done.returncode >= 0 else -signal.Signals(-done.returncode).value
-
-
 def test_regeneration_killed_with_sigkill_resumes_to_the_uninterrupted_output(tmp_path):
     from treespec.train.training import regeneration
 
@@ -186,7 +156,7 @@ def test_regeneration_killed_with_sigkill_resumes_to_the_uninterrupted_output(tm
     whole, killed = tmp_path / "whole.jsonl", tmp_path / "killed.jsonl"
     regeneration.run(compose_cfg("train_heads", [*common, f"data.regenerate.out={whole}"]))
     # killed after its second batch, lock left behind; the rerun takes the lock over and finishes the rest
-    assert run_killed("treespec.train.training.regeneration", [*common, f"data.regenerate.out={killed}"], 2) == -9
+    assert run_killed("treespec.train.training.regeneration:run", [*common, f"data.regenerate.out={killed}"], 2) == -9
     assert len(killed.read_text().splitlines()) == 4 and Path(f"{killed}.lock").exists()
     regeneration.run(compose_cfg("train_heads", [*common, f"data.regenerate.out={killed}"]))
     assert killed.read_text() == whole.read_text()

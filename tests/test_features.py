@@ -14,7 +14,16 @@ from treespec.reference import load_model
 from treespec.train.training import drafter_job as train_heads
 from treespec.train.training.features import FeatureStore
 
-from .helpers import assert_ok, compose_cfg, conversations, heads_cfg, run_ranks, tiny_chat_target, write_jsonl
+from .helpers import (
+    assert_ok,
+    compose_cfg,
+    conversations,
+    heads_cfg,
+    run_killed,
+    run_ranks,
+    tiny_chat_target,
+    write_jsonl,
+)
 
 STEPS = 3
 
@@ -141,3 +150,23 @@ def test_features_for_another_run_are_refused(prepared):
     with pytest.raises(ValueError, match="not a finished features folder"):
         train_heads.run(heads_cfg(root / "other", target, source, f"data.features={root / 'missing'}"))
     assert not os.path.exists(root / "other" / "ckpt-1")
+
+
+def test_prepare_killed_with_sigkill_resumes_to_the_uninterrupted_shards(tmp_path):
+    """A real SIGKILL while a shard is written: the rerun removes the half-written file, redoes that shard, and
+    every file equals an uninterrupted run's."""
+    target = tiny_chat_target(tmp_path / "target")
+    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
+    common = ["drafter=eagle3", "data=chat", f"data.chat.source={source}", f"target={target}", "logger=none",
+              f"data.cache_dir={tmp_path / 'cache'}", "trainer.seq_len=96", "data.features_shard_samples=8",
+              "data.features_batch_size=4"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    train_heads.prepare_features(compose_cfg("train_heads", [*common, f"data.features={whole}"]))
+    assert run_killed("treespec.train.training.drafter_job:prepare_features",
+                      [*common, f"data.features={killed}"], 3) == -9  # shard 0 whole, shard 1 half-written
+    assert (killed / "train-00000.json").exists() and not (killed / "train-00001.safetensors").exists()
+    assert [p.name for p in killed.glob(".train-00001.safetensors.*.tmp")]  # removed by the rerun
+    train_heads.prepare_features(compose_cfg("train_heads", [*common, f"data.features={killed}"]))
+    files = sorted(p.name for p in whole.iterdir())
+    assert files == sorted(p.name for p in killed.iterdir()) and "index.json" in files
+    assert all((whole / f).read_bytes() == (killed / f).read_bytes() for f in files)

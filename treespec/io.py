@@ -70,6 +70,18 @@ def single_run(lock: str | os.PathLike, what: str):
         lock.unlink(missing_ok=True)
 
 
+def remove_stale_temps(folder: str | os.PathLike) -> list[str]:
+    """Delete the temporary files ``atomic_write`` left in ``folder`` when its process was killed (their names
+    carry the writer's pid; a live writer's are kept) → the names removed."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp.name)
+    return removed
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` to produce the file, then move it to ``path`` in one step. Returns ``path``."""
     path = Path(path)

@@ -14,7 +14,7 @@ from .models import (
     tiny_llama,
     tiny_trained_target,
 )
-from .processes import assert_ok, free_port, run_ranks
+from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import record_proposals, scratch_logits, scratch_proposal
 from .upstream_checkpoints import (
     INTEROP_PROMPT,
@@ -47,7 +47,8 @@ __all__ = [
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",
     "proposals_of", "random_eagle", "random_eagle3", "random_heads", "record_proposals", "recorded_run", "rnd",
-    "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config", "synthesise",
+    "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
+    "synthesise",
     "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_trained_target",
     "wandb_run_contains", "write_checkpoint", "write_jsonl",
 ]

@@ -68,3 +68,36 @@ def assert_ok(results: dict, world: int = 2) -> list:
         assert rank in results, f"rank {rank} reported nothing"
         assert results[rank][0] == "ok", f"rank {rank}: {results[rank][1]}"
     return [results[r][1] for r in range(world)]
+
+
+KILL_AFTER = """
+import importlib, os, signal, sys
+from hydra import compose, initialize_config_dir
+fsyncs, real = [0], os.fsync
+
+def fsync(fd):  # SIGKILL right after the n-th durable write: a kill between a job's writes
+    real(fd)
+    fsyncs[0] += 1
+    if fsyncs[0] == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+os.fsync = fsync
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose(config_name="train_heads", overrides=sys.argv[4:])
+module, function = sys.argv[3].split(":")
+getattr(importlib.import_module(module), function)(cfg)
+"""
+
+
+def run_killed(job: str, overrides: list[str], after: int) -> int:
+    """Run ``job`` ("module:function", called with train_heads' config of ``overrides``) in a fresh process that
+    SIGKILLs itself right after its ``after``-th fsync (treespec's durable writes) → its return code (-9 when
+    killed)."""
+    import subprocess
+    import sys
+
+    from .models import CONF
+
+    done = subprocess.run([sys.executable, "-c", KILL_AFTER, str(CONF), str(after), job, *overrides],
+                          capture_output=True, text=True)
+    return done.returncode

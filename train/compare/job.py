@@ -27,6 +27,7 @@ from treespec.chain_tau import measure_chain_tau
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
+from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
@@ -46,6 +47,7 @@ from treespec.train.compare.templates import (
 from treespec.train.compare.workload import check_texts, load_workload
 from treespec.train.training import config_checks
 from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
+from treespec.train.training.distributed import LOCK_FILE
 from treespec.train.training.log import RunLogger
 from treespec.tree_spec import check_tree_spec
 from treespec.walker import ACCEPTANCE_MODES
@@ -399,6 +401,7 @@ def run_job(cfg, out_dir, command: str | None = None) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return {"mode": "compare", "outputs": path, "markdown": text}
-    result = run_from_config(cfg, out_dir, command)
+    with single_run(Path(out_dir) / LOCK_FILE, f"run_dir {out_dir}"):  # two runs never interleave their results
+        result = run_from_config(cfg, out_dir, command)
     return {"mode": "measure", "outputs": Path(out_dir), "best": result["best"], "result": result,
             "markdown": (Path(out_dir) / "results.md").read_text()}

@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from treespec.io import atomic_write, atomic_write_json, file_digest, read_json
+from treespec.io import atomic_write, atomic_write_json, file_digest, read_json, remove_stale_temps
 from treespec.train.training.data import CollatedBatches
 
 FORMAT = "treespec-features-1"
@@ -119,6 +119,7 @@ def prepare(target, splits: dict, layers, folder: str | os.PathLike, *, key: dic
     index (rank 0) once every shard of every rank is written (``barrier`` waits for the others)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(folder)  # a killed run's half-written shard
     torch_dtype = DTYPES[dtype]
     layers = split_layers(layers, target.config.num_hidden_layers)
     h = target.config.hidden_size
