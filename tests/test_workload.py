@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from treespec import generate
 from treespec.heads import PromptLookup
 from treespec.train.compare import job as compare
+from treespec.train.compare.selection import select
 from treespec.train.compare.templates import PromptTemplate, continuation_windows, timed_prompts
-from treespec.train.compare.workload import Item, load_workload, read_dataset, read_jsonl, read_texts, select
+from treespec.train.compare.workload import Item, load_workload, read_dataset, read_jsonl, read_texts
 from treespec.train.training.chat import CHATML
 
 from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama, write_jsonl

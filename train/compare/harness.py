@@ -42,7 +42,8 @@ from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
 from treespec.train.compare.batch_compare import run_batch_sizes
-from treespec.train.compare.report import save_result, write_outputs
+from treespec.train.compare.report import write_outputs
+from treespec.train.compare.results_file import save_result
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.stamp import model_checksum
 from treespec.tree import Tree

@@ -21,14 +21,13 @@ turns that are not a list of strings), hold no user turn, or repeat an earlier r
 counted; lines that are not UTF-8 are also named in a warning. Rows that share an id but differ are kept, the
 later ones renamed ``ID#2``, ``ID#3``, ... with a warning, so every prompt has its own id in the report.
 
-**Selection** (``select``) is deterministic and seeded. Within a category, items are ranked by a sha1 of
-(seed, content), never by file position: shuffling the file changes nothing, and a grown file keeps every
-earlier selected item that still ranks among the first of its category (an item enters only by ranking
-ahead). Per category, the first ``held_out`` (spread over categories, never a category's last item) are held
-out: the target's own continuations of them give the drafters' accuracies, FR-Spec's ranking, disjoint from
-the timed prompts. The next ``per_category`` are timed; ``prompts`` caps the total, taking categories in
-turn. Items longer than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut.
-"""
+**Selection** (``select``, train/compare/selection.py) is deterministic and seeded. Within a category, items are
+ranked by a sha1 of (seed, content), never by file position: shuffling the file changes nothing, and a grown file
+keeps every earlier selected item that still ranks among the first of its category (an item enters only by ranking
+ahead). Per category, the first ``held_out`` (spread over categories, never a category's last item) are held out:
+the target's own continuations of them give the drafters' accuracies, FR-Spec's ranking, disjoint from the timed
+prompts. The next ``per_category`` are timed; ``prompts`` caps the total, taking categories in turn. Items longer
+than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut. """
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath, PurePosixPath
 
 from treespec import reference
+from treespec.train.compare.selection import check_categories, select
 from treespec.train.training import config_checks
 from treespec.train.training.conversations import ROLES, BadRow, load_rows
 
@@ -392,57 +392,6 @@ def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
         return (*read_texts(w.path, w.get("pattern", "*"), w.get("window_chars", 1000), w.get("windows_per_file", 4)),
                 f"texts: {w.path}")
     raise ValueError(f"workload.source={source!r} is not one of reference, jsonl, dataset, texts")
-
-
-# -- selection --------------------------------------------------------------------------------------------
-def rank_key(item: Item, seed: int) -> str:
-    return hashlib.sha1(f"{seed}\0{item.key}".encode()).hexdigest()
-
-
-def check_categories(names, known, key: str) -> None:
-    """A ValueError naming ``key`` when ``names`` holds a category the workload does not have (a typo)."""
-    unknown = [c for c in names if c not in known]
-    if unknown:
-        raise ValueError(f"{key}: {unknown} not found; the workload's categories are {', '.join(sorted(known))}")
-
-
-def select(items: list[Item], *, per_category: int | None = None, categories=None, held_out: int = 0,
-           prompts: int | None = None, seed: int = 0, length=None, max_prompt_tokens: int | None = None,
-           skipped: Counter | None = None) -> tuple[list[Item], list[Item], list[str]]:
-    """(timed, held out, categories) chosen from ``items`` (module docstring). ``length(item)``: its prompt's
-    tokens, checked against ``max_prompt_tokens`` only for items that would be chosen; over-long ones are
-    counted in ``skipped["over max_prompt_tokens"]``. Timed items come grouped by category, categories sorted."""
-    skipped = skipped if skipped is not None else Counter()
-    by_category: dict[str, list[Item]] = {}
-    for item in items:
-        by_category.setdefault(item.category, []).append(item)
-    if categories:
-        wanted = [categories] if isinstance(categories, str) else [str(c) for c in categories]
-        check_categories(wanted, by_category, "workload.categories")
-        by_category = {c: by_category[c] for c in wanted}
-    names = sorted(by_category)
-    quota = {c: held_out // len(names) + (i < held_out % len(names)) for i, c in enumerate(names)}
-    timed: dict[str, list[Item]] = {}
-    kept_out: dict[str, list[Item]] = {}
-    for c in names:
-        ranked = sorted(by_category[c], key=lambda it: rank_key(it, seed))
-        fits = []
-        want = quota[c] + (per_category if per_category is not None else len(ranked))
-        for item in ranked:
-            if len(fits) >= want:
-                break
-            if max_prompt_tokens is not None and length is not None and length(item) > max_prompt_tokens:
-                skipped["over max_prompt_tokens"] += 1
-                continue
-            fits.append(item)
-        h = min(quota[c], max(0, len(fits) - 1))  # a category keeps at least one timed prompt
-        kept_out[c], timed[c] = fits[:h], fits[h:]
-    if prompts is not None:  # the total cap, categories in turn
-        order = [it for k in range(max((len(v) for v in timed.values()), default=0)) for c in names
-                 for it in timed[c][k:k + 1]]
-        keep = {it.key for it in order[:prompts]}
-        timed = {c: [it for it in timed[c] if it.key in keep] for c in names}
-    return [it for c in names for it in timed[c]], [it for c in names for it in kept_out[c]], names
 
 
 def load_workload(w, *, prompts: int | None = None, length=None, cache_dir=None) -> Workload:
