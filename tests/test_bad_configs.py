@@ -176,13 +176,16 @@ def test_a_checkpoint_that_predates_data_fingerprints_resumes_with_a_warning(tmp
 
 
 # -- the comparison's report= ------------------------------------------------------------------------------------
+VANILLA = {"config": "vanilla", "drafter": "none", "tree": "vanilla", "nodes": 0}  # what names a configuration
+
+
 @pytest.mark.parametrize("contents, message", [
     ([1, 2, 3], r"results.json .* must hold a JSON object, got list"),
     ({}, r"'records' must be a non-empty list of configurations"),
-    ({"records": [{"config": "vanilla", "runs": {"speedup": [1.0, 1.0]}}], "cost_curve": {"1": 0.1},
+    ({"records": [{**VANILLA, "runs": {"speedup": [1.0, 1.0]}}], "cost_curve": {"1": 0.1},
       "settings": {"prompts": 3, "repeats": 1}, "prompt_of_run": [0, 1]},
      r"settings give 3 prompt runs .* prompt_of_run lists 2"),
-    ({"records": [{"config": "vanilla", "runs": {"speedup": [1.0]}}], "cost_curve": {"1": 0.1},
+    ({"records": [{**VANILLA, "runs": {"speedup": [1.0]}}], "cost_curve": {"1": 0.1},
       "settings": {"prompts": 2, "repeats": 1}, "prompt_of_run": [0, 1]},
      r"configuration 'vanilla' holds 1 prompt runs, prompt_of_run 2"),
 ])
