@@ -146,6 +146,7 @@ def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
     assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow  # a fresh Python process (torch, transformers) for the killed run
 def test_regeneration_killed_with_sigkill_resumes_to_the_uninterrupted_output(tmp_path):
     from treespec.train.training import regeneration
 

@@ -152,6 +152,7 @@ def test_features_for_another_run_are_refused(prepared):
     assert not os.path.exists(root / "other" / "ckpt-1")
 
 
+@pytest.mark.slow  # a fresh Python process (torch, transformers) for the killed run
 def test_prepare_killed_with_sigkill_resumes_to_the_uninterrupted_shards(tmp_path):
     """A real SIGKILL while a shard is written: the rerun removes the half-written file, redoes that shard, and
     every file equals an uninterrupted run's."""
