@@ -1,5 +1,5 @@
-"""Loading upstream drafter checkpoints (heads/load.py, heads/eagle/upstream.py, heads/medusa/upstream.py; the
-exports: tests/test_interop_export.py).
+"""Loading upstream drafter checkpoints (heads/detect.py, heads/registry.py, heads/eagle/upstream.py,
+heads/medusa/upstream.py; the exports: tests/test_interop_export.py).
 
 Nothing is downloaded: every upstream checkpoint is synthesised (tests/helpers/upstream_checkpoints.py) with the
 exact key names and config fields its project writes, for tiny random Llama and Qwen2 targets. Each loaded

@@ -86,7 +86,7 @@ def conform_linear_biases(module: nn.Module, weights: dict, *, apply: bool = Tru
 class EagleModel(nn.Module):
     """fc(cat(embed(token), feature)) → one decoder layer of the target's architecture → lm_head."""
 
-    #: the drafter kind that drives it (heads/registry.py; heads/load.py's "auto" reads it)
+    #: the drafter kind that drives it (heads/registry.py; the registry's "auto" kind reads it)
     kind = "eagle"
     #: a draft vocabulary of its own (EAGLE-3's d2t/t2d); None: it projects with the target's full lm_head,
     #: which FR-Spec may restrict (heads/vocab.py)

@@ -1,6 +1,6 @@
-"""EAGLE-1/2 checkpoints as other projects write and read them, converted to and from treespec's
-``EagleModel`` (variant "upstream"). heads/load.py reads the files and calls ``eagle_from_upstream``;
-heads/export.py calls ``eagle_to_upstream`` and writes the files.
+"""EAGLE-1/2 checkpoints as other projects write and read them, converted to and from treespec's ``EagleModel``
+(variant "upstream"). heads/detect.py reads the files and the kind (heads/eagle/kind.py) calls
+``eagle_from_upstream``; heads/export.py calls ``eagle_to_upstream`` and writes the files.
 
 **EAGLE-1/2** (SafeAILab/EAGLE ``cnets1.py``; branch v1 ``cnets.py``): keys unprefixed, ``fc.weight`` [H, 2H]
 (+ ``fc.bias`` unless config ``"bias": false``; absent flag = true), ``layers.{i}.self_attn.{q,k,v,o}_proj``

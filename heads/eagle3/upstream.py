@@ -1,6 +1,6 @@
-"""EAGLE-3 checkpoints as other projects write and read them, converted to and from treespec's
-``Eagle3Model`` (``UpstreamEagle3Model`` where the checkpoint's layer differs from what the target's config
-builds). heads/load.py reads the files and calls ``eagle3_from_upstream``; heads/export.py calls
+"""EAGLE-3 checkpoints as other projects write and read them, converted to and from treespec's ``Eagle3Model``
+(``UpstreamEagle3Model`` where the checkpoint's layer differs from what the target's config builds). heads/detect.py
+reads the files and the kind (heads/eagle3/kind.py) calls ``eagle3_from_upstream``; heads/export.py calls
 ``eagle3_to_upstream`` and writes the files.
 
 **EAGLE-3** (SafeAILab/EAGLE ``cnets.py``; SpecForge; vLLM ``llama_eagle3.py``; SGLang ``llama_eagle3.py``;
@@ -136,7 +136,7 @@ class UpstreamEagle3Model(Eagle3Model):
     """An Eagle3Model whose layer follows an upstream checkpoint where it differs from the target's own
     config: ``layer_overrides`` (its RoPE, head count, MLP width, norm eps), ``norm_before_residual``,
     ``own_embeddings`` (a frozen ``embed_tokens`` of its own) and whatever biases its tensors hold. Saved as
-    an "eagle3" folder whose config carries them under ``"upstream"``; heads/load.py reads it back."""
+    an "eagle3" folder whose config carries them under ``"upstream"``; heads/eagle3/kind.py reads it back."""
 
     def __init__(self, target, *, aux_layers=None, vocab_map=None, layer_overrides: dict | None = None,
                  norm_before_residual: bool = False, own_embeddings: bool = False):

@@ -35,7 +35,7 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    #: the drafter kind that drives it (heads/registry.py; heads/load.py's "auto" reads it)
+    #: the drafter kind that drives it (heads/registry.py; the registry's "auto" kind reads it)
     kind = "medusa"
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,

@@ -16,7 +16,7 @@
   with ``original_lm_head: true``; ``token_map`` / ``truncated_vocab_size`` < vocab (a reduced vocabulary)
   is not supported here.
 
-Pickle files are only ever read with ``torch.load(weights_only=True)`` (heads/load.py).
+Pickle files are only ever read with ``torch.load(weights_only=True)`` (heads/detect.py).
 """
 
 from __future__ import annotations
