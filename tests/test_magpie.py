@@ -3,6 +3,8 @@
 resume equal to an uninterrupted run, and a model that repeats itself stopping."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +95,25 @@ def test_bad_magpie_settings_are_refused_before_any_model_loads(tmp_path, overri
                                       f"data.regenerate.out={tmp_path / 'o.jsonl'}", override])
     with pytest.raises(ValueError, match=message):
         regenerate_job(cfg)
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "treespec" / "models" / "smollm2" / "magpie.jsonl"
+
+
+def test_the_shipped_smollm2_conversations_are_whole_and_unique():
+    """treespec/models/smollm2/magpie.jsonl: one answered request per row, every request unique."""
+    rows = requests(SHIPPED)
+    asked = [r["messages"][0]["content"] for r in rows]
+    assert len(rows) == 600 and [r["row"] for r in rows] == list(range(600))
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] and r["messages"][1]["content"].strip()
+               for r in rows)
+    assert len({magpie.request_key(a) for a in asked}) == len(asked)
+
+
+@pytest.mark.skipif(not os.environ.get("TREESPEC_SPEC_BENCH"), reason="TREESPEC_SPEC_BENCH (Spec-Bench's "
+                    "question.jsonl, not in the repository) is not set")
+def test_the_shipped_smollm2_conversations_hold_no_benchmark_question():
+    """No training request is one of Spec-Bench's questions (either turn), compared as Magpie's exclusion does."""
+    asked = {magpie.request_key(r["messages"][0]["content"]) for r in requests(SHIPPED)}
+    questions = magpie.excluded_texts(os.environ["TREESPEC_SPEC_BENCH"])
+    assert len(questions) > 400 and not asked & questions
