@@ -6,7 +6,7 @@ from __future__ import annotations
 from treespec.drafter import CANDIDATE_MODES
 from treespec.heads.eagle import objective
 from treespec.heads.eagle.drafter import Eagle, rank_accuracy
-from treespec.heads.eagle.network import EagleModel
+from treespec.heads.eagle.network import VARIANTS, EagleModel
 from treespec.heads.eagle.upstream import eagle_from_upstream, eagle_to_upstream, is_eagle1
 from treespec.heads.kind import DrafterKind
 from treespec.heads.upstream_common import Refused, strip_model_prefix
@@ -50,6 +50,11 @@ class EagleKind(DrafterKind):
 
     def target_layers(self, d, num_hidden_layers: int) -> tuple[int, ...]:
         return objective.target_layers(d, num_hidden_layers)
+
+    def check_training(self, cfg, world_size: int) -> None:
+        variant = cfg.drafter.get("variant", "treespec")
+        if variant not in VARIANTS:
+            raise ValueError(f"drafter.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
 
 
 KIND = EagleKind()

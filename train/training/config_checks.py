@@ -15,7 +15,6 @@ import numbers
 import torch
 from omegaconf import OmegaConf
 
-from treespec.heads.eagle.network import VARIANTS
 from treespec.io import folder_path
 from treespec.reference import float_dtype
 from treespec.train.training import distributed
@@ -175,8 +174,6 @@ def check_drafter(d) -> None:
     for key in DRAFTER_SWITCHES:
         if key in d:
             boolean(d[key], f"drafter.{key}")
-    if "variant" in d:
-        choice(d.variant, "drafter.variant", VARIANTS)
     if "draft_vocab_size" in d:
         integer(d.draft_vocab_size, "drafter.draft_vocab_size", optional=True)
     for key in ("feature_layers", "aux_layers"):
