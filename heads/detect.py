@@ -18,6 +18,8 @@ format             what identifies it
 ``eagle3``         EAGLE-3 (SafeAILab, SpecForge, SGLang, vLLM, speculators): ``fc.weight``, ``*.hidden_norm.*``
 ``medusa``         ``medusa_lm_head.{pt,safetensors}`` (Medusa-1, v2), ``medusa_head.*`` (Medusa-2), or
                    vLLM's ``blocks.{h}.layers.{l}.*`` in ``model.safetensors``
+``transformers``   a draft model: a ``*ForCausalLM`` config.json, token embeddings and decoder layers, no
+                   ``fc.weight`` or ``hidden_norm`` (heads/draft_model/kind.py); read by transformers again
 =================  ============================================================================================
 
 Weights are read from ``model.safetensors`` (or its ``.index.json`` shards), else ``pytorch_model.bin``
@@ -174,8 +176,9 @@ def detect(folder, kinds: tuple[DrafterKind, ...], format: str = "auto") -> Foun
         sample = ", ".join(sorted(weights)[:8]) + (", ..." if len(weights) > 8 else "")
         raise ValueError(f"{found.where}: unrecognised drafter layout (tensors: {sample}"
                          "); expected EAGLE-1 (fc.weight [H, 2H] + layers.{i}.*), EAGLE-3 (fc.weight + "
-                         "midlayer.* or layers.0.* with hidden_norm), Medusa ({h}.{j}.linear.weight) or vLLM Medusa "
-                         "(blocks.{h}.layers.{l}.weight)")
+                         "midlayer.* or layers.0.* with hidden_norm), Medusa ({h}.{j}.linear.weight), vLLM Medusa "
+                         "(blocks.{h}.layers.{l}.weight) or a transformers causal LM (a draft model: config.json "
+                         "architectures *ForCausalLM)")
     return _agree(found, format)
 
 
@@ -202,4 +205,4 @@ def load_module(source, target, kinds: tuple[DrafterKind, ...], *, format: str =
     if kind.needs_config_json and not (folder / "config.json").is_file():
         raise ValueError(f"{found.where}: EAGLE checkpoints come with a config.json (heads, RoPE, norms), and this "
                          "folder has none")
-    return kind.from_upstream(found.weights, found.config, target, found.where, **options)
+    return kind.from_upstream(found, target, **options)

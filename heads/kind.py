@@ -117,9 +117,10 @@ class DrafterKind:
         """Whether ``weights`` (and ``config.json``'s ``config``) are this kind's upstream layout."""
         return False
 
-    def from_upstream(self, weights: dict, config: dict, target, where: str, **options) -> nn.Module:
-        """The module of an upstream checkpoint this kind ``detects``; ``options``: the loader's per-format
-        keywords (EAGLE-3's ``aux_layers``, ``written_by``)."""
+    def from_upstream(self, found, target, **options) -> nn.Module:
+        """The module of an upstream checkpoint this kind ``detects`` (``found``: heads/detect.py's ``Found``, the
+        folder as read: its weights, config.json, files); ``options``: the loader's per-format keywords
+        (EAGLE-3's ``aux_layers``, ``written_by``)."""
         raise NotImplementedError
 
     def to_upstream(self, module, target, to: str, *, verifier: str | None, speculative_tokens: int

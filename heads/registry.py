@@ -44,7 +44,10 @@ class AutoKind(DrafterKind):
     candidate_modes = CANDIDATE_MODES
 
     def kind_of(self, module) -> DrafterKind:
-        kind = next((k for k in KINDS if k.module_type is not None and k.name == getattr(module, "kind", None)), None)
+        trained = [k for k in KINDS if k.module_type is not None]
+        kind = next((k for k in trained if k.name == getattr(module, "kind", None)), None)
+        # a module that does not name its kind (a transformers model: the draft model) by its class
+        kind = kind or next((k for k in trained if isinstance(module, k.module_type)), None)
         if kind is None:
             raise TypeError(f"drafter 'auto' loaded a {type(module).__name__}, which it cannot drive")
         return kind

@@ -114,3 +114,20 @@ def test_shipped_eagle3_loads_and_decodes_losslessly(models):
     for tree in (Tree.full(2, 2), DynamicTree(8, 4, 3)):
         out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
         assert torch.equal(out.sequences, vanilla.sequences) and out.mean_accept_length > 1.3
+
+
+def test_load_reads_every_shipped_drafter_including_the_draft_model():
+    """``treespec.heads.load`` detects each shipped folder's kind; the draft model is a transformers folder
+    (format "transformers") and decodes losslessly once loaded so."""
+    from treespec.heads import Eagle, Eagle3, Medusa, load, registry
+
+    target, tokenizer = reference.load("target")
+    expected = {"draft": ("transformers", DraftModel), "eagle": ("treespec", Eagle), "eagle3": ("treespec", Eagle3),
+                "medusa": ("treespec", Medusa)}
+    for name, (fmt, cls) in expected.items():
+        assert registry.detect(reference.resolve(f"reference:{name}")).format == fmt
+        assert type(load(f"reference:{name}", target)) is cls
+    ids = tokenizer(reference.prompts()[0][:300], return_tensors="pt").input_ids
+    vanilla = generate(target, ids, max_new_tokens=24).sequences
+    out = generate(target, ids, drafter=load("reference:draft", target), tree=Tree.full(2, 2), max_new_tokens=24)
+    assert torch.equal(out.sequences, vanilla)

@@ -1,12 +1,21 @@
 """The draft-model kind (SpS: Leviathan et al. 2023, Chen et al. 2023): a small causal LM of the target's
-tokenizer, trained by the language-model job (scripts/train_lm.py)."""
+tokenizer, trained by the language-model job (scripts/train_lm.py). Its checkpoint is a transformers model folder
+(format "transformers"), so ``treespec.heads.load("reference:draft", target)`` reads one as it reads EAGLE's or
+Medusa's."""
 
 from __future__ import annotations
+
+from transformers import PreTrainedModel
 
 from treespec.drafter import CANDIDATE_MODES
 from treespec.heads.draft_model.drafter import DraftModel, rank_accuracy
 from treespec.heads.kind import DrafterKind
+from treespec.heads.upstream_common import Refused
 from treespec.reference import load_model
+
+# keys that mark another kind's checkpoint (EAGLE's fusion layer, EAGLE-3's norm), whatever its config.json says:
+# SafeAILab's EAGLE-1 configs name LlamaForCausalLM too
+OTHER_KINDS = ("fc.weight", ".hidden_norm.")
 
 
 class DraftModelKind(DrafterKind):
@@ -15,6 +24,8 @@ class DraftModelKind(DrafterKind):
     name = "draft"
     candidate_modes = CANDIDATE_MODES
     reduces_vocab = True
+    module_type = PreTrainedModel
+    upstream_format = "transformers"
 
     def load(self, source, target):
         return load_model(source, dtype=target.dtype)[0].to(target.device)
@@ -25,5 +36,25 @@ class DraftModelKind(DrafterKind):
     def rank_accuracy(self, target, module, windows, **options) -> list[list[float]]:
         return rank_accuracy(target, module, windows, **options)
 
+    def detects(self, weights, config, where) -> bool:
+        return is_causal_lm(weights, config)
+
+    def from_upstream(self, found, target, **options):
+        return self.load(found.folder, target)  # read again by transformers, with treespec's checks
+
+    def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
+        raise Refused("a draft model is a transformers model folder already: save it with save_pretrained and "
+                      "serve it as the draft model")
+
 
 KIND = DraftModelKind()
+
+
+def is_causal_lm(weights: dict, config: dict) -> bool:
+    """A whole causal LM: a ``*ForCausalLM`` architecture with token embeddings and decoder layers, none of the
+    tensors that mark a drafter's head."""
+    architectures = config.get("architectures") or []
+    return (any(isinstance(a, str) and a.endswith("ForCausalLM") for a in architectures)
+            and any("embed" in k or k.endswith("wte.weight") for k in weights)
+            and any(".layers.0." in k or ".h.0." in k for k in weights)
+            and not any(k.endswith(OTHER_KINDS[0]) or OTHER_KINDS[1] in k for k in weights))

@@ -34,8 +34,8 @@ class EagleKind(DrafterKind):
         # a speculators config is EAGLE-3's (heads/eagle3/kind.py) whatever its tensors look like
         return is_eagle1(strip_model_prefix(weights, where)) and config.get("speculators_model_type") is None
 
-    def from_upstream(self, weights, config, target, where, **options) -> EagleModel:
-        return eagle_from_upstream(weights, config, target, where)
+    def from_upstream(self, found, target, **options) -> EagleModel:
+        return eagle_from_upstream(found.weights, found.config, target, found.where)
 
     def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
         if to == "speculators":

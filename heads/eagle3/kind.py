@@ -44,8 +44,9 @@ class Eagle3Kind(DrafterKind):
     def detects(self, weights, config, where) -> bool:
         return config.get("speculators_model_type") is not None or is_eagle3(normalize_eagle3_keys(weights, where))
 
-    def from_upstream(self, weights, config, target, where, *, aux_layers=None, written_by=None) -> Eagle3Model:
-        return eagle3_from_upstream(weights, config, target, where, aux_layers=aux_layers, written_by=written_by)
+    def from_upstream(self, found, target, *, aux_layers=None, written_by=None) -> Eagle3Model:
+        return eagle3_from_upstream(found.weights, found.config, target, found.where, aux_layers=aux_layers,
+                                    written_by=written_by)
 
     def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
         if to == "medusa":

@@ -34,8 +34,8 @@ class MedusaKind(DrafterKind):
     def detects(self, weights, config, where) -> bool:
         return medusa_layout(weights) is not None
 
-    def from_upstream(self, weights, config, target, where, **options) -> MedusaHeads:
-        return medusa_from_upstream(weights, config, target, where)
+    def from_upstream(self, found, target, **options) -> MedusaHeads:
+        return medusa_from_upstream(found.weights, found.config, target, found.where)
 
     def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
         config, tensors = medusa_to_upstream(module, target, to, verifier=verifier)
