@@ -263,6 +263,33 @@ def md_table_of(md: str, section: str) -> tuple[list[str], list[list[str]]]:
     return cells[0], cells[2:]
 
 
+def test_every_table_names_the_rule_and_the_candidates_when_a_run_compares_several(tmp_path):
+    """Two acceptance rules and two candidate modes: rows that would read "eagle | chain γ=4" twice say which is
+    which, in the summary, the full grid and the category table; one rule and one mode keep the tree alone."""
+    result = synthetic_result()
+    twin = copy.deepcopy(next(r for r in result["records"] if r["config"] == "eagle | chain γ=4"))
+    twin.update({"config": "eagle | chain γ=4 | block", "acceptance": "block", "speedup": twin["speedup"] * 2})
+    twin["runs"]["speedup"] = [x * 2 for x in twin["runs"]["speedup"]]
+    result["records"].append(twin)
+    for rec in result["records"][1:-1]:
+        rec["acceptance"] = "rejection"
+    result["drafter_entries"] = {"eagle": {"candidates": "sample"}, "draft": {"candidates": "topk"}}
+    report.render(with_categories(result), tmp_path, figures=False)
+    md = (tmp_path / "results.md").read_text()
+    header, rows = md_table_of(md, "All configurations")
+    shown = [row[header.index("tree")] for row in rows if row[0] == "eagle"]
+    assert "chain γ=4, block, sample candidates" in shown and "chain γ=4, rejection, sample candidates" in shown
+    assert len(set(shown)) == len(shown)
+    header, rows = md_table_of(md, "Summary")
+    assert dict((row[0], row[1]) for row in rows)["eagle"] == "chain γ=4, block, sample candidates"
+    assert "| eagle | chain γ=4, block, sample candidates |" in md.split("## By category", 1)[1]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    report.render(synthetic_result(), plain, figures=False)
+    header, rows = md_table_of((plain / "results.md").read_text(), "All configurations")
+    assert {row[header.index("tree")] for row in rows if row[0] == "eagle"} == {"chain γ=4", "dynamic 16/5/4"}
+
+
 def test_tables_show_the_drafting_cost_with_dashes_where_it_does_not_apply(rendered):
     result, a, out = rendered
     md = (out / "results.md").read_text()

@@ -75,7 +75,7 @@ def category_table(result: dict, a: dict) -> dict | None:
         runs = c.get("runs")
         if not runs or not runs.get("speedup"):
             continue
-        rows.append({"name": drafter, "config": c["config"], "tree": c["tree"], "kind": "drafter",
+        rows.append({"name": drafter, "config": c["config"], "tree": c.get("shown", c["tree"]), "kind": "drafter",
                      "cells": {cat: category_estimates(result, a, runs, cat) for cat in cats},
                      "overall": {"speedup": c["speedup_est"], "tau": c["tau_est"]}})
     for p in a["peers"]:
@@ -104,7 +104,8 @@ def best_per_category(result: dict, a: dict) -> dict[str, dict[str, dict]] | Non
             e = category_estimates(result, a, {"speedup": runs["speedup"]}, cat)["speedup"]
             at = out.setdefault(c["drafter"], {})
             if not math.isnan(e.value) and (cat not in at or e.value > at[cat]["speedup"].value):
-                at[cat] = {"config": c["config"], "tree": c["tree"], "tree_file": c.get("tree_file"), "speedup": e}
+                at[cat] = {"config": c["config"], "tree": c.get("shown", c["tree"]), "tree_file": c.get("tree_file"),
+                           "speedup": e}
     return out
 
 

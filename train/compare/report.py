@@ -56,6 +56,7 @@ def analyse(result: dict) -> dict:
             speedup, tau = point["speedup"], point["tau"]
         configs[rec["config"]] = {**rec, "speedup_est": speedup, "tau_est": tau}
     measured = [c for c in configs.values() if c["config"] != "vanilla"]
+    label_variants(result, configs.values(), measured)
     ranked = [c for c in measured if not math.isnan(c["speedup_est"].value)]  # a configuration without one: –
     best = max(ranked, key=lambda c: c["speedup_est"].value) if ranked else None
     for c in measured:
@@ -89,6 +90,22 @@ def analyse(result: dict) -> dict:
         peers.append(entry)
     return {"configs": configs, "best": best, "bests": bests, "peers": peers, "bootstrap": boot,
             "settings": settings}
+
+
+def label_variants(result: dict, configs, measured) -> None:
+    """Each configuration's ``shown`` tree: its tree, then its acceptance rule and its drafter's candidates
+    whenever the run compares more than one of either, so no two rows of a table read alike."""
+    entries = result.get("drafter_entries") or {}
+    candidates_of = lambda c: (entries.get(c["drafter"]) or {}).get("candidates") or "topk"
+    rules = {c.get("acceptance") or "rejection" for c in measured}
+    modes = {candidates_of(c) for c in measured}
+    for c in configs:
+        parts = [c["tree"]]
+        if c["config"] != "vanilla" and len(rules) > 1:
+            parts.append(c.get("acceptance") or "rejection")
+        if c["config"] != "vanilla" and len(modes) > 1:
+            parts.append(f"{candidates_of(c)} candidates")
+        c["shown"] = ", ".join(parts)
 
 
 VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"}
@@ -130,7 +147,7 @@ def summary_table(a: dict) -> tuple[list[str], list[list]]:
               "predicted speedup", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
     rows = []
     for drafter, c in a["bests"].items():
-        rows.append([drafter, c["tree"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
+        rows.append([drafter, c["shown"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
                      suffix="×"), num(c["predicted_speedup"], suffix="×"), num(c.get("c"))]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
                     + [VERDICT.get(c["verdict"], DASH)])
@@ -164,7 +181,7 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
     rows = []
     for c in a["configs"].values():
         overhead = c.get("overhead_fraction")
-        rows.append([c["drafter"] if c["config"] != "vanilla" else "vanilla (baseline)", c["tree"], c["nodes"],
+        rows.append([c["drafter"] if c["config"] != "vanilla" else "vanilla (baseline)", c["shown"], c["nodes"],
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
                      with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
