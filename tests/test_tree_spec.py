@@ -62,6 +62,33 @@ def test_auto_uses_the_chooser():
     assert tree == Tree.chain(2) and chosen == [(acc, 2)]
 
 
+def test_auto_under_block_verification_chooses_among_chains(tmp_path):
+    """Block verification verifies chains: "auto" must never hand it the branching tree its accuracies favour
+    (as it did for a drafter with top-k accuracies only), in build_tree and in generate."""
+    import torch
+
+    from treespec import generate
+    from treespec.autotree import auto_chooser
+    from treespec.heads import DraftModel
+    from treespec.profile import DrafterProfile
+
+    from .helpers import tiny_llama
+
+    # second ranks almost as good as the first, and a flat cost curve: the best tree branches
+    profile = DrafterProfile(accuracy=[[0.45, 0.4, 0.1], [0.45, 0.4, 0.1], [0.45, 0.4]],
+                             tree_chooser=auto_chooser({1: 1.0, 64: 1.0}))
+    free = build_tree({"kind": "auto", "max_nodes": 8}, profile=profile)
+    assert not free.is_chain
+    chain = build_tree({"kind": "auto", "max_nodes": 8}, profile=profile, acceptance="block")
+    assert chain.is_chain and len(chain) == 3
+    target = tiny_llama(seed=0)
+    drafter = DraftModel(tiny_llama(seed=1), candidates="sample")
+    out = generate(target, torch.tensor([[3, 7, 1, 9]]), drafter=drafter, tree={"kind": "auto", "max_nodes": 8},
+                   profile=profile, max_new_tokens=6, temperature=1.0, acceptance="block",
+                   generator=torch.Generator().manual_seed(0))
+    assert out.new_tokens == 6
+
+
 def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     """A trained drafter's folder holds its accuracies and the device's cost curve: generate() grows both kinds."""
     import torch

@@ -131,9 +131,24 @@ class ChainTable:
         return self.table[tree.depth]
 
 
+class RankChains(RankAccuracy):
+    """RankAccuracy's estimate over chains only (γ = 0..D), for a rule that verifies chains (block verification)."""
+
+    def trees(self, max_nodes: int) -> list[Tree]:
+        return [Tree.chain(g) for g in range(0, min(max_nodes, len(self.accuracy)) + 1)]
+
+
 def tau_source(accuracy) -> RankAccuracy | ChainTable:
     """What τ predictions come from: a source as is, or rank accuracies acc[d][r] (RankAccuracy)."""
     return accuracy if isinstance(accuracy, (RankAccuracy, ChainTable)) else RankAccuracy(accuracy)
+
+
+def chains_only(accuracy) -> RankAccuracy | ChainTable:
+    """``tau_source(accuracy)`` choosing among chains only: what "auto" grows from under a rule that verifies
+    chains (block), so it never picks a tree the rule refuses."""
+    source = tau_source(accuracy)
+    return RankChains(source.accuracy) if isinstance(source, RankAccuracy) and not isinstance(source, RankChains) \
+        else source
 
 
 def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth: float = 0.0,

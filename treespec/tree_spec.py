@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from treespec.analysis import grow_tree
+from treespec.autotree import chains_only
 from treespec.dynamic_tree import DynamicTree
 from treespec.tree import Tree, write_spec
 
@@ -43,6 +44,7 @@ KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
     "dynamic": (("total_tokens", "depth", "top_k"), {}),
 }
 NEEDS_ACCURACY = ("accuracy", "auto")  # kinds grown from a drafter's measured per-depth top-k accuracies
+CHAIN_RULES = ("block",)  # acceptance rules that verify chains only (treespec/walker_traversal.py)
 
 
 def check_tree_spec(spec) -> dict | Tree | DynamicTree:
@@ -96,6 +98,8 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
             raise ValueError("needs this device's cost curve to choose from: save one beside the drafter "
                              "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or give the "
                              "profile tree_chooser=treespec.autotree.auto_chooser(measure_cost_curve(target))")
+        if acceptance in CHAIN_RULES:  # never a tree its rule refuses
+            accuracy = chains_only(accuracy)
         return choose(accuracy, _int(spec["max_nodes"]))
     except (TypeError, ValueError) as err:
         raise ValueError(f"bad tree spec {spec}: {err}") from None

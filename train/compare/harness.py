@@ -112,7 +112,7 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
         return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
-    tree = build_tree(spec, accuracy=source,
+    tree = build_tree(spec, accuracy=source, acceptance=rule,
                       choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
