@@ -123,6 +123,8 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     out = generate(target, prompt, drafter=drafter, tree={"kind": "auto", "max_nodes": 6}, profile=profile,
                    max_new_tokens=8)
     assert torch.equal(out.sequences, vanilla.sequences)
+    assert out.tree == build_tree({"kind": "auto", "max_nodes": 6}, profile=profile)  # what auto chose, said
+    assert vanilla.tree == Tree.chain(0)
     # a flat curve (verifying more tokens is free) makes auto take every node it may
     profile.tree_chooser = auto_chooser({1: 1.0, 8: 1.0})
     assert len(build_tree({"kind": "auto", "max_nodes": 6}, profile=profile)) == 6

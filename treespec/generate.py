@@ -152,7 +152,7 @@ def generate(
                             accept_lengths=[n for row in rows for n in row.accept_lengths], wall_time=wall_time,
                             target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0),
                             walk_time=spent.get(WALK, 0.0), rows=rows,
-                            passes=state.passes)
+                            passes=state.passes, tree=inputs.tree)
 
 
 def prefill(run: Run, inputs: Inputs) -> DecodeState:

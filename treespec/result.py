@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from treespec.dynamic_tree import DynamicTree
+from treespec.tree import Tree
+
 
 @dataclass
 class RowResult:
@@ -33,6 +36,9 @@ class GenerationResult:
     walk_time: float = 0.0                           # seconds in the walker, part of overhead_time (observer)
     rows: list[RowResult] = field(default_factory=list)  # per row, in the prompts' order
     passes: int | None = None                        # batched verification passes (None: len(accept_lengths))
+    tree: Tree | DynamicTree | None = None           # the tree every step verified (Tree / DynamicTree): what a
+    #                                                  spec such as {"kind": "auto"} resolved to; Tree.chain(0) when
+    #                                                  nothing was drafted
 
     # ``sequences``: the prompts as given (left padding kept), then each row's new tokens and, after a row's eos,
     # the pad id up to T, the longest row's new tokens. ``accept_lengths``: one row's, or every row's one row
