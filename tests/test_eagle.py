@@ -251,6 +251,8 @@ def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     accuracy = json.loads((tmp_path / "b" / "final" / "head_accuracy.json").read_text())
     assert len(accuracy) == 8 and whole["depth3_top1"] == pytest.approx(accuracy[2][0])
+    curve = json.loads((tmp_path / "b" / "final" / "cost_curve.json").read_text())
+    assert curve["draft_cost_per_depth"] > 0  # the drafter's own cost, so auto chooses as the comparison does
     assert whole["eval_tree_nodes"] <= 6 and whole["eval_mean_accept_length"] > 1.0
 
     # the loss on a fixed batch of the self-distilled training data went down

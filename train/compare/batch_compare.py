@@ -29,10 +29,10 @@ import torch
 from treespec.autotree import cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure
 from treespec.compat import NO_EOS
-from treespec.heads.kind import drafting_step, fills_tree_at_once
+from treespec.heads.kind import drafting_costs
 from treespec.inputs import left_padded
 from treespec.result import GenerationResult, RowResult
-from treespec.timing import forward_step, median_time
+from treespec.timing import forward_step
 from treespec.tree import Tree
 
 TRANSFORMERS = "transformers batched"  # the peer's config name
@@ -70,22 +70,6 @@ def batched_peer(target, pad_token_id: int = 0, eos_token_id=None):
         return GenerationResult(sequences=seq, prompt_length=ids.shape[1], wall_time=wall, rows=rows)
 
     return run
-
-
-def drafting_costs(drafter, target_step, batch: int) -> tuple[float, float]:
-    """(seconds per proposal, seconds per drafted depth) of ``drafter`` for ``batch`` rows, as the comparison
-    measures them at one row: a step's first drafting call follows a target pass (``target_step``), which
-    pushed the drafter's weights out of the caches, so that extra cost is charged once per step."""
-    step = drafting_step(drafter, batch)
-    if step is None:
-        return 0.0, 0.0
-    cold = median_time(step, before=target_step)
-    if fills_tree_at_once(drafter):
-        drafter.reset()
-        return cold, 0.0
-    warm = median_time(step)
-    drafter.reset()
-    return max(0.0, cold - warm), warm
 
 
 def _finite(x):

@@ -26,6 +26,7 @@ from treespec import reference
 from treespec.chain_tau import measure_chain_tau
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
+from treespec.heads.kind import drafting_costs
 from treespec.heads.vocab import DraftVocab
 from treespec.io import single_run
 from treespec.sampling import Sampling
@@ -233,9 +234,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
         # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
         # each other: the first call's extra cost is charged once per step
-        fixed, cold_depth = kind.cost(drafter, before=target_step)
-        per_depth = kind.cost(drafter)[1] if cold_depth else 0.0
-        fixed += max(0.0, cold_depth - per_depth)
+        fixed, per_depth = drafting_costs(drafter, target_step)
         if fixed or per_depth:
             log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None

@@ -25,9 +25,11 @@ from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
 from treespec.bench import Config, Row, measure
 from treespec.heads import registry
 from treespec.heads.export import formats as export_formats
+from treespec.heads.kind import drafting_costs
 from treespec.heads.objective import TARGET_FOLDER
 from treespec.io import single_run, weights_digest
 from treespec.reference import load_model
+from treespec.timing import forward_step
 from treespec.train.training import config_checks, distributed, expected_tau, run_summary
 from treespec.train.training.chat import SampleBatches, Samples, prepare_chat
 from treespec.train.training.data import TokenBatches, eval_windows, prepare_tokens, self_distill
@@ -322,8 +324,11 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
         decoder, target_name = recipe.target.eval(), f"{cfg.export_dir}/{TARGET_FOLDER}"
         tokenizer.save_pretrained(target_name)  # the folder loads as a target on its own
         rows.append(("target", target_lines(result.eval_metrics, summary, target_name)))
-    # beside the accuracies, this device's cost curve: generate(tree={"kind": "auto"}) chooses with it
-    save_cost_curve(cfg.export_dir, measure_cost_curve(decoder), device=str(decoder.device))
+    # beside the accuracies, this device's cost curve and the drafter's own drafting cost, timed as decoding sees
+    # it (after a target pass): load_profile's chooser for generate(tree={"kind": "auto"}), as the comparison's
+    fixed, per_depth = drafting_costs(recipe.drafter(), forward_step(decoder, 1))
+    save_cost_curve(cfg.export_dir, measure_cost_curve(decoder), device=str(decoder.device), draft_cost_fixed=fixed,
+                    draft_cost_per_depth=per_depth)
     summary.update(final_metrics)
     probe_acc = probe.last() if probe is not None else None
     tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None
