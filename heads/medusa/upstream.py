@@ -62,6 +62,14 @@ def _contiguous(values, what: str, where: str) -> int:
     return len(values)
 
 
+def _all_or_no_biases(blocks: dict, where: str) -> None:
+    """Every residual block has its bias, or none has: a deleted one would load as zeros, silently."""
+    with_bias = {k for k, b in blocks.items() if "bias" in b}
+    if with_bias and len(with_bias) < len(blocks):
+        absent = ", ".join(f"head {a} block {b}" for a, b in sorted(set(blocks) - with_bias))
+        raise ValueError(f"{where}: residual block biases are missing for {absent} (the other blocks have theirs)")
+
+
 def medusa_from_upstream(weights: dict, config: dict, target, where: str) -> MedusaHeads:
     """Medusa-1, v2, Medusa-2 or vLLM Medusa tensors (+ config.json) → ``MedusaHeads`` for ``target``."""
     weights = strip_medusa_prefix(weights)
@@ -98,10 +106,7 @@ def medusa_from_upstream(weights: dict, config: dict, target, where: str) -> Med
     else:
         raise ValueError(f"{where}: no Medusa head tensors ({{h}}.{{j}}.linear.weight or "
                          "blocks.{h}.layers.{l}.weight)")
-    with_bias = sorted(k for k, b in blocks.items() if "bias" in b)
-    if with_bias and len(with_bias) < len(blocks):  # a deleted bias would load as zeros, silently
-        absent = ", ".join(f"head {a} block {b}" for a, b in sorted(set(blocks) - set(with_bias)))
-        raise ValueError(f"{where}: residual block biases are missing for {absent} (the other blocks have theirs)")
+    _all_or_no_biases(blocks, where)
     num_heads = _contiguous([k[0] for k in blocks], "heads", where)
     per_head = {}
     for (head, layer) in blocks:
