@@ -45,32 +45,46 @@ class RestrictedTarget:
     """The target's next-token distribution restricted to the draft vocabulary and renormalised, per
     position of ``target_logits`` [b, S, V]: p [b, S, Vd], its negative entropy Σ p log p [b, S], its argmax
     (a draft id) [b, S], and ``valid`` [b, S]: the target's argmax lies in the draft vocabulary (and, given
-    ``scored`` [b, S] bool, the position is scored: the loss mask)."""
+    ``scored`` [b, S] bool, the position is scored: the loss mask).
+
+    p and its entropy are computed on the scored positions only (zero elsewhere), and ``kl`` runs the draft
+    head on the valid positions only: padding and prompt tokens are most of a chat batch, and the [.., Vd]
+    softmaxes, not the matmuls, dominate a CPU training step."""
 
     def __init__(self, target_logits: torch.Tensor, model: Eagle3Model, scored: torch.Tensor | None = None):
-        log_p = torch.log_softmax(target_logits.float()[..., model.draft_ids], dim=-1)
-        self.p = log_p.exp()
-        self.neg_entropy = (self.p * log_p).sum(-1)
-        self.argmax = log_p.argmax(-1)
-        self.valid = model.t2d[target_logits.argmax(-1)]
+        b, s, _ = target_logits.shape
+        rows = torch.ones(b, s, dtype=torch.bool, device=target_logits.device) if scored is None else scored
+        log_p_rows = torch.log_softmax(target_logits[rows][:, model.draft_ids].float(), dim=-1)  # [n, Vd]
+        self.p = log_p_rows.new_zeros(b, s, log_p_rows.shape[-1])
+        self.p[rows] = log_p_rows.exp()
+        self.neg_entropy = log_p_rows.new_zeros(b, s)
+        self.neg_entropy[rows] = (self.p[rows] * log_p_rows).sum(-1)
+        self.argmax = self.p.argmax(-1)
+        self.valid = model.t2d[target_logits.argmax(-1)] & rows
         self.scored = scored
-        if scored is not None:
-            self.valid = self.valid & scored
 
-    def kl(self, draft_logits: torch.Tensor, start: int, topk_distill: int = 0,
+    def kl(self, draft_logits, start: int, topk_distill: int = 0,
            topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """KL(p || q) with q = softmax(draft_logits [b, S - start, Vd]) at positions start.., averaged over
-        the valid ones → (loss, top-1 agreement on the valid ones), both 0-d; ``topk_distill`` = K > 0 adds
-        HASS's top-K distillation over the draft vocabulary × ``topk_weight`` (heads/objective.py)."""
+        """KL(p || q) with q = softmax(draft logits) at positions start.., averaged over the valid ones →
+        (loss, top-1 agreement on the valid ones), both 0-d. ``draft_logits``: the logits [b, S - start, Vd],
+        or a function from the draft outputs' rows to logits together with those outputs, ``(head, out)``, so
+        that the head runs on the valid rows only. ``topk_distill`` = K > 0 adds HASS's top-K distillation over
+        the draft vocabulary × ``topk_weight`` (heads/objective.py)."""
         valid = self.valid[:, start:]
-        log_q = torch.log_softmax(draft_logits.float(), dim=-1)
-        kl = self.neg_entropy[:, start:] - (self.p[:, start:] * log_q).sum(-1)  # [b, S - start]
+        if isinstance(draft_logits, tuple):
+            head, out = draft_logits
+            logits = head(out[valid])  # [n, Vd]
+        else:
+            logits = draft_logits[valid]
+        if logits.shape[0] == 0:  # a batch with nothing to learn: zero, keeping the graph
+            return logits.sum() * 0.0, logits.new_zeros((), dtype=torch.float32)
+        p = self.p[:, start:][valid]  # [n, Vd]
+        log_q = torch.log_softmax(logits.float(), dim=-1)
+        kl = self.neg_entropy[:, start:][valid] - (p * log_q).sum(-1)  # [n]
         if topk_distill:
-            kl = kl + topk_weight * topk_distillation(self.p[:, start:], log_q, topk_distill)
-        if not bool(valid.any()):
-            return kl.sum() * 0.0, kl.new_zeros(())  # keeps the graph: a batch with nothing to learn
-        top1 = (draft_logits.argmax(-1) == self.argmax[:, start:])[valid].float().mean()
-        return kl[valid].mean(), top1
+            kl = kl + topk_weight * topk_distillation(p, log_q, topk_distill)
+        top1 = (logits.argmax(-1) == self.argmax[:, start:][valid]).float().mean()
+        return kl.mean(), top1
 
 
 def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
@@ -87,7 +101,7 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     total, metrics = 0.0, {"kept_fraction": kept.item()}
     for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
-        kl, top1 = restricted.kl(model.draft_logits(out), 1 + i, topk_distill, topk_weight)
+        kl, top1 = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight)
         total = total + decay**i * kl
         metrics.update({f"kl{i}": kl.item(), f"top1_{i}": top1.item()})
     return total, metrics
