@@ -7,6 +7,13 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py medusa --skip-copy  # re-measure the shipped drafter only
     python scripts/ship_drafter.py eagle3 --run-dir runs/eagle3_ttt7   # a run elsewhere (its run_dir=...)
     python scripts/ship_drafter.py medusa2    # Medusa-2: the heads and their fine-tuned target (stored in bf16)
+    python scripts/ship_drafter.py eagle3 --target smollm2 --run-dir runs/heads/eagle3   # → models/smollm2/eagle3
+    python scripts/ship_drafter.py eagle3 --target smollm2 --skip-copy --cost-curve      # re-time it on this machine
+
+For another target than the code reference (``--target smollm2``), the drafter goes to treespec/models/<target>/
+<name>, and keeps the head_accuracy.json its export measured on the run's held-out conversations (the stdlib
+windows are not its workload). ``--cost-curve`` re-measures cost_curve.json (the target's pass per tree size and the
+drafter's own drafting cost) on this machine, as training does at its end: do it on an idle machine.
 
 A Medusa-2 run's heads are measured against its own fine-tuned target (``<name>/target``), the one they pair with.
 """
@@ -18,8 +25,10 @@ from pathlib import Path
 import torch
 
 from treespec import reference
+from treespec.autotree import measure_cost_curve, save_cost_curve
 from treespec.heads import registry
 from treespec.heads.accuracy import write_accuracy
+from treespec.heads.kind import drafting_costs
 from treespec.train.training.data import held_out_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +43,12 @@ def main() -> None:
     parser.add_argument("name", choices=trainable)
     parser.add_argument("--skip-copy", action="store_true")
     parser.add_argument("--run-dir", type=Path, default=None, help="the training run (default: runs/heads/<name>)")
+    parser.add_argument("--target", default="target", help="the target it drafts for: target (the code reference) "
+                        "or a GGUF reference target (smollm2)")
+    parser.add_argument("--cost-curve", action="store_true", help="(re)measure cost_curve.json on this machine")
     args = parser.parse_args()
-    out = reference.MODELS_DIR / args.name
+    reference_target = args.target == "target"
+    out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
     if not args.skip_copy:
         run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
         if not (run_dir / "final").is_dir():
@@ -49,9 +62,17 @@ def main() -> None:
         tuned, tuned_tokenizer = reference.load_model(out / "target")
         tuned.to(torch.bfloat16).save_pretrained(out / "target")
         tuned_tokenizer.save_pretrained(out / "target")
-    target, tokenizer = reference.load_model(out / "target") if joint else reference.load("target")
-    windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
+    target, tokenizer = reference.load_model(out / "target") if joint else reference.load(args.target)
     kind = "medusa" if joint else args.name
+    if args.cost_curve:
+        from treespec.timing import forward_step
+        fixed, per_depth = drafting_costs(registry.load(out, target), forward_step(target, 1))
+        save_cost_curve(out, measure_cost_curve(target), device="cpu", draft_cost_fixed=fixed,
+                        draft_cost_per_depth=per_depth)
+        print(f"{out}/cost_curve.json: drafting {fixed * 1e3:.2f} ms per step + {per_depth * 1e3:.2f} ms per depth")
+    if not reference_target:
+        return
+    windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
     module = registry.load_module(kind, target, out)
     acc = registry.get(kind).rank_accuracy(target, module, windows)
     write_accuracy(out, acc)
