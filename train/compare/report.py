@@ -432,6 +432,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
     grid = csv_rows(a)
     peer_header, peer_rows = peer_table(a)
     by_category, prompt_runs = category_rows(result, a), run_rows(result)  # each with a category column
+    specbench = specbench_rows(result, a)
     stamp = {k: v for k, v in (result.get("stamp") or {}).items() if k != "config"}
 
     def send(run):
@@ -442,6 +443,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
             **({"compare/peers": wandb.Table(columns=peer_header, data=[[str(c) for c in r] for r in peer_rows])}
                if peer_rows else {}),
             **({"compare/by_category": _table(by_category)} if by_category else {}),
+            **({"compare/specbench": _table(specbench)} if specbench else {}),
             **({"compare/prompt_runs": _table(prompt_runs)} if prompt_runs else {}),
             **{f"compare/{name[:-4]}": wandb.Image(str(out_dir / name)) for name in FIGURES
                if (out_dir / name).is_file()},
