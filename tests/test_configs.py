@@ -14,7 +14,10 @@ from .helpers import CONF, compose_cfg
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 # experiment / debug configs by the job they are written for (file name prefix)
-JOB_OF = {"compare": "compare", "reference": "train_heads", "tiny_lm": "train_lm", "tiny_heads": "train_heads"}
+JOB_OF = {"compare": "compare", "reference": "train_heads", "tiny_lm": "train_lm", "tiny_heads": "train_heads",
+          "specbench": "compare"}
+# overrides an experiment cannot run without (the file it measures; the start-up check only needs it named)
+NEEDS = {"specbench": ["workload.path=question.jsonl"]}
 
 
 def group(name: str) -> list[str]:
@@ -26,7 +29,7 @@ def job_of(config: str) -> str:
 
 
 CASES = [(job, []) for job in CHECKS]
-CASES += [(job_of(e), [f"experiment={e}"]) for e in group("experiment")]
+CASES += [(job_of(e), [f"experiment={e}", *NEEDS.get(e, [])]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
 TRAINABLE = [k.name for k in registry.KINDS if k.trainable]
 CASES += [("train_heads", [f"drafter={d}"]) for d in TRAINABLE]

@@ -47,6 +47,7 @@ class Row:
     prompt_tokens_per_s: list[float] = field(default_factory=list)
     prompt_speedups: list[float] = field(default_factory=list)      # tokens/s ÷ vanilla's on the same prompt
     prompt_accept_lengths: list[list[int]] = field(default_factory=list)
+    prompt_new_tokens: list[int] = field(default_factory=list)      # tokens each prompt run generated
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
     walk_time_per_pass: float = float("nan")   # seconds in the walker (walker.py) per verification pass
 
@@ -57,6 +58,8 @@ def rows_of(results: dict[str, list]) -> list[Row]:
     base, rows = results["vanilla"], []
     for name, outs in results.items():
         lengths = [n for o in outs for n in o.accept_lengths]
+        # the time split exists for treespec's own runs (an observer timed them); a peer's runs have none
+        timed = bool(lengths) and any(o.target_time > 0 for o in outs)
         ratios = [o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)]
         rows.append(Row(
             name=name,
@@ -66,15 +69,16 @@ def rows_of(results: dict[str, list]) -> list[Row]:
             target_passes=sum(o.target_passes for o in outs),
             new_tokens=sum(o.new_tokens for o in outs),
             overhead_fraction=(statistics.median(o.overhead_time / o.wall_time for o in outs)
-                               if lengths else float("nan")),
+                               if timed else float("nan")),
             accept_lengths=lengths,
             prompt_tokens_per_s=[o.tokens_per_s for o in outs],
             prompt_speedups=ratios,
             prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
+            prompt_new_tokens=[o.new_tokens for o in outs],
             draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
-                                 if lengths else float("nan")),
+                                 if timed else float("nan")),
             walk_time_per_pass=(sum(o.walk_time for o in outs) / max(1, sum(o.target_passes for o in outs))
-                                if lengths else float("nan")),
+                                if timed else float("nan")),
         ))
     return rows
 

@@ -81,9 +81,12 @@ def category_table(result: dict, a: dict) -> dict | None:
     for p in a["peers"]:
         runs = next((q.get("runs") for q in result.get("peers") or [] if q["name"] == p["name"]), None)
         if runs and runs.get("speedup"):
+            lengths = runs.get("accept_lengths")  # per target call (train/compare/target_calls.py)
+            tau = tau_interval(groups_of(lengths, result["prompt_of_run"][:len(lengths)]), **_kw(a)) if lengths \
+                else None
             rows.append({"name": p["name"], "config": p["name"], "tree": "–", "kind": "peer",
                          "cells": {cat: category_estimates(result, a, runs, cat) for cat in cats},
-                         "overall": {"speedup": p["speedup_est"]}})
+                         "overall": {"speedup": p["speedup_est"], "tau": tau}})
     prompts = {cat: len({p for p, c in zip(result["prompt_of_run"], run_categories(result), strict=False)
                          if c == cat}) for cat in cats}
     return {"categories": cats, "prompts": prompts, "rows": rows}
@@ -193,8 +196,9 @@ def category_markdown(result: dict, a: dict) -> list[str]:
     lines = ["## By category", ""] + md_table(header, rows)
     counts = ", ".join(f"{c}: {table['prompts'][c]}" for c in cats)
     lines += ["", f"Prompts per category: {counts}. Each cell: the median over the category's prompts with a "
-              f"bootstrap {level} interval over them (one prompt: no interval); peers have no τ. Each drafter's "
-              "row is its best configuration over all prompts; the table below picks per category."]
+              f"bootstrap {level} interval over them (one prompt: no interval); a transformers peer's τ counts every "
+              "target call of it, the prefill included (older runs: none). Each drafter's row is its best "
+              "configuration over all prompts; the table below picks per category."]
     best = best_per_category(result, a) or {}
     if best:
         lines += ["", "### Each drafter's best tree per category", ""]

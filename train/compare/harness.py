@@ -46,6 +46,7 @@ from treespec.train.compare.report import write_outputs
 from treespec.train.compare.results_file import save_result
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.stamp import model_checksum
+from treespec.train.compare.target_calls import TargetCalls
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
 
@@ -62,6 +63,7 @@ class DrafterSpec:
     checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
     chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
+    trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
@@ -123,6 +125,10 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
     return tree, None
 
 
+PEERS = {"greedy": "transformers greedy", "assisted": "transformers assisted",
+         "prompt_lookup": "transformers prompt lookup"}  # transformers' own methods: hf_peer's kinds → their names
+
+
 def hf_peer(target, kind: str, assistant=None, eos_token_id=None):
     """A bench.Config runner for transformers' own generate(): greedy/sampling, assisted, prompt lookup. With
     ``eos_token_id`` it stops where treespec does (end tokens); without, it runs the whole budget."""
@@ -134,10 +140,13 @@ def hf_peer(target, kind: str, assistant=None, eos_token_id=None):
             {"do_sample": False}
         budget = {} if eos_token_id else {"min_new_tokens": max_new_tokens}
         torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
-        t0 = time.perf_counter()
-        seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                              pad_token_id=0, **budget, **stop, **sampling, **extra)
-        return GenerationResult(sequences=seq, prompt_length=prompt.shape[1], wall_time=time.perf_counter() - t0)
+        with TargetCalls(target, prompt.shape[1]) as calls:  # each target call's commits: τ beside treespec's
+            t0 = time.perf_counter()
+            seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                                  pad_token_id=0, **budget, **stop, **sampling, **extra)
+            wall = time.perf_counter() - t0
+        return GenerationResult(sequences=seq, prompt_length=prompt.shape[1], wall_time=wall,
+                                accept_lengths=calls.accept_lengths(seq.shape[1]))
 
     return run
 
@@ -160,7 +169,29 @@ def _record(row, meta: dict) -> dict:
             "speedup": row.speedup, "target_passes": row.target_passes, "new_tokens": row.new_tokens,
             "overhead_fraction": _finite(row.overhead_fraction),
             "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
-                     "accept_lengths": row.prompt_accept_lengths}}
+                     "accept_lengths": row.prompt_accept_lengths, "new_tokens": row.prompt_new_tokens}}
+
+
+def peer_results(rows: list[Row], best: str) -> tuple[dict, list[dict]]:
+    """(peer_pass, peers) of one interleaved pass holding transformers' methods (``PEERS``): every treespec row's
+    per-prompt values, and each transformers method's, with the ratio of ``best``'s tokens/s to its own."""
+    is_peer = lambda r: r.name in PEERS.values()
+    runs = {r.name: r.prompt_tokens_per_s for r in rows}
+    best_runs = runs.get(best, runs["vanilla"])
+    passed = {r.name: {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups,
+                       "new_tokens": r.prompt_new_tokens} for r in rows if not is_peer(r)}
+    peers = [{"name": r.name, "tokens_per_s": r.tokens_per_s, "speedup_vs_vanilla": r.speedup,
+              "treespec_best_over_this": statistics.median(
+                  b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
+              "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups,
+                       "new_tokens": r.prompt_new_tokens, "accept_lengths": r.prompt_accept_lengths}}
+             for r in rows if is_peer(r)]
+    return passed, peers
+
+
+def best_of(rows: list[Row]) -> str:
+    """The fastest configuration by median speedup (rows[0] is vanilla); "vanilla" when there is no other."""
+    return max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla"
 
 
 def merge_rows(parts: list[list[Row]]) -> list[Row]:
@@ -188,6 +219,7 @@ def merge_rows(parts: list[list[Row]]) -> list[Row]:
             prompt_tokens_per_s=[x for r in rows for x in r.prompt_tokens_per_s],
             prompt_speedups=[x for r in rows for x in r.prompt_speedups],
             prompt_accept_lengths=[x for r in rows for x in r.prompt_accept_lengths],
+            prompt_new_tokens=[x for r in rows for x in r.prompt_new_tokens],
             draft_time_per_pass=sum(t * p for t, p in drafting) / max(1, sum(p for _, p in drafting)) if drafting
             else math.nan,
             walk_time_per_pass=sum(t * p for t, p in walking) / max(1, sum(p for _, p in walking)) if walking
@@ -239,7 +271,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                    assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
                    stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
                    held_out: str | None = None, batch_sizes=None, batches: int = 3,
-                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection") -> dict:
+                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection",
+                   baselines=()) -> dict:
     """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
 
     ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
@@ -251,7 +284,13 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     without one a stamp is collected here. ``bootstrap``: {samples, level, seed} for the report's intervals.
     ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each, the
     longest budget, tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens):
-    train/compare/batch_compare.py."""
+    train/compare/batch_compare.py. ``baselines``: transformers' own methods (``PEERS``' kinds: assisted needs
+    ``assistant``) measured in the main pass, interleaved with every configuration, and reported as peers;
+    ``peers=True`` measures all of them in a pass of their own instead."""
+    unknown = [b for b in baselines if b not in PEERS]
+    if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
+        raise ValueError(f"baselines={list(baselines)}: each one of {', '.join(PEERS)}, without peers=True (which "
+                         "measures them in a pass of their own), and assisted with an assistant model")
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +319,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
 
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
     configs, meta, skipped = [], {}, []
-    for d, spec, rule in itertools.product(drafters, expand_specs(tree_specs), rules):
+    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs) for rule in rules]
+    for d, spec, rule in planned:
         tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline, rule=rule)
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
@@ -308,9 +348,11 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
     entries = {d.name: d.entry for d in drafters if d.entry}
+    configs += [Config(PEERS[b], run=hf_peer(target, b, assistant, eos_token_id)) for b in baselines]
 
-    def result_of(rows, prompt_of_run) -> dict:
+    def result_of(every_row, prompt_of_run) -> dict:
         """results.json's contents from the rows of the prompt runs measured so far, marked incomplete."""
+        rows = [r for r in every_row if r.name in meta]  # treespec's; the baselines are reported as peers
         records = [_record(r, meta[r.name]) for r in rows]
         for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
             per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
@@ -330,11 +372,13 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "prompt_of_run": list(prompt_of_run),
             "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
             "records": records, "skipped": skipped,
-            "best": max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla",
+            "best": best_of(rows),
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
             "chain_tau": {d.name: {"tau": d.chain_tau.tau, "stderr": d.chain_tau.stderr, "drafts": d.chain_tau.drafts}
                           for d in drafters if d.chain_tau is not None},
             "peers": None, "wall_s": time.perf_counter() - started,
+            **dict(zip(("peer_pass", "peers"), peer_results(every_row, best_of(rows)), strict=True)
+                   if len(every_row) > len(rows) else {}),
         }
 
     total = (len(configs) + 1) * len(prompts) * repeats
@@ -366,15 +410,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         log(f"peers on the same prompts, interleaved with treespec vanilla and each drafter's best "
             f"({', '.join(by_name[rec['config']].name for rec in bests.values())})")
         peer_rows, _ = measure_by_budget(target, peer_configs, prompts, budgets, repeats=repeats, **common)
-        runs = {r.name: r.prompt_tokens_per_s for r in peer_rows}
-        best_runs = runs.get(best, runs["vanilla"])
-        result["peer_pass"] = {r.name: {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}
-                               for r in peer_rows if not r.name.startswith("transformers ")}
-        result["peers"] = [{"name": r.name, "tokens_per_s": r.tokens_per_s, "speedup_vs_vanilla": r.speedup,
-                            "treespec_best_over_this": statistics.median(
-                                b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
-                            "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups}}
-                           for r in peer_rows if r.name.startswith("transformers ")]
+        result["peer_pass"], result["peers"] = peer_results(peer_rows, best)
         result["wall_s"] = time.perf_counter() - started
         save_result(result, out_dir)
     if batch_sizes:

@@ -32,6 +32,7 @@ from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.methods import baselines_of, check_baselines, own_trees, shipped, unshipped, wants_assistant
 from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
@@ -106,7 +107,9 @@ def check_workload(cfg) -> None:
         if OmegaConf.is_missing(w, key) or not w.get(key):
             raise ValueError(f"workload={w.source} needs workload.{key}=... (docs/workloads.md)")
     config_checks.integer(cfg.prompts, "prompts", optional=True)
-    config_checks.integer(w.get("per_category"), "workload.per_category", optional=True)
+    per_category = w.get("per_category")  # one count, or {category: count, default: count} (selection.py)
+    for key, n in (per_category.items() if OmegaConf.is_dict(per_category) else [(None, per_category)]):
+        config_checks.integer(n, "workload.per_category" + (f".{key}" if key else ""), optional=True)
     config_checks.integer(w.get("max_prompt_tokens"), "workload.max_prompt_tokens", optional=True)
     config_checks.integer(w.get("held_out", 0), "workload.held_out", 0)
     config_checks.integer(w.get("held_out_tokens", 128), "workload.held_out_tokens")
@@ -135,6 +138,7 @@ def check_config(cfg) -> None:
         if label not in cfg.available:
             raise ValueError(f"drafters: {label!r} is not one of the available drafters ({', '.join(cfg.available)}; "
                              "conf/drafter/ describes them)")
+        own_trees(cfg, label)
         entry = cfg.available[label]
         kind = registry.get(entry.name)
         if kind.has_weights and OmegaConf.is_missing(entry, "source"):
@@ -150,6 +154,8 @@ def check_config(cfg) -> None:
     config_checks.integer(cfg.get("threads"), "threads", optional=True)
     config_checks.integer(cfg.get("seed") or 0, "seed", 0)
     config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.boolean(cfg.get("skip_unshipped", False), "skip_unshipped")
+    check_baselines(cfg)
     config_checks.integers(cfg.cost_sizes, "cost_sizes")
     if cfg.get("batch_sizes") is not None:  # the comparison across batch sizes (train/compare/batch_compare.py)
         for key in ("batch_sizes", "batch_cost_sizes"):
@@ -205,7 +211,10 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
     ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head)."""
     specs = []
     target_step = forward_step(target, 1)  # drafting is timed right after a target pass, as in decoding
-    for label in drafter_labels(cfg):
+    missing = unshipped(cfg, drafter_labels(cfg))
+    for label, source in missing.items():
+        log(f"drafter {label} left out: {source} is not shipped in this checkout yet (skip_unshipped=true)")
+    for label in (label for label in drafter_labels(cfg) if label not in missing):
         entry = cfg.available[label]
         kind = registry.get(entry.name)
         candidates = entry.get("candidates", "topk")
@@ -241,7 +250,8 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
                                  max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),
                                  drafting_step=step, entry={"name": entry.name, "source": entry.get("source"),
-                                                            "candidates": candidates}, chain_tau=chain))
+                                                            "candidates": candidates}, chain_tau=chain,
+                                 trees=own_trees(cfg, label)))
     return specs
 
 
@@ -255,8 +265,12 @@ def assistant_peer(cfg, tokenizer, device, log=print):
     """(the assistant model or None, the stamp's record): transformers' assisted generation needs the
     assistant to share the target's vocabulary, so another one is skipped with a note."""
     source = cfg.get("assistant")
-    if not source or not cfg.peers:
+    if not source or not wants_assistant(cfg):
         return None, {"source": source, "used": False, "reason": "not asked for" if not source else "peers=false"}
+    if cfg.get("skip_unshipped") and not shipped(source):
+        reason = f"{source} is not shipped in this checkout yet (skip_unshipped=true)"
+        log(f"assisted generation skipped: {reason}")
+        return None, {"source": str(source), "used": False, "reason": reason}
     try:
         same = AutoTokenizer.from_pretrained(reference.resolve(source)).get_vocab() == tokenizer.get_vocab()
     except (OSError, ValueError, FileNotFoundError) as err:
@@ -367,6 +381,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
         config=resolved, prompt_set=f"{workload.source}: {len(prompts)} prompts in {len(workload.categories)} "
         f"categories ({', '.join(workload.categories)})", seed=int(cfg.get("seed") or 0), workload=workload_record,
         assistant=assistant_note)
+    stamp["unshipped"] = unshipped(cfg, drafter_labels(cfg))
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
                        config={**resolved, "stamp": {k: v for k, v in stamp.items() if k != "config"}})
     result = run_comparison(target, drafters, tree_specs, [p.ids for p in prompts],
@@ -374,7 +389,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             top_p=cfg.top_p, repeats=cfg.repeats, cost_sizes=tuple(cfg.cost_sizes),
                             max_nodes=cfg.max_nodes, peers=cfg.peers, assistant=assistant, out_dir=out_dir,
                             logger=logger, seed=int(cfg.get("seed") or 0), bootstrap=bootstrap_settings(cfg),
-                            acceptance=acceptance_rules(cfg),
+                            acceptance=acceptance_rules(cfg), baselines=baselines_of(cfg, assistant),
                             stamp=stamp, eos_token_id=template.end_ids or None,
                             prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
                             batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),

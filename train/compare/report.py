@@ -22,6 +22,8 @@ from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
 from treespec.train.compare.results_file import load_result, save_result
+from treespec.train.compare.specbench import csv_rows as specbench_rows
+from treespec.train.compare.specbench import markdown as specbench_markdown
 from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
 from treespec.train.compare.tables import DASH, md_table, missing, num, with_interval
 from treespec.tree_spec import build_tree, save_tree
@@ -278,6 +280,9 @@ def workload_lines(stamp: dict) -> list[str]:
     if peer:
         lines.append(f"- **assisted-generation peer**: {peer.get('source')}: "
                      + ("measured" if peer.get("used") else f"not measured ({peer.get('reason')})"))
+    if stamp.get("unshipped"):
+        lines.append("- **drafters left out** (not shipped in this checkout; skip_unshipped=true): "
+                     + ", ".join(f"{label} ({source})" for label, source in stamp["unshipped"].items()))
     return lines
 
 
@@ -320,6 +325,8 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     if a["peers"]:
         lines += ["", "## Peers", ""] + md_table(*peer_table(a))
     lines += [""] + category_markdown(result, a)
+    specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
+    lines += [""] + specbench if specbench else []
     lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
     if result.get("skipped"):
         lines += ["", "Not measured (the drafter cannot fill the tree): "
@@ -372,6 +379,9 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
                                                 for name, c in after.items()}}
                                             for n, t in result["cost_curve"].items()])
     _write_csv(out_dir / "by_category.csv", category_rows(result, a))
+    specbench = specbench_rows(result, a)
+    if specbench:
+        _write_csv(out_dir / "specbench.csv", specbench)
     best = a.get("best")
     if best and best.get("tree_spec"):  # the best configuration's tree, for generate(tree=Tree.load(...))
         save_tree(build_tree(best["tree_spec"]), out_dir / "best_tree.json", config=best["config"],
@@ -422,6 +432,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
     grid = csv_rows(a)
     peer_header, peer_rows = peer_table(a)
     by_category, prompt_runs = category_rows(result, a), run_rows(result)  # each with a category column
+    specbench = specbench_rows(result, a)
     stamp = {k: v for k, v in (result.get("stamp") or {}).items() if k != "config"}
 
     def send(run):
@@ -432,6 +443,7 @@ def log_wandb(logger, result: dict, a: dict, out_dir: Path) -> None:
             **({"compare/peers": wandb.Table(columns=peer_header, data=[[str(c) for c in r] for r in peer_rows])}
                if peer_rows else {}),
             **({"compare/by_category": _table(by_category)} if by_category else {}),
+            **({"compare/specbench": _table(specbench)} if specbench else {}),
             **({"compare/prompt_runs": _table(prompt_runs)} if prompt_runs else {}),
             **{f"compare/{name[:-4]}": wandb.Image(str(out_dir / name)) for name in FIGURES
                if (out_dir / name).is_file()},

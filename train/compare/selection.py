@@ -2,13 +2,19 @@
 and seeded. Within a category, items are ranked by a sha1 of (seed, content), never by file position: shuffling
 the file changes nothing, and a grown file keeps every earlier selected item that still ranks among the first of
 its category. Per category the first ``held_out`` (spread over categories, never a category's last item) are held
-out, the next ``per_category`` timed; ``prompts`` caps the total, taking categories in turn.
+out, the next ``per_category`` timed; ``prompts`` caps the total, taking categories in turn. ``per_category`` may
+also be a mapping {category: n}, the categories it does not name taking its ``default`` entry (none, or null: all
+of them): Spec-Bench's MT-bench questions come in eight categories of ten, its other categories in 80s, so a
+subset as balanced as the full set takes one in eight of the former.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Mapping
+
+DEFAULT = "default"  # per_category's entry for the categories it does not name
 
 
 def rank_key(item, seed: int) -> str:
@@ -23,6 +29,19 @@ def check_categories(names, known, key: str) -> None:
         raise ValueError(f"{key}: {unknown} not found; the workload's categories are {', '.join(sorted(known))}")
 
 
+def counts_of(per_category, names: list[str], known=None) -> dict[str, int | None]:
+    """{category: timed items at most (None: all)} for the categories ``names`` from ``per_category``: one count
+    (or None) for every category, or a mapping (module docstring). A ValueError names a category the workload
+    lacks (``known``: all it has, ``workload.categories`` may keep fewer) or a count below 1."""
+    if not isinstance(per_category, Mapping):
+        per_category = {DEFAULT: per_category}
+    check_categories([str(c) for c in per_category if c != DEFAULT], set(known or names), "workload.per_category")
+    for category, n in per_category.items():
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"workload.per_category: {category}={n!r} must be an integer >= 1 or null (all)")
+    return {c: per_category.get(c, per_category.get(DEFAULT)) for c in names}
+
+
 def select(items: list, *, per_category: int | None = None, categories=None, held_out: int = 0,
            prompts: int | None = None, seed: int = 0, length=None, max_prompt_tokens: int | None = None,
            skipped: Counter | None = None) -> tuple[list, list, list[str]]:
@@ -34,18 +53,20 @@ def select(items: list, *, per_category: int | None = None, categories=None, hel
     by_category: dict[str, list] = {}
     for item in items:
         by_category.setdefault(item.category, []).append(item)
+    known = set(by_category)
     if categories:
         wanted = [categories] if isinstance(categories, str) else [str(c) for c in categories]
         check_categories(wanted, by_category, "workload.categories")
         by_category = {c: by_category[c] for c in wanted}
     names = sorted(by_category)
+    counts = counts_of(per_category, names, known)
     quota = {c: held_out // len(names) + (i < held_out % len(names)) for i, c in enumerate(names)}
     timed: dict[str, list] = {}
     kept_out: dict[str, list] = {}
     for c in names:
         ranked = sorted(by_category[c], key=lambda it: rank_key(it, seed))
         fits = []
-        want = quota[c] + (per_category if per_category is not None else len(ranked))
+        want = quota[c] + (counts[c] if counts[c] is not None else len(ranked))
         for item in ranked:
             if len(fits) >= want:
                 break
