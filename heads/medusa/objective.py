@@ -32,16 +32,20 @@ def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, lo
     """Σ_k decay^k · CE_k of the heads on ``hidden`` [b, s, h], the target's last hidden states over
     ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None; ``projections``: the heads'
     vocabulary projections in place of their own (``MedusaHeads.forward``)."""
-    logits = heads(hidden, projections=projections)  # [K, b, s, V]
+    # each head's vocabulary projection runs on the rows it is scored on only: with chat data most rows are
+    # prompt or padding, and a [K, b, s, V] stack of full-vocabulary logits dominates a CPU step
+    projections = projections or heads.projections or [heads.shared_lm_head] * heads.num_heads
+    outs = heads.blocks_out(hidden)  # [K, b, s, h]
     s = hidden.shape[1]
     total, metrics = 0.0, {}
     for k in range(heads.num_heads):
-        if loss_mask is None:
-            ce = F.cross_entropy(logits[k, :, : s - k - 1].flatten(0, 1).float(), batch[:, k + 2 :].flatten())
+        keep = (torch.ones_like(batch[:, k + 2 :], dtype=torch.bool) if loss_mask is None
+                else shifted_mask(loss_mask, k + 2, s - k - 1))  # [b, s - k - 1]
+        if bool(keep.any()):
+            logits = projections[k](outs[k, :, : s - k - 1][keep])  # [n, V]
+            ce = F.cross_entropy(logits.float(), batch[:, k + 2 :][keep])
         else:
-            keep = shifted_mask(loss_mask, k + 2, s - k - 1)
-            ce = (F.cross_entropy(logits[k, :, : s - k - 1][keep].float(), batch[:, k + 2 :][keep])
-                  if bool(keep.any()) else logits[k].sum() * 0.0)
+            ce = outs[k].sum() * 0.0
         total = total + decay**k * ce
         metrics[f"ce_head{k}"] = ce.item()
     return total, metrics
