@@ -1,8 +1,8 @@
 """Drafters: everything that proposes a candidate token tree for the target to verify.
 
-One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, medusa, eagle, eagle3), each holding the
-same roles, one module each: ``network.py`` (its trained module), ``drafter.py`` (the core's ``Drafter``
-interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its training loss, a ``Recipe``:
+One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, medusa, eagle, eagle3),
+each holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py`` (the core's
+``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its training loss, a ``Recipe``:
 heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its ``DrafterKind``:
 heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft vocabularies, lean
 layer calls, batches, checkpoint detection and export. ``registry`` lists the kinds by name, once, for
@@ -19,7 +19,9 @@ from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.export import export
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.heads.prompt_lookup import PromptLookup
+from treespec.heads.recycling import TokenRecycling
 from treespec.heads.registry import load, load_profile
+from treespec.heads.suffix import SuffixDecoding
 
-__all__ = ["Drafter", "Proposal", "DraftModel", "PromptLookup", "Medusa", "MedusaHeads", "Eagle", "EagleModel",
-           "Eagle3", "Eagle3Model", "load", "load_profile", "export"]
+__all__ = ["Drafter", "Proposal", "DraftModel", "PromptLookup", "TokenRecycling", "SuffixDecoding", "Medusa",
+           "MedusaHeads", "Eagle", "EagleModel", "Eagle3", "Eagle3Model", "load", "load_profile", "export"]
