@@ -49,6 +49,12 @@ RECYCLING_TREE = grow_tree(RANK_PROFILE, 12)
 RECYCLING_TREE_80 = grow_tree(RANK_PROFILE, 80)
 
 
+def template(nodes: int = 12, k: int = 8) -> Tree:
+    """The ``nodes`` likeliest paths of the rank profile using ranks below ``k`` (RECYCLING_TREE: 12, any k >= 3)."""
+    profile = [row[:k] for row in RANK_PROFILE]
+    return grow_tree(profile, min(nodes, sum(k**d for d in range(1, len(profile) + 1))))
+
+
 class TokenRecycling(Drafter):
     observes_logits = True
 
@@ -61,7 +67,7 @@ class TokenRecycling(Drafter):
         if isinstance(init, torch.Tensor) and (init.dim() != 2 or init.shape[1] != k or init.dtype.is_floating_point):
             raise ValueError(f"init must be an integer tensor [V, k={k}], got {init.dtype} {tuple(init.shape)}")
         self.k, self.persistent, self.init, self.prompt_bigrams = k, persistent, init, prompt_bigrams
-        self.default_tree = default_tree if default_tree is not None else RECYCLING_TREE
+        self.default_tree = default_tree if default_tree is not None else template(12, k)
         self._check_ranks(self.default_tree)
         self._matrix: torch.Tensor | None = None  # int32 [V + 1, k]: row V takes writes that must not land
         self._filled: torch.Tensor | None = None  # bool [V + 1]: rows the target has predicted after
