@@ -212,33 +212,42 @@ def brute_counts(docs, depth):
     return Counter(tuple(d[i : i + n]) for d in docs for n in range(1, depth + 1) for i in range(len(d) - n + 1))
 
 
-def trie_counts(node, prefix=()):
-    out = Counter()
-    for token, kid in (node.kids or {}).items():
-        out[(*prefix, token)] = kid.count
-        out += trie_counts(kid, (*prefix, token))
-    return out
-
-
 def test_suffix_trie_counts_matches_and_removal():
+    """Counts, matches and removals against brute force over every substring, with strings seen once kept as tails
+    (places in their documents): random documents of a small alphabet repeat at every length."""
     rng = random.Random(0)
-    docs = [[rng.randrange(4) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    docs = [[rng.randrange(3) for _ in range(rng.randrange(1, 40))] for _ in range(8)] + [[1] * 12]
     trie = SuffixTrie(depth=5)
     handles = []
     for d in docs:  # each document added in pieces, as decoding appends
         handle = trie.add(d[:3])
         trie.add(d[3:], handle)
         handles.append(handle)
-    assert trie_counts(trie.root) == brute_counts(docs, 5) and trie.tokens == sum(map(len, docs))
-    for _ in range(50):
-        context = [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
-        node, m = trie.match(context, 3)
-        followed = {s[:-1] for s in brute_counts(docs, 5) if len(s) >= 2} | {()}
-        best = max(n for n in range(min(3, len(context)) + 1) if tuple(context[len(context) - n:]) in followed)
-        assert m == best and node is trie.find(context[len(context) - m:])
-    trie.remove(handles[0])
-    trie.remove(handles[3])
-    assert trie_counts(trie.root) == brute_counts([docs[i] for i in (1, 2, 4, 5)], 5)
+
+    def check(live):
+        brute = brute_counts([docs[i] for i in live], 5)
+        strings = {tuple(rng.randrange(3) for _ in range(rng.randrange(1, 6))) for _ in range(300)} | set(brute)
+        assert all(trie.count(list(s)) == brute[s] for s in strings)
+        for _ in range(50):
+            context = [rng.randrange(3) for _ in range(rng.randrange(1, 10))]
+            place, m = trie.match(context, 3)
+            followed = {s[:-1] for s in brute if len(s) >= 2} | ({()} if brute else set())
+            best = max((n for n in range(min(3, len(context)) + 1) if tuple(context[len(context) - n:]) in followed),
+                       default=0)
+            assert m == best and (place is None) == (not brute)
+            if place is not None:  # its children: each continuation with its count
+                kids = {token: count for token, count, _ in trie.children(place, m)}
+                prefix = tuple(context[len(context) - m:])
+                assert kids == {s[-1]: c for s, c in brute.items() if len(s) == m + 1 and s[:-1] == prefix}
+
+    check(range(len(docs)))
+    assert trie.tokens == sum(map(len, docs))
+    for i in (0, 3, 8):
+        trie.remove(handles[i])
+    check([1, 2, 4, 5, 6, 7])
+    for i in (1, 2, 4, 5, 6, 7):
+        trie.remove(handles[i])
+    assert trie.tokens == 0 and not trie.root.kids
 
 
 def test_suffix_tree_size_follows_the_match():
@@ -249,11 +258,11 @@ def test_suffix_tree_size_follows_the_match():
     drafter = SuffixDecoding(alpha=1.0, min_prob=0.0)
     node, m = trie.match([9, 1, 2, 3], 8)
     assert m == 3
-    score, paths, tokens = drafter.grow(node, m, DynamicTree(16, 4, 2))
+    score, paths, tokens = drafter.grow(trie, node, m, DynamicTree(16, 4, 2))
     assert len(paths) == 3 and paths[0] == (0,) and tokens[0] == 4  # "1 2 3" → 4 twice, 5 once
-    _, paths, _ = drafter.grow(*trie.match([1, 2], 8), DynamicTree(16, 4, 2))
+    _, paths, _ = drafter.grow(trie, *trie.match([1, 2], 8), DynamicTree(16, 4, 2))
     assert len(paths) == 2  # a 2-token match: 2 nodes
-    _, paths, _ = drafter.grow(node, m, Tree.chain(2))  # a static tree: its paths only
+    _, paths, _ = drafter.grow(trie, node, m, Tree.chain(2))  # a static tree: its paths only
     assert paths == [(0,), (0, 0)]
 
 

@@ -162,6 +162,10 @@ class Drafter:
     max_tree_depth: int | None = None
     #: whether the loop shows it every verification pass (``observe_pass``); off: the loop never calls it
     observes_logits: bool = False
+    #: whether what it learns in one generate() call drafts in the next (Token Recycling's matrix, SuffixDecoding's
+    #: earlier outputs): a comparison gives each configuration its own copy, so none drafts from another's output
+    #: of the same prompt
+    remembers_across_calls: bool = False
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""

@@ -67,6 +67,7 @@ class TokenRecycling(Drafter):
         if isinstance(init, torch.Tensor) and (init.dim() != 2 or init.shape[1] != k or init.dtype.is_floating_point):
             raise ValueError(f"init must be an integer tensor [V, k={k}], got {init.dtype} {tuple(init.shape)}")
         self.k, self.persistent, self.init, self.prompt_bigrams = k, persistent, init, prompt_bigrams
+        self.remembers_across_calls = persistent
         self.default_tree = default_tree if default_tree is not None else template(12, k)
         self._check_ranks(self.default_tree)
         self._matrix: torch.Tensor | None = None  # int32 [V + 1, k]: row V takes writes that must not land

@@ -20,9 +20,9 @@ node's children are ranked by count, so siblings are distinct tokens in a fixed 
 of the past: verified losslessly like top-k ranks (treespec/walker.py). Rows without a match verify their root
 alone (an empty tree).
 
-Left out: the paper's suffix tree is path-compressed and lives in C++; this trie is plain Python dictionaries
-(memory at most ``max_match + depth`` nodes per indexed token; docs/usage.md). A row's final step's tokens are not
-indexed (the drafter is not told which tokens ended a row).
+Left out: the paper's suffix tree lives in C++; this trie is Python dictionaries, compact where text does not
+repeat (a string seen once is a place in its document, not a node; docs/usage.md). A row's final step's tokens are
+not indexed (the drafter is not told which tokens ended a row).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 from treespec.drafter import Committed, Drafter, Proposal, Proposals
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.suffix.suffix_trie import Document, Node, SuffixTrie
+from treespec.heads.suffix.suffix_trie import Document, SuffixTrie
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
@@ -63,6 +63,7 @@ class SuffixDecoding(Drafter):
             raise ValueError(f"need alpha > 0 and 0 <= min_prob < 1, got alpha={alpha!r}, min_prob={min_prob!r}")
         self.alpha, self.min_prob, self.max_match = alpha, min_prob, max_match
         self.max_cached_tokens = max_cached_tokens
+        self.remembers_across_calls = max_cached_tokens > 0
         self.default_tree = default_tree if default_tree is not None else DynamicTree(16, 8, 4)
         self.depth = max_match + max(8, self.default_tree.depth)  # the tries' depth: a match, then a draft
         self.outputs = SuffixTrie(self.depth)  # earlier outputs, across generate() calls
@@ -124,7 +125,7 @@ class SuffixDecoding(Drafter):
         for trie in (own, self.outputs):
             node, m = trie.match(context, self.max_match)
             if node is not None:
-                grown = self.grow(node, m, tree)
+                grown = self.grow(trie, node, m, tree)
                 if grown[0] > best[0]:
                     best = grown
         _, paths, tokens = best
@@ -134,26 +135,27 @@ class SuffixDecoding(Drafter):
         token_of = dict(zip(paths, tokens, strict=True))
         return Proposal(tree=grown_tree, tokens=torch.tensor([token_of[p] for p in grown_tree.paths]))
 
-    def grow(self, start: Node, m: int, tree: Tree | DynamicTree) -> tuple[float, list, list]:
-        """Best-first from ``start`` (a match of ``m`` tokens): (total score, paths, tokens) of at most
-        ``alpha·m`` nodes within ``tree``'s budget, each scoring at least ``min_prob``."""
+    def grow(self, trie: SuffixTrie, start, m: int, tree: Tree | DynamicTree) -> tuple[float, list, list]:
+        """Best-first from ``start`` (the place of a ``m``-token match in ``trie``): (total score, paths, tokens)
+        of at most ``alpha·m`` nodes within ``tree``'s budget, each scoring at least ``min_prob``."""
         if isinstance(tree, DynamicTree):
             budget, depth, width, allowed = tree.total_tokens, tree.depth, tree.top_k, None
         else:
             budget, depth, width, allowed = len(tree), tree.depth, None, set(tree.paths)
         budget = min(budget, max(1, math.floor(self.alpha * m)))
-        heap: list = []  # (−score, tie, path, node)
+        heap: list = []  # (−score, tie, path, token, place)
         tie = 0
 
-        def push(node: Node, path: tuple, score: float) -> None:
+        def push(place, path: tuple, score: float) -> None:
             nonlocal tie
-            if not node.kids or len(path) >= depth:
+            if len(path) >= depth:
                 return
-            total = sum(kid.count for kid in node.kids.values())
-            ranked = sorted(node.kids.items(), key=lambda kv: (-kv[1].count, kv[0]))[:width]
-            for rank, (token, kid) in enumerate(ranked):
+            kids = trie.children(place, m + len(path))
+            total = sum(count for _, count, _ in kids)
+            ranked = sorted(kids, key=lambda kid: (-kid[1], kid[0]))[:width]
+            for rank, (token, count, kid) in enumerate(ranked):
                 child = (*path, rank)
-                p = score * kid.count / total
+                p = score * count / total
                 if p < self.min_prob:
                     break  # ranked by count: the rest score lower
                 if allowed is None or child in allowed:

@@ -37,7 +37,7 @@ from treespec.autotree import (
     predict_generation,
     tau_source,
 )
-from treespec.bench import Config, Row, measure
+from treespec.bench import Config, Row, measure, own_copy
 from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
@@ -285,7 +285,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
             tree, reason = None, "block verification verifies chains"
-        same = next((c.name for c in configs if spec.get("kind") == "default" and c.drafter is d.drafter
+        same = next((c.name for c in configs if spec.get("kind") == "default" and c.name.startswith(f"{d.name} | ")
                      and c.acceptance == rule and c.tree == tree), None)
         if same is not None:  # a drafter's default tree already listed (a draft model's chain γ=4): run it once
             tree, reason = None, f"its default tree is {same}'s"
@@ -293,7 +293,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             log(f"  skip {name}: {reason}")
             skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
             continue
-        configs.append(Config(name, d.drafter, tree, acceptance=rule))
+        configs.append(Config(name, own_copy(d.drafter), tree, acceptance=rule))
         # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
         source = d.tau_source(rule)
         pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
