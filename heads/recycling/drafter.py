@@ -37,8 +37,9 @@ from treespec.tree import Tree
 
 # The templates: Medusa's sparse-tree rule (treespec.analysis.grow_tree: the paths most likely to be accepted) on
 # one rank profile, the matrix's rank 0 accepted 70 % of the time at every depth (what a chain of its rank-0
-# candidates reaches on the reference target: τ ≈ 3.4 at γ = 8) and the other ranks' share decaying by a quarter
-# per rank. That gives the paper's shape, wide near the root and a rank-0 spine deep down.
+# candidates reaches on the reference target: τ ≈ 3.4 at γ = 8) and most of the rest shared by the other ranks,
+# each a quarter less likely than the one before. That gives the paper's shape: wide near the root, a rank-0 spine
+# deep down.
 RANK_PROFILE = [[0.7] + [0.3 * 0.9 * 0.25 * 0.75 ** (r - 1) for r in range(1, 8)] for _ in range(10)]
 #: The default, sized for CPUs: 12 nodes (an 8-deep rank-0 spine and 4 alternatives near the root). On a GPU a pass
 #: over 80 tokens costs about one over a single token; on a CPU a pass's cost grows with its tokens (the reference
