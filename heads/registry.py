@@ -16,7 +16,7 @@ from torch import nn
 
 from treespec.autotree import read_cost_curve
 from treespec.drafter import CANDIDATE_MODES, Drafter
-from treespec.heads import draft_model, eagle, eagle3, medusa, prompt_lookup
+from treespec.heads import draft_model, eagle, eagle3, medusa, prompt_lookup, recycling, suffix
 from treespec.heads.accuracy import read_accuracy
 from treespec.heads.detect import Found, formats, resolve_source
 from treespec.heads.detect import detect as detect_in
@@ -29,6 +29,8 @@ from treespec.profile import DrafterProfile
 KINDS: tuple[DrafterKind, ...] = (
     draft_model.KIND,
     prompt_lookup.KIND,
+    recycling.KIND,
+    suffix.KIND,
     medusa.KIND,
     medusa.MEDUSA2,
     eagle.KIND,

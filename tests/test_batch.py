@@ -114,11 +114,11 @@ def reference_batch():
     return target, encoded.input_ids, encoded.attention_mask, tokenizer.pad_token_id
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "draft", "medusa", "prompt_lookup"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "draft", "medusa", "prompt_lookup", "recycling", "suffix"])
 def test_reference_models_batched(reference_batch, kind):
     target, ids, mask, pad = reference_batch
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=pad)
-    source = None if kind == "prompt_lookup" else f"reference:{kind}"
+    source = f"reference:{kind}" if registry.get(kind).has_weights else None
     drafter = registry.build(kind, target, source)
     trees = [Tree.chain(3), Tree.full(2, 2)] + ([DynamicTree(16, 5, 4)] if drafter.grows_dynamic_trees else [])
     for tree in trees:

@@ -10,7 +10,7 @@ import torch
 
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import DraftModel, Eagle, EagleModel, PromptLookup
+from treespec.heads import Combined, DraftModel, Eagle, EagleModel, PromptLookup, SuffixDecoding, TokenRecycling
 from treespec.sampling import Sampling
 
 from .helpers import PROMPT, VOCAB, chi2_pvalue, exact_distribution, hf_greedy, perturbed, tiny_llama
@@ -56,6 +56,23 @@ def test_batched_greedy_equals_transformers_on_device(attn):
                           (Eagle(EagleModel(target)), DynamicTree(8, 4, 3))):
         out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=20)
         assert torch.equal(out.sequences, expected), (type(drafter).__name__, tree)
+
+
+@pytest.mark.parametrize("name", ["recycling", "suffix", "combined"])
+def test_model_free_greedy_on_device(name):
+    """Token Recycling's matrix lives on the device (its update and read never leave it), SuffixDecoding's tries
+    on the host; both, and the two combined, equal transformers' greedy with the target on the device."""
+    target = on_device(tiny_llama(seed=0))
+    drafter = {"recycling": TokenRecycling, "suffix": SuffixDecoding,
+               "combined": lambda: Combined([TokenRecycling(), SuffixDecoding()])}[name]()
+    for prompt in (torch.tensor([[5, 9, 13, 2, 7] * 3]), torch.randint(0, 64, (1, 9), generator=torch.Generator(
+            ).manual_seed(3))):
+        prompt = prompt.to(DEVICE)
+        out = generate(target, prompt, drafter=drafter, tree=Tree.full(2, 2) if name == "suffix" else None,
+                       max_new_tokens=24)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
+    if name == "recycling":
+        assert drafter.matrix.device.type == torch.device(DEVICE).type
 
 
 def test_bf16_greedy_equals_transformers_bf16():

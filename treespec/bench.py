@@ -11,6 +11,7 @@ A "prompt" may be a batch (a list of 1-D prompts, decoded at once): its tokens/s
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ class Config:
     tree: object = None
     acceptance: str = "rejection"
     run: Callable | None = None
+
+
+def own_copy(drafter):
+    """A configuration's drafter: its own copy when it remembers across generate() calls (Token Recycling,
+    SuffixDecoding: ``Drafter.remembers_across_calls``), since ``measure`` runs configurations interleaved prompt by
+    prompt and one must not draft from another's output of the same prompt; otherwise the one drafter, shared."""
+    return copy.deepcopy(drafter) if getattr(drafter, "remembers_across_calls", False) else drafter
 
 
 @dataclass

@@ -13,7 +13,9 @@ drafter's side:
    node's children from. Its model runs once per depth for the whole batch, never once per row.
 2. The target verifies; the walker picks each row's accepted path (treespec/walker.py).
 3. ``accept(paths, features)``: each row's accepted node indices (root excluded) and the target's hidden
-   states at the root and at each accepted node, so drafters with their own caches stay in sync.
+   states at the root and at each accepted node, so drafters with their own caches stay in sync. A drafter
+   that ``observes_logits`` is first shown the pass itself, ``observe_pass(tokens, trees, logits)``: the
+   target's logits at every node it verified, rejected candidates' included (Token Recycling's matrix).
 4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
 
 A drafter holds one generation's state (its rows' caches, their committed lengths), so it serves one
@@ -158,6 +160,13 @@ class Drafter:
     max_positions: int | None = None
     #: the deepest tree it can fill (Medusa: its number of heads), checked at generate's door; None: no limit
     max_tree_depth: int | None = None
+    #: whether the loop shows it every verification pass (``observe_pass``); off: the loop never calls it
+    observes_logits: bool = False
+    #: whether what it learns in one generate() call drafts in the next (Token Recycling's matrix, SuffixDecoding's
+    #: earlier outputs): a comparison gives each configuration its own copy, so none drafts from another's output
+    #: of the same prompt
+    remembers_across_calls: bool = False
+
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
 
@@ -187,6 +196,11 @@ class Drafter:
     def accept(self, paths: list[torch.Tensor], features: torch.Tensor | None) -> None:
         """paths: per row, LongTensor [k_b] accepted node indices; features: [b, 1 + max k_b, L·h] (row b's
         root, then its accepted nodes, in its first k_b + 1 entries) or None."""
+
+    def observe_pass(self, tokens: torch.Tensor, trees: list[Tree], logits: torch.Tensor) -> None:
+        """Called after every target pass when ``observes_logits``, before the walk: tokens [b, N] (each row's root,
+        then its candidates; row b's first ``trees[b].num_nodes`` entries are real, the rest padding), logits
+        [b, N, V] the target's at each of them, on the target's device. Reading them must not change them."""
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others

@@ -230,6 +230,9 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[lis
                                                      proposals.trees[0])
     else:
         logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
+    if run.drafter is not None and run.drafter.observes_logits:  # every node's logits, rejected ones' too
+        with timed(run.observer, DRAFT):
+            run.drafter.observe_pass(tokens, proposals.trees, logits)
     # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'
     with timed(run.observer, WALK):
         return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling,

@@ -234,7 +234,7 @@ def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, prof
     if isinstance(tree, Mapping):
         # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling)
         tree = build_tree(tree, profile=profile, candidates=getattr(drafter, "candidates", "topk"),
-                          acceptance=acceptance, sampling=sampling)
+                          acceptance=acceptance, sampling=sampling, default=getattr(drafter, "default_tree", None))
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if drafter is None:

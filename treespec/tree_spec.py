@@ -8,6 +8,8 @@ Static kinds (one Tree for every step):
                                                      top-k accuracies (Medusa's sparse trees; analysis.grow_tree)
     {"kind": "auto", "max_nodes": n}                 the accuracy-grown tree with the best predicted tokens/s
                                                      on this device's cost curve (treespec.autotree)
+    {"kind": "default"}                              the drafter's own ``default_tree`` (Token Recycling's
+                                                     template, SuffixDecoding's budget, ...)
 Dynamic kind (grown by the drafter every step; EAGLE-2):
     {"kind": "dynamic", "total_tokens": n, "depth": d, "top_k": k}   → DynamicTree
 
@@ -42,6 +44,7 @@ KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
     "accuracy": (("nodes",), {}),
     "auto": ((), {"max_nodes": 64}),
     "dynamic": (("total_tokens", "depth", "top_k"), {}),
+    "default": ((), {}),
 }
 NEEDS_ACCURACY = ("accuracy", "auto")  # kinds grown from a drafter's measured per-depth top-k accuracies
 CHAIN_RULES = ("block",)  # acceptance rules that verify chains only (treespec/walker_traversal.py)
@@ -53,7 +56,7 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
-    if spec["kind"] not in NEEDS_ACCURACY:  # build it once to check the values; accuracy kinds need a drafter
+    if spec["kind"] not in (*NEEDS_ACCURACY, "default"):  # build it once to check it; the others need a drafter
         build_tree(spec)
     else:
         for key in ("nodes", "max_nodes"):
@@ -63,7 +66,7 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
 
 
 def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str = "topk",
-               acceptance: str = "rejection", sampling=None) -> Tree | DynamicTree:
+               acceptance: str = "rejection", sampling=None, default=None) -> Tree | DynamicTree:
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
@@ -71,7 +74,7 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
     max_nodes) -> Tree`` picks the "auto" tree (it needs the device's cost curve, see
     treespec.autotree.auto_chooser). Without them, a ``profile``'s are used (``DrafterProfile.tau_source``: its
     measured chain τ under ``acceptance`` at ``sampling`` when the drafter samples its ``candidates``, else its
-    ``accuracy``; and its ``tree_chooser``)."""
+    ``accuracy``; and its ``tree_chooser``). ``default``: the drafter's ``default_tree``, for kind "default"."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
@@ -88,6 +91,10 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
             return Tree.from_paths([tuple(p) for p in spec["paths"]])
         if kind == "dynamic":
             return DynamicTree(_int(spec["total_tokens"]), _int(spec["depth"]), _int(spec["top_k"]))
+        if kind == "default":
+            if default is None:
+                raise ValueError("needs the drafter whose default_tree it names (generate(tree=...) with a drafter)")
+            return default
         if accuracy is None:
             raise ValueError("needs the drafter's measured per-depth top-k accuracies: a trained drafter's folder "
                              "holds them (head_accuracy.json): pass profile=treespec.heads.load_profile(folder), or "

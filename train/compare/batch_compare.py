@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from treespec.autotree import cost_at, measure_cost_curve, predict
-from treespec.bench import Config, measure
+from treespec.bench import Config, measure, own_copy
 from treespec.compat import NO_EOS
 from treespec.heads.kind import drafting_costs
 from treespec.inputs import left_padded
@@ -105,7 +105,7 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
                 if tree is None:
                     out["skipped"].append({"batch_size": size, "config": name, "reason": reason})
                     continue
-                configs.append(Config(name, d.drafter, tree))
+                configs.append(Config(name, own_copy(d.drafter), tree))
                 pred = predict(tree, d.accuracy, curve, per_depth, fixed, baseline=baseline) \
                     if d.accuracy is not None and isinstance(tree, Tree) else None
                 meta[name] = {"drafter": d.name, "tree": label, "nodes": len(tree),

@@ -37,7 +37,7 @@ from treespec.autotree import (
     predict_generation,
     tau_source,
 )
-from treespec.bench import Config, Row, measure
+from treespec.bench import Config, Row, measure, own_copy
 from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
@@ -92,8 +92,8 @@ def spec_label(spec: dict) -> str:
         return f"accuracy {spec['nodes']}"
     if kind == "dynamic":
         return f"dynamic {spec.get('total_tokens')}/{spec.get('depth')}/{spec.get('top_k')}"
-    if kind == "auto":
-        return "auto"
+    if kind in ("auto", "default"):
+        return kind
     return f"{kind} {len(spec.get('paths', []))}"
 
 
@@ -114,7 +114,7 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
         return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
-    tree = build_tree(spec, accuracy=source, acceptance=rule,
+    tree = build_tree(spec, accuracy=source, acceptance=rule, default=d.drafter.default_tree,
                       choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
@@ -325,11 +325,15 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
             tree, reason = None, "block verification verifies chains"
+        same = next((c.name for c in configs if spec.get("kind") == "default" and c.name.startswith(f"{d.name} | ")
+                     and c.acceptance == rule and c.tree == tree), None)
+        if same is not None:  # a drafter's default tree already listed (a draft model's chain γ=4): run it once
+            tree, reason = None, f"its default tree is {same}'s"
         if tree is None:
             log(f"  skip {name}: {reason}")
             skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
             continue
-        configs.append(Config(name, d.drafter, tree, acceptance=rule))
+        configs.append(Config(name, own_copy(d.drafter), tree, acceptance=rule))
         # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
         source = d.tau_source(rule)
         pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,

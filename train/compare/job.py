@@ -55,7 +55,8 @@ from treespec.tree_spec import check_tree_spec
 from treespec.walker import ACCEPTANCE_MODES
 
 REFERENCE_TARGET = "reference:target"
-REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "medusa", "eagle")  # drafters: null on the reference target
+REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "recycling", "suffix", "medusa", "eagle")  # drafters: null, reference
+MODEL_FREE = ("prompt_lookup", "recycling", "suffix")  # drafters: null on any other target, beside given sources
 SOURCES = ("reference", "jsonl", "dataset", "texts")
 LEAD = 16  # prompt tokens kept before each held-out continuation (train/training/data.py's own_continuations)
 CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
@@ -77,7 +78,7 @@ def drafter_labels(cfg) -> list[str]:
     given = [label for label, entry in cfg.available.items() if "source" in entry
              and not OmegaConf.is_missing(entry, "source") and entry.source is not None
              and not str(entry.source).startswith(reference.PREFIX)]
-    return ["prompt_lookup", *given]
+    return [*MODEL_FREE, *given]
 
 
 def tree_specs_of(cfg) -> list[dict]:
