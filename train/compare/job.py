@@ -32,6 +32,8 @@ from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.journal import precheck
+from treespec.train.compare.progress import set_threads
 from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
@@ -150,6 +152,7 @@ def check_config(cfg) -> None:
     config_checks.integer(cfg.get("threads"), "threads", optional=True)
     config_checks.integer(cfg.get("seed") or 0, "seed", 0)
     config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.boolean(cfg.get("resume", False), "resume")
     config_checks.integers(cfg.cost_sizes, "cost_sizes")
     if cfg.get("batch_sizes") is not None:  # the comparison across batch sizes (train/compare/batch_compare.py)
         for key in ("batch_sizes", "batch_cost_sizes"):
@@ -327,12 +330,27 @@ def frequency_counts(cfg, tokenizer, windows) -> torch.Tensor:
     return torch.bincount(train_tokens.long(), minlength=len(tokenizer))
 
 
+# settings a resumed comparison may change: how it runs (threads), logs and reports (intervals), where it writes,
+# and the batch-size pass (measured again whole on a resume); the drafters it does not run are left out too
+RESUMABLE = ("threads", "resume", "run_dir", "paths", "logger", "bootstrap", "report", "compare", "batch_sizes",
+             "batches", "batch_cost_sizes")
+
+
+def journal_config(cfg) -> dict:
+    """The job's config as a resume must find it (train/compare/journal.py): resolved, less ``RESUMABLE``."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    used = set(drafter_labels(cfg))
+    resolved["available"] = {k: v for k, v in resolved.get("available", {}).items() if k in used}
+    return {k: v for k, v in resolved.items() if k not in RESUMABLE}
+
+
 def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     """The scripts/compare_trees.py job: load target, workload and drafters named in ``cfg``, compare, write
     outputs."""
     check_config(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    resume = bool(cfg.get("resume", False))
+    precheck(out_dir, journal_config(cfg), resume)  # refused before any model loads
+    set_threads(cfg.threads, cfg.get("device") or "cpu")
     tree_specs = tree_specs_of(cfg)
     target, tokenizer = reference.load_model(cfg.target)
     device = torch.device(cfg.get("device") or "cpu")
@@ -368,6 +386,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
         f"categories ({', '.join(workload.categories)})", seed=int(cfg.get("seed") or 0), workload=workload_record,
         assistant=assistant_note)
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
+                       resume=resume,
                        config={**resolved, "stamp": {k: v for k, v in stamp.items() if k != "config"}})
     result = run_comparison(target, drafters, tree_specs, [p.ids for p in prompts],
                             max_new_tokens=[p.max_new_tokens for p in prompts], temperature=cfg.temperature,
@@ -378,15 +397,18 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             stamp=stamp, eos_token_id=template.end_ids or None,
                             prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
                             batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),
-                            batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)))
+                            batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)),
+                            resume=resume, journal_config=journal_config(cfg))
     logger.finish()
     return result
 
 
-def run_job(cfg, out_dir, command: str | None = None) -> dict:
+def run_job(cfg, out_dir=None, command: str | None = None) -> dict:
     """scripts/compare_trees.py: ``report=PATH`` re-renders a run's outputs from its results.json (nothing is
     measured), ``compare=[A,B,...]`` writes ``comparison.md`` (runs side by side) into ``out_dir``, else a
-    comparison is measured. Returns {"mode", "outputs" (files written), "markdown" (what to print), ...}."""
+    comparison is measured. ``out_dir``: the run's folder (default ``cfg.run_dir``). Returns {"mode", "outputs"
+    (files written), "markdown" (what to print), ...}."""
+    out_dir = cfg.run_dir if out_dir is None else out_dir
     if cfg.get("report") and cfg.get("compare"):
         raise ValueError("give report=PATH or compare=[A,B], not both")
     if cfg.get("report"):
