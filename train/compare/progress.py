@@ -2,8 +2,7 @@
 progress line (runs done of all, which prompt run, the time left).
 
 Threads: torch starts one thread per core. On cores that other processes keep busy those threads wait for each
-other at every operation, and a forward slows several-fold (a comparison that finishes in 9 minutes on one thread
-was still running at 14 on two, on a loaded 2-core machine). So ``threads: null`` takes the cores that the load
+other at every operation, and a forward slows several-fold. So ``threads: null`` takes the cores that the load
 average leaves idle, and says so.
 """
 
