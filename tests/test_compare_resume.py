@@ -102,8 +102,11 @@ def test_a_comparison_killed_twice_resumes_to_the_same_counts(whole, tmp_path):
     assert any("cut off by the kill" in line for line in seen) and any("7 runs kept" in line for line in seen)
     partial = json.loads((tmp_path / "results.json").read_text())
     assert partial["prompts_done"] == PROMPT_RUNS and not partial["complete"]  # the main pass is whole
-    resumed = compare(tmp_path, resume=True)
+    seen = []
+    resumed = compare(tmp_path, resume=True, seen=seen)
     assert_same_counts(resumed, whole)
+    progress = [line for line in seen if line.startswith("  [")]  # counting on from the runs kept
+    assert progress[0].startswith(f"  [{main + 9}/{total}]") and progress[-1].startswith(f"  [{total}/{total}]")
     assert resumed["sessions"] == 3 and (tmp_path / "results.md").exists()
     lines = journal_lines(tmp_path)
     runs = [(line["pass"], line["run"], line["config"]) for line in lines if line["kind"] == "run"]
@@ -184,12 +187,14 @@ def test_a_resumed_prompt_pairs_new_runs_with_a_new_vanilla():
 
 
 def test_progress_says_what_is_left():
-    lines, now = [], iter([0.0, 2.0, 4.0])
+    lines, now = [], iter([5.0, 7.0, 8.0])  # the first run's time holds the warm-up: not extrapolated
     p = Progress(total=10, runs=5, done=3, log=lines.append, clock=lambda: next(now))
     p("eagle | chain γ=2", 3)
     p("vanilla", 4)
-    assert lines == ["  [4/10] eagle | chain γ=2 · prompt run 4/5 · about 12 s left",
-                     "  [5/10] vanilla · prompt run 5/5 · about 10 s left"]
+    p("eagle | chain γ=4", 4)
+    assert lines == ["  [4/10] eagle | chain γ=2 · prompt run 4/5 · time left: from the next run on",
+                     "  [5/10] vanilla · prompt run 5/5 · about 10 s left",
+                     "  [6/10] eagle | chain γ=4 · prompt run 5/5 · about 6 s left"]
     assert progress_module.duration(3725) == "1 h 02 min" and progress_module.duration(190) == "3 min 10 s"
 
 

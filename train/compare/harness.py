@@ -328,7 +328,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
 
     order = measuring_order(budgets, repeats)
     restored = {p: journal.restored(p, order) for p in ("main", "peers")}
-    peer_count = len({c["drafter"] for c in planned}) + 2 + (assistant is not None) if peers else 0
+    # the peers' pass: vanilla, each drafter's best, transformers greedy, prompt lookup and assisted generation
+    peer_count = 3 + len({c["drafter"] for c in planned}) + (assistant is not None) if peers else 0
     progress = Progress((len(configs) + 1 + peer_count) * len(order), len(order),
                         sum(map(len, restored.values())), log)
     common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id}

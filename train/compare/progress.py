@@ -28,9 +28,8 @@ def default_threads(device: str = "cpu") -> tuple[int | None, str]:
     except (AttributeError, OSError):
         return None, ""
     threads = max(1, min(cores, cores - int(load)))
-    busy = f", {cores - threads} busy" if threads < cores else ""
-    return threads, (f"threads: {threads} ({cores} cores, load average {load:.1f}{busy}; threads=N sets them, "
-                     "threads=1 on a shared machine)")
+    return threads, (f"threads: {threads} ({cores} cores, load average {load:.1f} before this run; threads=N sets "
+                     "them)")
 
 
 def set_threads(threads: int | None, device: str = "cpu", log=print) -> None:
@@ -61,12 +60,15 @@ class Progress:
 
     def __init__(self, total: int, runs: int, done: int = 0, log=print, clock=time.perf_counter):
         self.total, self.runs, self.done, self.log, self.clock = total, runs, done, log, clock
-        self.fresh, self.started = 0, clock()
+        self.fresh, self.first = 0, None
 
     def __call__(self, name: str, run: int) -> None:
         self.done += 1
         self.fresh += 1
-        left = max(0, self.total - self.done)
-        rate = (self.clock() - self.started) / self.fresh
-        eta = f"about {duration(rate * left)} left" if left else "the last run"
+        left, now = max(0, self.total - self.done), self.clock()
+        if self.first is None:  # the first run's time holds the warm-up: estimates start from the second
+            self.first = now
+            eta = "time left: from the next run on" if left else "the last run"
+        else:
+            eta = f"about {duration((now - self.first) / (self.fresh - 1) * left)} left" if left else "the last run"
         self.log(f"  [{self.done}/{self.total}] {name} · prompt run {run + 1}/{self.runs} · {eta}")
