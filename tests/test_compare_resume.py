@@ -12,11 +12,13 @@ import torch
 from treespec.bench import Config, Measured, measure
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.draft_model.drafter import rank_accuracy
+from treespec.train.compare import harness
 from treespec.train.compare import progress as progress_module
 from treespec.train.compare.harness import DrafterSpec, run_comparison
 from treespec.train.compare.job import journal_config, run_job
 from treespec.train.compare.journal import JOURNAL, Journal, precheck
 from treespec.train.compare.progress import Progress, default_threads
+from treespec.train.compare.results_file import save_result
 from treespec.tree import Tree
 
 from .helpers import compose_cfg, perturbed, run_killed, tiny_llama
@@ -72,6 +74,15 @@ def assert_same_counts(resumed: dict, whole: dict) -> None:
     assert sorted(name.split(" | ")[0] for name in resumed["peer_pass"]) == ["draft", "prompt_lookup", "vanilla"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_figures():
+    """The report's figures take most of a tiny comparison's time and are tested in test_report.py: here the
+    report is only written as results.json (the measurement's own record)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "write_outputs", lambda result, out_dir, logger: save_result(result, out_dir))
+        yield
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
@@ -107,7 +118,7 @@ def test_a_comparison_killed_twice_resumes_to_the_same_counts(whole, tmp_path):
     assert_same_counts(resumed, whole)
     progress = [line for line in seen if line.startswith("  [")]  # counting on from the runs kept
     assert progress[0].startswith(f"  [{main + 9}/{total}]") and progress[-1].startswith(f"  [{total}/{total}]")
-    assert resumed["sessions"] == 3 and (tmp_path / "results.md").exists()
+    assert resumed["sessions"] == 3 and json.loads((tmp_path / "results.json").read_text())["complete"]
     lines = journal_lines(tmp_path)
     runs = [(line["pass"], line["run"], line["config"]) for line in lines if line["kind"] == "run"]
     assert len(runs) == len(set(runs)) == total and [line["kind"] for line in lines].count("resume") == 2
