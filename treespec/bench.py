@@ -7,6 +7,12 @@ prompt). τ is the mean tokens committed per verification pass, bonus included. 
 per-prompt values (tokens/s, ratio to vanilla, accept lengths), for intervals over prompts; ``on_prompt``
 hands over the rows of the prompts measured so far after each prompt, so a long run can be saved as it goes.
 A "prompt" may be a batch (a list of 1-D prompts, decoded at once): its tokens/s count every row's tokens.
+
+A run killed part way can continue (train/compare/journal.py keeps every run): ``done`` hands back runs measured
+by an earlier process, ``on_run`` gets every new one. A ratio is only meaningful within one process (another
+process may run on a busier machine, with other threads), so on a prompt where some runs are restored and some
+are not, vanilla runs again first and the new runs are paired with it (``Measured.vanilla_tokens_per_s``);
+restored runs keep the pairing they were measured with.
 """
 
 from __future__ import annotations
@@ -42,6 +48,39 @@ def own_copy(drafter):
 
 
 @dataclass
+class Measured:
+    """What a Row keeps of one run (a GenerationResult's numbers), small enough to journal and restore."""
+
+    new_tokens: int
+    wall_time: float
+    accept_lengths: list[int]
+    target_passes: int
+    target_time: float = 0.0
+    draft_time: float = 0.0
+    walk_time: float = 0.0
+    vanilla_tokens_per_s: float | None = None  # the vanilla run this one's ratio is to, when it is not the
+    #                                             prompt's own (a resumed prompt: module docstring)
+
+    @classmethod
+    def of(cls, result) -> Measured:
+        return cls(new_tokens=int(result.new_tokens), wall_time=float(result.wall_time),
+                   accept_lengths=[int(n) for n in result.accept_lengths], target_passes=int(result.target_passes),
+                   target_time=float(result.target_time), draft_time=float(result.draft_time),
+                   walk_time=float(result.walk_time))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
+
+    @property
+    def overhead_time(self) -> float:
+        return self.wall_time - self.target_time - self.draft_time
+
+
+WARMUP_TOKENS = 8  # a warm-up generation's budget: a few steps of every configuration initialise what is lazy
+
+
+@dataclass
 class Row:
     name: str
     tokens_per_s: float                 # median over prompts
@@ -60,15 +99,15 @@ class Row:
     walk_time_per_pass: float = float("nan")   # seconds in the walker (walker.py) per verification pass
 
 
-def rows_of(results: dict[str, list]) -> list[Row]:
-    """One Row per configuration from its GenerationResults, one per prompt run measured so far ({name: [...]},
-    vanilla's included, every list the same length); rows in the dict's order."""
+def rows_of(results: dict[str, list[Measured]]) -> list[Row]:
+    """One Row per configuration from its runs, one per prompt run measured so far ({name: [...]}, vanilla's
+    included, every list the same length); rows in the dict's order."""
     base, rows = results["vanilla"], []
     for name, outs in results.items():
         lengths = [n for o in outs for n in o.accept_lengths]
         # the time split exists for treespec's own runs (an observer timed them); a peer's runs have none
         timed = bool(lengths) and any(o.target_time > 0 for o in outs)
-        ratios = [o.tokens_per_s / b.tokens_per_s for o, b in zip(outs, base, strict=True)]
+        ratios = [o.tokens_per_s / (o.vanilla_tokens_per_s or b.tokens_per_s) for o, b in zip(outs, base, strict=True)]
         rows.append(Row(
             name=name,
             tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
@@ -93,33 +132,53 @@ def rows_of(results: dict[str, list]) -> list[Row]:
 
 def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_new_tokens: int,
             temperature: float = 0.0, top_p: float = 1.0, eos_token_id=None, seed: int = 0,
-            warmup: bool = True, progress=None, on_prompt: Callable[[list[Row]], None] | None = None) -> list[Row]:
+            warmup: bool = True, progress=None, on_prompt: Callable[[list[Row]], None] | None = None,
+            done: dict[tuple[int, str], Measured] | None = None,
+            on_run: Callable[[int, str, Measured], None] | None = None) -> list[Row]:
     """Run vanilla + every config on every prompt ([1, P] tensors, or batches: lists of 1-D prompts); rows in
     config order, vanilla first.
 
     ``progress(name, i)`` is called after each run; ``on_prompt(rows)`` after every config has run on a prompt,
     with the rows of the prompts measured so far (their per-prompt lists hold one entry per such prompt), so a
-    caller can save what it has before a long run ends."""
+    caller can save what it has before a long run ends. ``done[(i, name)]``: prompt i's run of a configuration
+    measured earlier (not run again; module docstring for the pairing); ``on_run(i, name, measured)`` after each
+    new run."""
     configs = [Config("vanilla")] + [c for c in configs if c.name != "vanilla"]
+    done = done or {}
+    have = dict(done)  # every run so far: restored, then new
 
-    def run(config: Config, prompt: torch.Tensor, tag: int):
+    def run(config: Config, prompt: torch.Tensor, tag: int, budget: int = max_new_tokens) -> Measured:
         gen = torch.Generator().manual_seed(seed + tag)
         if config.run is not None:
-            return config.run(prompt, max_new_tokens, temperature, top_p, gen)
+            return Measured.of(config.run(prompt, budget, temperature, top_p, gen))
         # the synchronising observer charges the target and the drafter for their own kernels
-        return generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
-                        acceptance=config.acceptance, observer=StepTimer(synchronize=True, device=target.device))
+        return Measured.of(generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
+                                    temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
+                                    acceptance=config.acceptance,
+                                    observer=StepTimer(synchronize=True, device=target.device)))
 
-    if warmup:  # first calls pay for lazy initialisation (kernels, allocator): keep them out of the numbers
+    left = [[c for c in configs if (i, c.name) not in done] for i in range(len(prompts))]
+    if warmup and any(left):  # first calls pay for lazy initialisation (kernels, allocator): keep it out of the numbers
         for config in configs:
-            run(config, [p[:8] for p in prompts[0]] if isinstance(prompts[0], list) else prompts[0][:, :8], -1)
+            run(config, [p[:8] for p in prompts[0]] if isinstance(prompts[0], list) else prompts[0][:, :8], -1,
+                min(max_new_tokens, WARMUP_TOKENS))
     results: dict[str, list] = {c.name: [] for c in configs}
     for i, prompt in enumerate(prompts):
-        for config in configs:
-            results[config.name].append(run(config, prompt, i))
+        # vanilla first whenever anything runs: the ratios of this process's runs are to this process's vanilla
+        paired = None
+        for config in ([configs[0]] if left[i] else []) + [c for c in left[i] if c.name != "vanilla"]:
+            measured = run(config, prompt, i)
+            if config.name == "vanilla" and (i, "vanilla") in done:
+                paired = measured.tokens_per_s  # a resumed prompt's vanilla: only the new runs' pairing
+                continue
+            measured.vanilla_tokens_per_s = paired
+            have[(i, config.name)] = measured
+            if on_run is not None:
+                on_run(i, config.name, measured)
             if progress is not None:
                 progress(config.name, i)
+        for config in configs:
+            results[config.name].append(have[(i, config.name)])
         if on_prompt is not None:
             on_prompt(rows_of(results))
     return rows_of(results)

@@ -83,21 +83,21 @@ def fsync(fd):  # SIGKILL right after the n-th durable write: a kill between a j
 
 os.fsync = fsync
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
-    cfg = compose(config_name="train_heads", overrides=sys.argv[4:])
+    cfg = compose(config_name=sys.argv[4], overrides=sys.argv[5:])
 module, function = sys.argv[3].split(":")
 getattr(importlib.import_module(module), function)(cfg)
 """
 
 
-def run_killed(job: str, overrides: list[str], after: int) -> int:
-    """Run ``job`` ("module:function", called with train_heads' config of ``overrides``) in a fresh process that
-    SIGKILLs itself right after its ``after``-th fsync (treespec's durable writes) → its return code (-9 when
-    killed)."""
+def run_killed(job: str, overrides: list[str], after: int, config: str = "train_heads") -> int:
+    """Run ``job`` ("module:function", called with the hydra ``config`` of ``overrides``: train_heads, compare) in
+    a fresh process that SIGKILLs itself right after its ``after``-th fsync (treespec's durable writes) → its
+    return code (-9 when killed)."""
     import subprocess
     import sys
 
     from .models import CONF
 
-    done = subprocess.run([sys.executable, "-c", KILL_AFTER, str(CONF), str(after), job, *overrides],
+    done = subprocess.run([sys.executable, "-c", KILL_AFTER, str(CONF), str(after), job, config, *overrides],
                           capture_output=True, text=True)
     return done.returncode

@@ -17,6 +17,7 @@ sharing a budget are measured together, one bench.measure call per budget, and t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -37,15 +38,18 @@ from treespec.autotree import (
     predict_generation,
     tau_source,
 )
-from treespec.bench import Config, Row, measure, own_copy
+from treespec.bench import Config, Row, own_copy
 from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.generate import GenerationResult
 from treespec.train.compare.batch_compare import run_batch_sizes
+from treespec.train.compare.journal import open_journal
+from treespec.train.compare.passes import measure_by_budget, measuring_order
+from treespec.train.compare.progress import Progress
 from treespec.train.compare.report import write_outputs
 from treespec.train.compare.results_file import save_result
 from treespec.train.compare.stamp import collect as collect_stamp
-from treespec.train.compare.stamp import model_checksum
+from treespec.train.compare.stamp import model_checksum, prompts_digest
 from treespec.train.compare.target_calls import TargetCalls
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
@@ -194,66 +198,6 @@ def best_of(rows: list[Row]) -> str:
     return max(rows[1:], key=lambda r: r.speedup).name if len(rows) > 1 else "vanilla"
 
 
-def merge_rows(parts: list[list[Row]]) -> list[Row]:
-    """One Row per configuration from the rows of several bench.measure calls on disjoint prompts (same
-    configurations, same order): per-prompt lists concatenated, medians and τ over all of them."""
-    if len(parts) == 1:
-        return parts[0]
-    out = []
-    for rows in zip(*parts, strict=True):
-        runs = [len(r.prompt_speedups) for r in rows]
-        passes = sum(r.target_passes for r in rows)
-        lengths = [n for r in rows for n in r.accept_lengths]
-        overhead = [(r.overhead_fraction, k) for r, k in zip(rows, runs, strict=True)
-                    if not math.isnan(r.overhead_fraction)]
-        drafting = [(r.draft_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.draft_time_per_pass)]
-        walking = [(r.walk_time_per_pass, r.target_passes) for r in rows if not math.isnan(r.walk_time_per_pass)]
-        out.append(Row(
-            name=rows[0].name,
-            tokens_per_s=statistics.median(x for r in rows for x in r.prompt_tokens_per_s),
-            speedup=statistics.median(x for r in rows for x in r.prompt_speedups),
-            tau=sum(lengths) / len(lengths) if lengths else math.nan,
-            target_passes=passes, new_tokens=sum(r.new_tokens for r in rows),
-            overhead_fraction=sum(f * k for f, k in overhead) / sum(k for _, k in overhead) if overhead else math.nan,
-            accept_lengths=lengths,
-            prompt_tokens_per_s=[x for r in rows for x in r.prompt_tokens_per_s],
-            prompt_speedups=[x for r in rows for x in r.prompt_speedups],
-            prompt_accept_lengths=[x for r in rows for x in r.prompt_accept_lengths],
-            prompt_new_tokens=[x for r in rows for x in r.prompt_new_tokens],
-            draft_time_per_pass=sum(t * p for t, p in drafting) / max(1, sum(p for _, p in drafting)) if drafting
-            else math.nan,
-            walk_time_per_pass=sum(t * p for t, p in walking) / max(1, sum(p for _, p in walking)) if walking
-            else math.nan))
-    return out
-
-
-def measure_by_budget(target, configs: list[Config], prompts: list[torch.Tensor], budgets: list[int], *, repeats: int,
-                      progress=None, on_prompt=None, **kwargs) -> tuple[list[Row], list[int]]:
-    """bench.measure over ``prompts`` × ``repeats``, one call per generation budget (prompts sharing one are
-    measured together); returns the merged rows and the prompt index of every run, in measuring order.
-    ``on_prompt(rows, prompt_of_run)`` gets what has been measured so far after every prompt run."""
-    groups: dict[int, list[int]] = {}
-    for i, budget in enumerate(budgets):
-        groups.setdefault(int(budget), []).append(i)
-    done: list[list[Row]] = []
-    order: list[int] = []
-    seed = kwargs.pop("seed", 0)
-    for budget, idx in groups.items():
-        runs = idx * repeats
-        before = list(order)
-
-        def handover(partial, before=before, runs=runs):
-            if on_prompt is not None:
-                k = len(partial[0].prompt_speedups)
-                on_prompt(merge_rows(done + [partial]), before + runs[:k])
-
-        # prompt i of a group is tagged seed + its position: offset so no two groups share generator seeds
-        done.append(measure(target, configs, [prompts[i] for i in runs], max_new_tokens=budget,
-                            seed=seed + len(order), progress=progress, on_prompt=handover, **kwargs))
-        order += runs
-    return merge_rows(done), order
-
-
 def context_length(prompt_info: list[dict]) -> int:
     """The median context a verification pass sees: prompt tokens + half the answer, over the prompts."""
     return max(1, int(statistics.median(p["prompt_tokens"] + p["answer_tokens"] // 2 for p in prompt_info)))
@@ -265,41 +209,14 @@ def describe_prompts(prompts: list[torch.Tensor], budgets: list[int]) -> list[di
              "answer_tokens": b} for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
 
 
-def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], prompts: list[torch.Tensor], *,
-                   max_new_tokens: int | list[int], temperature: float = 0.0, top_p: float = 1.0, repeats: int = 1,
-                   cost_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_nodes: int = 64, peers: bool = True,
-                   assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
-                   stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
-                   held_out: str | None = None, batch_sizes=None, batches: int = 3,
-                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection",
-                   baselines=()) -> dict:
-    """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
-
-    ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
-    (and peer) stops at; ``prompt_info[i]``: prompt i's id, category, turn, prompt and answer tokens
-    (templates.TimedPrompt.describe; default: one category, answers the whole budget); ``held_out``: where
-    the drafters' accuracies were measured, for the report. ``acceptance``: the walker's rule, or a list of
-    rules run side by side on the same trees (each configuration named "drafter | tree | rule"; block
-    verification skips branching trees). ``stamp`` (train/compare/stamp.py) describes the run;
-    without one a stamp is collected here. ``bootstrap``: {samples, level, seed} for the report's intervals.
-    ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each, the
-    longest budget, tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens):
-    train/compare/batch_compare.py. ``baselines``: transformers' own methods (``PEERS``' kinds: assisted needs
-    ``assistant``) measured in the main pass, interleaved with every configuration, and reported as peers;
-    ``peers=True`` measures all of them in a pass of their own instead."""
-    unknown = [b for b in baselines if b not in PEERS]
-    if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
-        raise ValueError(f"baselines={list(baselines)}: each one of {', '.join(PEERS)}, without peers=True (which "
-                         "measures them in a pass of their own), and assisted with an assistant model")
-    started = time.perf_counter()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
-    prompt_info = prompt_info or describe_prompts(prompts, budgets)
-    if stamp is None:
-        stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
-                              drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
-    context = context_length(prompt_info)
+def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], rules: list[str],
+                  prompt_info: list[dict], cost_sizes, context: int, max_nodes: int, log=print) -> dict:
+    """What is measured before the first run (the journal's ``setup``): the target's cost curve and prefill
+    curve, each drafter's curve, and every drafter × tree × rule resolved to the tree it verifies, with its
+    prediction ({name, drafter, rule, tree_spec, same_as} under ``configs``, their report fields under ``meta``),
+    or why not (``skipped``). A configuration whose tree equals an earlier one's of the same drafter and rule
+    (``auto`` or ``accuracy 4`` resolving to ``chain γ=4``) would measure the same generations again: it is
+    measured once and reported under both names (``same_as``)."""
     log(f"cost curve: target forward over N tree tokens after {context} cached ones (the prompts' median context), "
         f"N in {list(cost_sizes)}")
     curve = measure_cost_curve(target, cost_sizes, past_len=context)
@@ -316,10 +233,10 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             d.drafter.reset()
             log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
                                                            curves[d.name].items()))
-
-    rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
-    configs, meta, skipped = [], {}, []
-    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs) for rule in rules]
+    configs, meta, skipped, seen = [], {}, [], {}
+    # each drafter's own trees (DrafterSpec.trees, e.g. Spec-Bench's one per method), else the run's
+    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs)
+               for rule in rules]
     for d, spec, rule in planned:
         tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline, rule=rule)
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
@@ -333,7 +250,11 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             log(f"  skip {name}: {reason}")
             skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
             continue
-        configs.append(Config(name, own_copy(d.drafter), tree, acceptance=rule))
+        same_as = seen.setdefault((d.name, rule, tree), name) if isinstance(tree, Tree) else name
+        if same_as != name:
+            log(f"  {name}: the tree of {same_as}, measured once for both")
+        configs.append({"name": name, "drafter": d.name, "rule": rule, "tree_spec": tree_to_spec(tree),
+                        "same_as": same_as if same_as != name else None})
         # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
         source = d.tau_source(rule)
         pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
@@ -342,21 +263,97 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
         whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
                                                      baseline) for p in prompt_info) if pred else None
-        save_tree(tree, out_dir / tree_file(name), config=name, drafter=d.name, tree=spec_label(spec),
-                  **{"load": d.entry} if d.entry else {})
         meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                       "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
                       "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
                       "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
-                      "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name)}
+                      "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name),
+                      **({"same_tree_as": same_as} if same_as != name else {})}
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
+    return {"cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill, "configs": configs,
+            "meta": meta, "skipped": skipped}
+
+
+def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], prompts: list[torch.Tensor], *,
+                   max_new_tokens: int | list[int], temperature: float = 0.0, top_p: float = 1.0, repeats: int = 1,
+                   cost_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_nodes: int = 64, peers: bool = True,
+                   assistant=None, out_dir=".", logger=None, log=print, seed: int = 0, bootstrap: dict | None = None,
+                   stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
+                   held_out: str | None = None, batch_sizes=None, batches: int = 3,
+                   batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection",
+                   baselines=(), resume: bool = False, journal_config: dict | None = None) -> dict:
+    """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
+
+    ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
+    (and peer) stops at; ``prompt_info[i]``: prompt i's id, category, turn, prompt and answer tokens
+    (templates.TimedPrompt.describe; default: one category, answers the whole budget); ``held_out``: where
+    the drafters' accuracies were measured, for the report. ``acceptance``: the walker's rule, or a list of
+    rules run side by side on the same trees (each configuration named "drafter | tree | rule"; block
+    verification skips branching trees). ``stamp`` (train/compare/stamp.py) describes the run;
+    without one a stamp is collected here. ``bootstrap``: {samples, level, seed} for the report's intervals.
+    ``batch_sizes``: then every drafter × tree at each batch size too (``batches`` batches of B prompts each, the
+    longest budget, tree=auto per B from a cost curve over B × ``batch_cost_sizes`` tokens):
+    train/compare/batch_compare.py. ``baselines``: transformers' own methods (``PEERS``' kinds: assisted needs
+    ``assistant``) measured in the main pass, interleaved with every configuration, and reported as peers;
+    ``peers=True`` measures all of them in a pass of their own instead. Every run is journaled as it finishes
+    (train/compare/journal.py), the baselines' too: with ``resume`` a killed comparison in ``out_dir``
+    continues where it stopped, refused if its settings (or ``journal_config``, the job's config) differ; the
+    batch-size pass is measured again whole."""
+    baselines = list(baselines)
+    unknown = [b for b in baselines if b not in PEERS]
+    if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
+        raise ValueError(f"baselines={baselines}: each one of {', '.join(PEERS)}, without peers=True (which "
+                         "measures them in a pass of their own), and assisted with an assistant model")
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    prompt_info = prompt_info or describe_prompts(prompts, budgets)
+    if stamp is None:
+        stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
+                              drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
+    rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
+    context = context_length(prompt_info)
+    key = {"target": {k: v for k, v in stamp["target"].items() if k != "source"}, "drafters": stamp["drafters"],
+           "prompts": prompts_digest(prompts), "max_new_tokens": budgets, "repeats": repeats,
+           "temperature": temperature, "top_p": top_p, "seed": seed,
+           "end_token_ids": sorted(eos_token_id) if eos_token_id else None, "trees": expand_specs(tree_specs),
+           "acceptance": rules, "max_nodes": max_nodes, "cost_sizes": list(cost_sizes), "peers": bool(peers),
+           "assistant": assistant is not None, "config": journal_config,
+           # only when given, so a journal begun before these settings existed still resumes
+           **({"drafter_trees": {d.name: expand_specs(d.trees) for d in drafters if d.trees}}
+              if any(d.trees for d in drafters) else {}),
+           **({"baselines": baselines} if baselines else {})}
+    journal, setup = open_journal(out_dir, key, resume, log)
+    if setup is None:
+        setup = measure_setup(target, drafters, tree_specs, rules, prompt_info, cost_sizes, context, max_nodes, log)
+        journal.start(key, setup)
+    log(f"every run is kept in {journal.path} as it finishes: resume=true run_dir={out_dir} continues a killed run")
+    curve, curves, prefill = setup["cost_curve"], setup["cost_curves_after_drafting"], setup["prefill_curve"]
+    meta, skipped, planned = setup["meta"], setup["skipped"], setup["configs"]
+    by_drafter = {d.name: d for d in drafters}
+    configs = [Config(c["name"], own_copy(by_drafter[c["drafter"]].drafter), build_tree(c["tree_spec"]),
+                      acceptance=c["rule"])
+               for c in planned if c["same_as"] is None]
+    for c in planned:  # every configuration's tree, for use elsewhere (the same files when resumed)
+        d = by_drafter[c["drafter"]]
+        save_tree(build_tree(c["tree_spec"]), out_dir / tree_file(c["name"]), config=c["name"], drafter=d.name,
+                  tree=meta[c["name"]]["tree"], **{"load": d.entry} if d.entry else {})
     entries = {d.name: d.entry for d in drafters if d.entry}
     configs += [Config(PEERS[b], run=hf_peer(target, b, assistant, eos_token_id)) for b in baselines]
 
+    def with_aliases(rows: list[Row]) -> list[Row]:
+        """The measured rows of treespec's configurations, each one that verifies another's tree given that one's
+        measurement (transformers' baselines, reported as peers, are left out)."""
+        by_name = {r.name: r for r in rows}
+        return [by_name["vanilla"]] + [dataclasses.replace(by_name[c["same_as"] or c["name"]], name=c["name"])
+                                       for c in planned]
+
     def result_of(every_row, prompt_of_run) -> dict:
         """results.json's contents from the rows of the prompt runs measured so far, marked incomplete."""
-        rows = [r for r in every_row if r.name in meta]  # treespec's; the baselines are reported as peers
+        rows = with_aliases(every_row)
+        baseline_rows = [r for r in every_row if r.name in PEERS.values()]
         records = [_record(r, meta[r.name]) for r in rows]
         for rec, row in zip(records, rows, strict=True):  # drafting cost as it happened in these runs
             per_depth = row.draft_time_per_pass / rec["depth"] if rec["depth"] else math.nan
@@ -380,19 +377,23 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
             "chain_tau": {d.name: {"tau": d.chain_tau.tau, "stderr": d.chain_tau.stderr, "drafts": d.chain_tau.drafts}
                           for d in drafters if d.chain_tau is not None},
-            "peers": None, "wall_s": time.perf_counter() - started,
-            **dict(zip(("peer_pass", "peers"), peer_results(every_row, best_of(rows)), strict=True)
-                   if len(every_row) > len(rows) else {}),
+            "peers": None, "wall_s": time.perf_counter() - started, "sessions": journal.sessions,
+            **dict(zip(("peer_pass", "peers"), peer_results(rows + baseline_rows, best_of(rows)), strict=True)
+                   if baseline_rows else {}),
         }
 
-    total = (len(configs) + 1) * len(prompts) * repeats
-    count = itertools.count(1)
+    order = measuring_order(budgets, repeats)
+    restored = {p: journal.restored(p, order) for p in ("main", "peers")}
+    # the peers' pass: vanilla, each drafter's best, transformers greedy, prompt lookup and assisted generation
+    peer_count = 3 + len({c["drafter"] for c in planned}) + (assistant is not None) if peers else 0
+    progress = Progress((len(configs) + 1 + peer_count) * len(order), len(order),
+                        sum(map(len, restored.values())), log)
     common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id}
-    # saved after every prompt (atomically), so a run killed after hours keeps what it measured: report=PATH
-    # renders it as a partial run
+    # every run journaled as it finishes (a resume measures only what is missing), and results.json saved after
+    # every prompt run (atomically): report=PATH renders a killed run as a partial one
     rows, prompt_of_run = measure_by_budget(
-        target, configs, prompts, budgets, repeats=repeats, **common,
-        progress=lambda name, i: log(f"  [{next(count)}/{total}] {name}"),
+        target, configs, prompts, budgets, repeats=repeats, **common, progress=progress,
+        restored=restored["main"], on_run=lambda k, i, name, m: journal.record("main", k, i, name, m),
         on_prompt=lambda partial, order: save_result(result_of(partial, order), out_dir))
     result = result_of(rows, prompt_of_run)
     records, best = result["records"], result["best"]
@@ -400,11 +401,12 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         # each drafter's best configuration runs again beside the peers, interleaved prompt by prompt, so its
         # ratio to every peer is measured on the same prompts in the same pass
         by_name = {c.name: c for c in configs}
+        measured_as = {c["name"]: c["same_as"] or c["name"] for c in planned}
         bests = {}
         for rec in records[1:]:
             if rec["drafter"] not in bests or rec["speedup"] > bests[rec["drafter"]]["speedup"]:
                 bests[rec["drafter"]] = rec
-        peer_configs = [by_name[rec["config"]] for rec in bests.values()]
+        peer_configs = [by_name[measured_as[rec["config"]]] for rec in bests.values()]
         peer_configs += [Config("transformers greedy", run=hf_peer(target, "greedy", eos_token_id=eos_token_id))]
         if assistant is not None:
             peer_configs.append(Config("transformers assisted", run=hf_peer(target, "assisted", assistant,
@@ -412,9 +414,12 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         peer_configs.append(Config("transformers prompt lookup", run=hf_peer(target, "prompt_lookup",
                                                                              eos_token_id=eos_token_id)))
         log(f"peers on the same prompts, interleaved with treespec vanilla and each drafter's best "
-            f"({', '.join(by_name[rec['config']].name for rec in bests.values())})")
-        peer_rows, _ = measure_by_budget(target, peer_configs, prompts, budgets, repeats=repeats, **common)
-        result["peer_pass"], result["peers"] = peer_results(peer_rows, best)
+            f"({', '.join(c.name for c in peer_configs if c.run is None)})")
+        peer_rows, _ = measure_by_budget(
+            target, peer_configs, prompts, budgets, repeats=repeats, **common, progress=progress,
+            restored=restored["peers"], on_run=lambda k, i, name, m: journal.record("peers", k, i, name, m))
+        # the pass ran each best under the name it is measured as (an alias's tree is its original's)
+        result["peer_pass"], result["peers"] = peer_results(peer_rows, measured_as.get(best, best))
         result["wall_s"] = time.perf_counter() - started
         save_result(result, out_dir)
     if batch_sizes:

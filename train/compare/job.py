@@ -32,7 +32,9 @@ from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
 from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.journal import precheck
 from treespec.train.compare.methods import baselines_of, check_baselines, own_trees, shipped, unshipped, wants_assistant
+from treespec.train.compare.progress import set_threads
 from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
@@ -157,6 +159,7 @@ def check_config(cfg) -> None:
     config_checks.boolean(cfg.get("peers", True), "peers")
     config_checks.boolean(cfg.get("skip_unshipped", False), "skip_unshipped")
     check_baselines(cfg)
+    config_checks.boolean(cfg.get("resume", False), "resume")
     config_checks.integers(cfg.cost_sizes, "cost_sizes")
     if cfg.get("batch_sizes") is not None:  # the comparison across batch sizes (train/compare/batch_compare.py)
         for key in ("batch_sizes", "batch_cost_sizes"):
@@ -342,12 +345,27 @@ def frequency_counts(cfg, tokenizer, windows) -> torch.Tensor:
     return torch.bincount(train_tokens.long(), minlength=len(tokenizer))
 
 
+# settings a resumed comparison may change: how it runs (threads), logs and reports (intervals), where it writes,
+# and the batch-size pass (measured again whole on a resume); the drafters it does not run are left out too
+RESUMABLE = ("threads", "resume", "run_dir", "paths", "logger", "bootstrap", "report", "compare", "batch_sizes",
+             "batches", "batch_cost_sizes")
+
+
+def journal_config(cfg) -> dict:
+    """The job's config as a resume must find it (train/compare/journal.py): resolved, less ``RESUMABLE``."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    used = set(drafter_labels(cfg))
+    resolved["available"] = {k: v for k, v in resolved.get("available", {}).items() if k in used}
+    return {k: v for k, v in resolved.items() if k not in RESUMABLE}
+
+
 def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     """The scripts/compare_trees.py job: load target, workload and drafters named in ``cfg``, compare, write
     outputs."""
     check_config(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    resume = bool(cfg.get("resume", False))
+    precheck(out_dir, journal_config(cfg), resume)  # refused before any model loads
+    set_threads(cfg.threads, cfg.get("device") or "cpu")
     tree_specs = tree_specs_of(cfg)
     target, tokenizer = reference.load_model(cfg.target)
     device = torch.device(cfg.get("device") or "cpu")
@@ -384,6 +402,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
         assistant=assistant_note)
     stamp["unshipped"] = unshipped(cfg, drafter_labels(cfg))
     logger = RunLogger(out_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project, name="compare-trees",
+                       resume=resume,
                        config={**resolved, "stamp": {k: v for k, v in stamp.items() if k != "config"}})
     result = run_comparison(target, drafters, tree_specs, [p.ids for p in prompts],
                             max_new_tokens=[p.max_new_tokens for p in prompts], temperature=cfg.temperature,
@@ -394,15 +413,18 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             stamp=stamp, eos_token_id=template.end_ids or None,
                             prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
                             batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),
-                            batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)))
+                            batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)),
+                            resume=resume, journal_config=journal_config(cfg))
     logger.finish()
     return result
 
 
-def run_job(cfg, out_dir, command: str | None = None) -> dict:
+def run_job(cfg, out_dir=None, command: str | None = None) -> dict:
     """scripts/compare_trees.py: ``report=PATH`` re-renders a run's outputs from its results.json (nothing is
     measured), ``compare=[A,B,...]`` writes ``comparison.md`` (runs side by side) into ``out_dir``, else a
-    comparison is measured. Returns {"mode", "outputs" (files written), "markdown" (what to print), ...}."""
+    comparison is measured. ``out_dir``: the run's folder (default ``cfg.run_dir``). Returns {"mode", "outputs"
+    (files written), "markdown" (what to print), ...}."""
+    out_dir = cfg.run_dir if out_dir is None else out_dir
     if cfg.get("report") and cfg.get("compare"):
         raise ValueError("give report=PATH or compare=[A,B], not both")
     if cfg.get("report"):
