@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from treespec import reference
 from treespec.autotree import measure_cost_curve, save_cost_curve
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--target", default="target", help="the target it drafts for: target (the code reference) "
                         "or a GGUF reference target (smollm2)")
     parser.add_argument("--cost-curve", action="store_true", help="(re)measure cost_curve.json on this machine")
+    parser.add_argument("--bf16", action="store_true", help="store the float weights in bfloat16 (half the bytes; "
+                        "loading upcasts them to the target's dtype)")
     args = parser.parse_args()
     reference_target = args.target == "target"
     out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
@@ -57,6 +60,10 @@ def main() -> None:
         shutil.copytree(run_dir / "final", out)
         shutil.copy(run_dir / "summary.json", out / "training_summary.json")
 
+    if args.bf16 and not args.skip_copy:
+        for path in out.glob("*.safetensors"):
+            weights = load_file(path)
+            save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, path)
     joint = args.name == "medusa2"
     if joint and not args.skip_copy:  # stored in bf16 as the reference target is (loaders upcast)
         tuned, tuned_tokenizer = reference.load_model(out / "target")
