@@ -242,10 +242,6 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
             tree, reason = None, "block verification verifies chains"
-        same = next((c.name for c in configs if spec.get("kind") == "default" and c.name.startswith(f"{d.name} | ")
-                     and c.acceptance == rule and c.tree == tree), None)
-        if same is not None:  # a drafter's default tree already listed (a draft model's chain γ=4): run it once
-            tree, reason = None, f"its default tree is {same}'s"
         if tree is None:
             log(f"  skip {name}: {reason}")
             skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
