@@ -207,3 +207,68 @@ def test_unreadable_gguf_file_is_named(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"cannot convert GGUF file .*junk\.gguf"):
         reference.load_model(tmp_path / "junk.gguf")
     assert list((tmp_path / "cache" / "gguf").iterdir()) == []
+
+
+needs_shipped_eagle3 = pytest.mark.skipif(not (reference.MODELS_DIR / "smollm2" / "eagle3").is_dir(),
+                                          reason="treespec/models/smollm2/eagle3 is not in this checkout")
+
+
+def chat_ids(tokenizer, text: str) -> torch.Tensor:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]
+
+
+@needs_smollm2
+@needs_shipped_eagle3
+@pytest.mark.parametrize("tree", [Tree.chain(3), {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}],
+                         ids=["chain3", "dynamic8"])
+def test_shipped_eagle3_is_lossless_greedy_on_chat(smollm2, tree):
+    from treespec.heads import load
+
+    model, tokenizer = smollm2
+    drafter = load("reference:smollm2/eagle3", model)
+    ids = chat_ids(tokenizer, "Explain in two sentences why the sky is blue.")
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                              pad_token_id=tokenizer.pad_token_id)
+    out = generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=24, eos_token_id=tokenizer.eos_token_id)
+    assert expected.shape[1] == ids.shape[1] + 24
+    assert torch.equal(out.sequences, expected)
+    assert out.target_passes < 24  # it drafted something that was accepted
+
+
+@pytest.mark.slow
+@needs_smollm2
+@needs_shipped_eagle3
+@pytest.mark.parametrize("control", [False, True], ids=["rejection", "accept-everything"])
+def test_shipped_eagle3_samples_the_targets_distribution(smollm2, control, monkeypatch):
+    """Temperature 1: the joint law of the first two new tokens (the second one speculated) matches the target's
+    p(t1)·p(t2 | t1) over the top-4 × top-4 pairs and the rest; accepting every draft (the negative control)
+    does not."""
+    import importlib
+
+    import numpy as np
+
+    from treespec.heads import load
+
+    from .helpers import accept_everything, chi2_pvalue
+
+    model, tokenizer = smollm2
+    ids = chat_ids(tokenizer, "Name a colour.")
+    with torch.no_grad():
+        p1 = torch.softmax(model(ids).logits[0, -1].double(), -1)
+        cells, expected = {}, []
+        for t1 in p1.topk(4).indices.tolist():
+            p2 = torch.softmax(model(torch.cat([ids, torch.tensor([[t1]])], 1)).logits[0, -1].double(), -1)
+            for t2 in p2.topk(4).indices.tolist():
+                cells[(t1, t2)] = len(expected)
+                expected.append(float(p1[t1] * p2[t2]))
+    expected.append(1.0 - sum(expected))  # every other pair
+    if control:
+        monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    drafter = load("reference:smollm2/eagle3", model, candidates="sample")
+    counts = np.zeros(len(expected))
+    for seed in range(400):
+        out = generate(model, ids, drafter=drafter, tree=Tree.chain(2), max_new_tokens=2, temperature=1.0, seed=seed)
+        counts[cells.get(tuple(out.sequences[0, ids.shape[1]:].tolist()), len(expected) - 1)] += 1
+    p = chi2_pvalue(counts, np.array(expected))
+    assert (p < 1e-3) if control else (p > 1e-3)
