@@ -61,9 +61,9 @@ def convert(drafter_or_module, target, to: str, *, verifier: str | None = None,
     if to not in CONSUMERS:
         raise ValueError(f"to must be one of {CONSUMERS}, got {to!r}")
     module = module_of(drafter_or_module)
-    module.check_fits(target)
-    return registry.kind_of(module).to_upstream(module, target, to, verifier=verifier,
-                                                speculative_tokens=speculative_tokens)
+    kind = registry.kind_of(module)
+    kind.check_fits(module, target)
+    return kind.to_upstream(module, target, to, verifier=verifier, speculative_tokens=speculative_tokens)
 
 
 @torch.no_grad()

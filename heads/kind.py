@@ -139,6 +139,10 @@ class DrafterKind:
         (EAGLE-3's ``aux_layers``, ``written_by``)."""
         raise NotImplementedError
 
+    def check_fits(self, module, target) -> None:
+        """Raise ValueError when ``module`` was not made for ``target`` (its hidden size, vocabulary, layers)."""
+        module.check_fits(target)
+
     def to_upstream(self, module, target, to: str, *, verifier: str | None, speculative_tokens: int
                     ) -> tuple[dict, dict, str]:
         """(config.json, tensors, weight file name) of ``module`` in consumer ``to``'s layout; a consumer that

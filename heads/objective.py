@@ -29,12 +29,15 @@ class Recipe:
     description: str
     target: torch.nn.Module | None = None                # the fine-tuned target the drafter pairs with (Medusa-2);
                                                          # None: the job's frozen target
+    save: Callable[[Path], None] | None = None           # folder → writes the module; None: its save_pretrained
+    tokenizer_beside: bool = False                       # the export is a whole model folder (a draft LM): the job
+                                                         # saves the target's tokenizer in it, so it loads on its own
 
     def export(self, windows: torch.Tensor, folder) -> tuple[dict, list[list[float]]]:
         """Save the trained module (with a fine-tuned target, that too: its ``save_pretrained``) and its measured
         per-depth accuracies → (metrics, accuracies)."""
         acc = self.rank_accuracy(windows)
-        self.module.save_pretrained(Path(folder))
+        (self.save or self.module.save_pretrained)(Path(folder))
         write_accuracy(folder, acc)
         return accuracy_metrics(acc), acc
 

@@ -1,6 +1,6 @@
 """Offline target features: prepared once (sharded over 2 forked ranks, resumable), they hold exactly the target's
-hidden states, and training from them equals online training on the same batches (EAGLE, EAGLE-3, Medusa; chat
-data and corpus windows) without ever running the target's decoder layers."""
+hidden states, and training from them equals online training on the same batches (EAGLE, EAGLE-3, Medusa, a draft
+model; chat data and corpus windows) without ever running the target's decoder layers."""
 
 import json
 import os
@@ -15,6 +15,7 @@ from treespec.train.training import drafter_job as train_heads
 from treespec.train.training.features import FeatureStore
 
 from .helpers import (
+    TINY_DRAFT,
     assert_ok,
     compose_cfg,
     conversations,
@@ -96,11 +97,12 @@ def checkpoint_weights(run_dir: Path) -> dict:
     return {k: v for k, v in tensors.items() if k.startswith("model.")}
 
 
-@pytest.mark.parametrize("drafter", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("drafter", ["eagle", "eagle3", "medusa", "draft"])
 def test_training_from_features_equals_online_training(prepared, monkeypatch, drafter):
     root, target, source, folder, _ = prepared
     # stop before the end: export and the decoding evaluation run the target by design; evaluations do not
-    common = [f"trainer.max_steps={STEPS + 1}", f"trainer.stop_after={STEPS}", "trainer.eval_every=2"]
+    common = [f"trainer.max_steps={STEPS + 1}", f"trainer.stop_after={STEPS}", "trainer.eval_every=2",
+              *(TINY_DRAFT if drafter == "draft" else [])]
     train_heads.run(heads_cfg(root / f"online-{drafter}", target, source, *common, drafter=drafter))
     with monkeypatch.context() as m:
         no_decoder_layers(m)

@@ -16,9 +16,10 @@ from treespec.train.training import drafter_job as train_heads
 from treespec.train.training import lm_job as lm
 from treespec.train.training.checkpoint import CheckpointMismatch
 
-from .helpers import compose_cfg
+from .helpers import TINY_DRAFT, compose_cfg
 
-DRAFTERS = ("medusa", "eagle", "eagle3")
+DRAFTERS = ("medusa", "eagle", "eagle3", "draft")
+SIZES = {"draft": TINY_DRAFT}  # a draft narrower than the tiny LM (its default is sized for SmolLM2)
 
 
 def test_rank_accuracies_that_cover_every_position_grow_trees():
@@ -50,7 +51,8 @@ def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch):
              "trainer.eval_every=4", "trainer.ckpt_every=4", "trainer.eval_windows=2", "data.self_distill.prompts=8",
              "data.self_distill.new_tokens=16", "eval.prompts=1", "eval.max_new_tokens=8"]
     for name in DRAFTERS:
-        summary = train_heads.run(compose_cfg("train_heads", [*small, f"drafter={name}", f"run_dir={tmp_path / name}"]))
+        summary = train_heads.run(compose_cfg("train_heads", [*small, f"drafter={name}", f"run_dir={tmp_path / name}",
+                                                              *SIZES.get(name, [])]))
         accuracy = json.loads((tmp_path / name / "final" / "head_accuracy.json").read_text())
         assert all(0 <= sum(row) <= 1 for row in accuracy), name
         assert summary["eval_mean_accept_length"] >= 1.0

@@ -8,7 +8,9 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from treespec.drafter import CANDIDATE_MODES
+from treespec.heads.draft_model import objective
 from treespec.heads.draft_model.drafter import DraftModel, rank_accuracy
+from treespec.heads.drafter_folder import check_same_vocab
 from treespec.heads.kind import DrafterKind
 from treespec.heads.upstream_common import Refused
 from treespec.reference import load_model
@@ -42,9 +44,18 @@ class DraftModelKind(DrafterKind):
     def from_upstream(self, found, target, **options):
         return self.load(found.folder, target)  # read again by transformers, with treespec's checks
 
+    def check_fits(self, module, target) -> None:
+        check_same_vocab(module, target, "draft model")
+
     def to_upstream(self, module, target, to, *, verifier, speculative_tokens):
         raise Refused("a draft model is a transformers model folder already: save it with save_pretrained and "
                       "serve it as the draft model")
+
+    def recipe(self, cfg, target, train_tokens=None):
+        return objective.recipe(cfg, target, train_tokens)
+
+    def check_training(self, cfg, world_size: int) -> None:
+        objective.check_settings(cfg)
 
 
 KIND = DraftModelKind()

@@ -1,7 +1,16 @@
 """Every helper that more than one test module uses. Test modules import helpers from here (``from .helpers
 import ...``), never from one another (tests/test_layering.py checks it)."""
 
-from .chat_data import BAD_ROWS, WORDS, chat_tokenizer, conversations, heads_cfg, tiny_chat_target, write_jsonl
+from .chat_data import (
+    BAD_ROWS,
+    TINY_DRAFT,
+    WORDS,
+    chat_tokenizer,
+    conversations,
+    heads_cfg,
+    tiny_chat_target,
+    write_jsonl,
+)
 from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
@@ -41,7 +50,8 @@ from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_tw
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
-    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "UNEVEN",
+    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
+    "UNEVEN",
     "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_everything", "assert_ok", "chat_tokenizer",
     "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",

@@ -76,6 +76,11 @@ def tiny_chat_target(folder: Path, vocab_extra: int = 0) -> Path:
     return folder
 
 
+# a draft model small enough for the tiny chat target (hidden 32): width 16, one layer
+TINY_DRAFT = ["drafter.arch.hidden_size=16", "drafter.arch.intermediate_size=32", "drafter.arch.num_hidden_layers=1",
+              "drafter.arch.num_attention_heads=2", "drafter.arch.num_key_value_heads=2"]
+
+
 def heads_cfg(tmp: Path, target: Path, source: Path, *overrides, drafter: str = "eagle"):
     """train_heads on chat data with a tiny target: tiny batches, no wandb, short evaluations."""
     depth = [] if drafter == "medusa" else ["drafter.accuracy_depth=2"]

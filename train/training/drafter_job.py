@@ -1,4 +1,4 @@
-"""The drafter-training job (``scripts/train_heads.py drafter=medusa|eagle|eagle3``): data (self-distilled
+"""The drafter-training job (``scripts/train_heads.py drafter=medusa|eagle|eagle3|draft``): data (self-distilled
 corpus text by default, ``data=chat`` conversations, or stored target features ``data.features=DIR``), the
 training loop (one process, or several under torchrun: train/training/distributed.py) with the expected τ measured at
 every evaluation (train/training/expected_tau.py), export with per-depth rank accuracies, an end-of-run decoding
@@ -102,6 +102,12 @@ class TrainingData:
     train_samples: object            # what prepare_features stores: chat.Samples or features.WindowSamples
     val_samples: object
     info: dict = field(default_factory=dict)  # for the run's summary
+
+
+def module_fingerprint(module) -> dict:
+    """What a checkpoint of the trained module must match: its config (a transformers model's, the draft model's:
+    its architecture values)."""
+    return dict(module.config) if isinstance(module.config, dict) else fingerprint(module)
 
 
 def pad_id(tokenizer) -> int:
@@ -280,8 +286,9 @@ def _run(cfg, ctx) -> dict:
     result = train(
         module, recipe.loss, data.batches.batch,
         total_steps=total_steps, optim=OptimConfig(**cfg.optim), run_dir=cfg.run_dir,
-        fingerprint={**module.config, "target": fingerprint(target), "seq_len": t.seq_len, "seed": cfg.seed,
-                     "data": data_settings(cfg)},  # a resume on other data (corpus, self-distillation, chat): refused
+        # a resume on other data (corpus, self-distillation, chat) is refused
+        fingerprint={**module_fingerprint(module), "target": fingerprint(target), "seq_len": t.seq_len,
+                     "seed": cfg.seed, "data": data_settings(cfg)},
         evaluate=evaluate, after_eval=(lambda step, metrics: expected_tau.plot(cfg.run_dir)) if probe else None,
         eval_every=t.eval_every, ckpt_every=t.ckpt_every, log_every=t.log_every, resume=cfg.resume,
         logger=logger, progress=t.progress, stop_after=t.stop_after, precision=t.precision,
@@ -318,6 +325,8 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
     its fine-tuned target: the one its drafter is lossless against."""
     d, step = cfg.drafter, result.step
     final_metrics, accuracy = recipe.export(data.val_windows, cfg.export_dir)
+    if recipe.tokenizer_beside:  # a whole model folder (the draft model): it loads on its own, as a target does
+        tokenizer.save_pretrained(cfg.export_dir)
     decoder, target_name = target, str(cfg.target)
     rows = []
     if recipe.target is not None:

@@ -27,6 +27,16 @@ def check_export_names(cfg) -> list[str]:
     return wanted
 
 
+def refusals(reach: dict[str, str | None]) -> dict[str, list[str]]:
+    """The refused consumers of ``export.formats``' answer grouped by their reason (a draft model: one reason for
+    all of them)."""
+    grouped: dict[str, list[str]] = {}
+    for consumer, why in reach.items():
+        if why is not None:
+            grouped.setdefault(why, []).append(consumer)
+    return grouped
+
+
 def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
     """Build the drafter ``recipe`` (heads/objective.py's function) makes for ``target`` as a probe (the global RNG is
     left as it was), print (``log``) the formats it can be exported to and why not the others, and raise ValueError when
@@ -39,9 +49,8 @@ def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
     name = cfg.drafter.name
     if log:
         print(f"{name}: exportable to {', '.join(ok) or 'no format'}")
-        for consumer, why in reach.items():
-            if why is not None:
-                print(f"  not to {consumer}: {why}")
+        for why, consumers in refusals(reach).items():
+            print(f"  not to {', '.join(consumers)}: {why}")
     blocked = [c for c in wanted if reach[c] is not None]
     if blocked:
         hint = f" ({HINTS[name]} reaches the serving stacks)" if name in HINTS else ""

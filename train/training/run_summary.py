@@ -18,6 +18,8 @@ IN_TRAINING_TOP1 = {
     "eagle3": ("eagle3_top1_0", "step 0, teacher forced on the validation windows, only positions whose target "
                                 "token is in the draft vocabulary, against the target's argmax over that vocabulary"),
     "medusa": ("depth1_top1", "head 1 on the target's hidden states of the validation windows"),
+    "draft": ("top1", "the draft model's argmax against the target's, teacher forced on the validation data's scored "
+                      "positions"),
 }
 LAYER_KEYS = {"eagle": "drafter.feature_layers", "eagle3": "drafter.aux_layers"}  # where a run sets the fused layers
 
@@ -82,7 +84,10 @@ def export_lines(formats: dict[str, str | None], export_dir, target: str) -> lis
                           f"exports/{ok[0]}", "--target", target])
         lines.append(f"{', '.join(ok)}:  {cmd}")
     refused = [to for to, reason in formats.items() if reason is not None]
-    if refused:
+    reasons = {formats[to] for to in refused}
+    if len(reasons) == 1 and not ok:  # one reason for every format (a draft model is a transformers folder already)
+        lines.append(f"not {', '.join(refused)}: {reasons.pop()}")
+    elif refused:
         lines.append(f"not {', '.join(refused)} (reasons in summary.json: export_formats)")
     return lines
 
