@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from treespec.generate import generate
+from treespec.result import TimedRun
 from treespec.timing import StepTimer
 
 
@@ -48,7 +49,7 @@ def own_copy(drafter):
 
 
 @dataclass
-class Measured:
+class Measured(TimedRun):
     """What a Row keeps of one run (a GenerationResult's numbers), small enough to journal and restore."""
 
     new_tokens: int
@@ -67,14 +68,6 @@ class Measured:
                    accept_lengths=[int(n) for n in result.accept_lengths], target_passes=int(result.target_passes),
                    target_time=float(result.target_time), draft_time=float(result.draft_time),
                    walk_time=float(result.walk_time))
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
-
-    @property
-    def overhead_time(self) -> float:
-        return self.wall_time - self.target_time - self.draft_time
 
 
 WARMUP_TOKENS = 8  # a warm-up generation's budget: a few steps of every configuration initialise what is lazy

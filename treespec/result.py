@@ -25,8 +25,22 @@ class RowResult:
         return sum(self.accept_lengths) / max(1, len(self.accept_lengths))
 
 
+class TimedRun:
+    """What a timed generation derives from its ``new_tokens``, ``wall_time``, ``target_time`` and ``draft_time``
+    (GenerationResult here, a comparison's stored treespec.bench.Measured)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
+
+    @property
+    def overhead_time(self) -> float:
+        """Seconds spent outside target and drafter calls: masks, walking, cache compaction, glue."""
+        return self.wall_time - self.target_time - self.draft_time
+
+
 @dataclass
-class GenerationResult:
+class GenerationResult(TimedRun):
     sequences: torch.Tensor                          # LongTensor [b, P + T], as transformers' generate (see below)
     prompt_length: int                               # P: the prompts' columns (left padding included)
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verification pass (see below)
@@ -66,11 +80,3 @@ class GenerationResult:
             return self.sequences.shape[1] - self.prompt_length
         return sum(row.new_tokens for row in self.rows)
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
-
-    @property
-    def overhead_time(self) -> float:
-        """Seconds spent outside target and drafter calls: masks, walking, cache compaction, glue."""
-        return self.wall_time - self.target_time - self.draft_time
