@@ -1,7 +1,7 @@
 """Drafters: everything that proposes a candidate token tree for the target to verify.
 
-One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, medusa, eagle, eagle3), each
-holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py`` (the core's
+One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, rest, medusa, eagle,
+eagle3), each holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py`` (the core's
 ``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its training loss, a
 ``Recipe``: heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its ``DrafterKind``:
 heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft vocabularies, lean
@@ -22,7 +22,9 @@ from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.heads.prompt_lookup import PromptLookup
 from treespec.heads.recycling import TokenRecycling
 from treespec.heads.registry import load, load_profile
+from treespec.heads.rest import Rest
 from treespec.heads.suffix import SuffixDecoding
 
 __all__ = ["Drafter", "Proposal", "Combined", "DraftModel", "PromptLookup", "TokenRecycling", "SuffixDecoding",
-           "Medusa", "MedusaHeads", "Eagle", "EagleModel", "Eagle3", "Eagle3Model", "load", "load_profile", "export"]
+           "Rest", "Medusa", "MedusaHeads", "Eagle", "EagleModel", "Eagle3", "Eagle3Model", "load", "load_profile",
+           "export"]
