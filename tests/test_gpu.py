@@ -10,7 +10,17 @@ import torch
 
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import Combined, DraftModel, Eagle, EagleModel, PromptLookup, Rest, SuffixDecoding, TokenRecycling
+from treespec.heads import (
+    Combined,
+    DraftModel,
+    Eagle,
+    EagleModel,
+    Lookahead,
+    PromptLookup,
+    Rest,
+    SuffixDecoding,
+    TokenRecycling,
+)
 from treespec.heads.rest import SuffixArray
 from treespec.sampling import Sampling
 
@@ -59,15 +69,15 @@ def test_batched_greedy_equals_transformers_on_device(attn):
         assert torch.equal(out.sequences, expected), (type(drafter).__name__, tree)
 
 
-@pytest.mark.parametrize("name", ["recycling", "suffix", "rest", "combined"])
+@pytest.mark.parametrize("name", ["recycling", "suffix", "rest", "lookahead", "combined"])
 def test_model_free_greedy_on_device(name):
     """Token Recycling's matrix lives on the device (its update and read never leave it), SuffixDecoding's tries
-    and REST's suffix array on the host; each, and two combined, equal transformers' greedy with the target on the
-    device."""
+    and REST's suffix array on the host, Lookahead's window on the host fed by the device's argmax; each, and two
+    combined, equal transformers' greedy with the target on the device."""
     target = on_device(tiny_llama(seed=0))
     stream = np.array([5, 9, 13, 2, 7] * 4 + [-1] + list(range(64)), dtype=np.int32)  # -1: a document's end
     drafter = {"recycling": TokenRecycling, "suffix": SuffixDecoding,
-               "rest": lambda: Rest(SuffixArray.build(stream), min_match=1),
+               "rest": lambda: Rest(SuffixArray.build(stream), min_match=1), "lookahead": Lookahead,
                "combined": lambda: Combined([TokenRecycling(), SuffixDecoding()])}[name]()
     for prompt in (torch.tensor([[5, 9, 13, 2, 7] * 3]), torch.randint(0, 64, (1, 9), generator=torch.Generator(
             ).manual_seed(3))):
