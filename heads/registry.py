@@ -16,7 +16,7 @@ from torch import nn
 
 from treespec.autotree import read_cost_curve
 from treespec.drafter import CANDIDATE_MODES, Drafter
-from treespec.heads import draft_model, eagle, eagle3, medusa, prompt_lookup, recycling, suffix
+from treespec.heads import draft_model, eagle, eagle3, lookahead, medusa, prompt_lookup, recycling, rest, suffix
 from treespec.heads.accuracy import read_accuracy
 from treespec.heads.detect import Found, formats, resolve_source
 from treespec.heads.detect import detect as detect_in
@@ -31,6 +31,8 @@ KINDS: tuple[DrafterKind, ...] = (
     prompt_lookup.KIND,
     recycling.KIND,
     suffix.KIND,
+    rest.KIND,
+    lookahead.KIND,
     medusa.KIND,
     medusa.MEDUSA2,
     eagle.KIND,
@@ -92,10 +94,11 @@ def kind_of(module) -> DrafterKind:
 
 def load_module(name: str, target, source=None):
     """The trained module of drafter ``name`` from ``source`` (``reference:<name>``, a folder, or for "auto" a Hub
-    repo id); None for a drafter without weights."""
+    repo id); for a drafter without weights what its kind's ``load`` reads from ``source`` (REST: its datastore),
+    else None."""
     kind = get(name)
-    if not kind.has_weights:
-        return None
+    if not kind.has_weights:  # a model-free kind may still read something: REST its corpus (None: its default)
+        return kind.load(source, target)
     if source is None:
         raise ValueError(f"drafter {name!r} needs a source: reference:<name> or a folder of trained weights")
     return kind.load(source, target)

@@ -10,7 +10,18 @@ import torch
 
 from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import Combined, DraftModel, Eagle, EagleModel, PromptLookup, SuffixDecoding, TokenRecycling
+from treespec.heads import (
+    Combined,
+    DraftModel,
+    Eagle,
+    EagleModel,
+    Lookahead,
+    PromptLookup,
+    Rest,
+    SuffixDecoding,
+    TokenRecycling,
+)
+from treespec.heads.rest import SuffixArray
 from treespec.sampling import Sampling
 
 from .helpers import PROMPT, VOCAB, chi2_pvalue, exact_distribution, hf_greedy, perturbed, tiny_llama
@@ -58,17 +69,20 @@ def test_batched_greedy_equals_transformers_on_device(attn):
         assert torch.equal(out.sequences, expected), (type(drafter).__name__, tree)
 
 
-@pytest.mark.parametrize("name", ["recycling", "suffix", "combined"])
+@pytest.mark.parametrize("name", ["recycling", "suffix", "rest", "lookahead", "combined"])
 def test_model_free_greedy_on_device(name):
     """Token Recycling's matrix lives on the device (its update and read never leave it), SuffixDecoding's tries
-    on the host; both, and the two combined, equal transformers' greedy with the target on the device."""
+    and REST's suffix array on the host, Lookahead's window on the host fed by the device's argmax; each, and two
+    combined, equal transformers' greedy with the target on the device."""
     target = on_device(tiny_llama(seed=0))
+    stream = np.array([5, 9, 13, 2, 7] * 4 + [-1] + list(range(64)), dtype=np.int32)  # -1: a document's end
     drafter = {"recycling": TokenRecycling, "suffix": SuffixDecoding,
+               "rest": lambda: Rest(SuffixArray.build(stream), min_match=1), "lookahead": Lookahead,
                "combined": lambda: Combined([TokenRecycling(), SuffixDecoding()])}[name]()
     for prompt in (torch.tensor([[5, 9, 13, 2, 7] * 3]), torch.randint(0, 64, (1, 9), generator=torch.Generator(
             ).manual_seed(3))):
         prompt = prompt.to(DEVICE)
-        out = generate(target, prompt, drafter=drafter, tree=Tree.full(2, 2) if name == "suffix" else None,
+        out = generate(target, prompt, drafter=drafter, tree=Tree.full(2, 2) if name in ("suffix", "rest") else None,
                        max_new_tokens=24)
         assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
     if name == "recycling":

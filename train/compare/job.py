@@ -178,7 +178,7 @@ def check_config(cfg) -> None:
 
 def drafter_checksum(entry, module) -> dict:
     """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1."""
-    if module is None:
+    if module is None or not isinstance(module, torch.nn.Module):  # no weights (REST's datastore: keyed by its corpus)
         return {"source": entry.get("source"), "weights": None}
     try:
         folder = reference.resolve(entry.source)

@@ -1,0 +1,101 @@
+"""Text corpora, read and split the same way wherever they are used: training the reference models
+(train/training/data.py) and REST's datastore (heads/rest/) read the same documents, and the same documents are
+held out from both.
+
+The default corpus is the running interpreter's standard library (no download needed): every ``.py`` file under
+``sysconfig.get_paths()["stdlib"]`` except site-packages. Documents are split into train/validation
+deterministically by a hash of their name (a file's relative path), so the split never depends on directory order
+or on the machine. Any other directory of text files, or a JSONL file of ``{"text": ...}`` records, can be
+selected instead.
+
+    corpus = load_corpus(**STDLIB_CORPUS)     # Corpus(train=[(name, text), ...], val=[...])
+    corpus_digest(**STDLIB_CORPUS)            # sha1 of what load_corpus reads: caches are keyed by it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+# conf/data/stdlib.yaml's corpus: the reference models' training text; its validation split is held out
+STDLIB_CORPUS = {"source": "stdlib", "pattern": "*.py", "val_fraction": 0.02, "max_files": None}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_validation(key: str, val_fraction: float) -> bool:
+    """Whether the sample named ``key`` (a document's path, a conversation's JSON) is held out: a hash, so the
+    split depends neither on reading order nor on the machine."""
+    digest = hashlib.sha1(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
+def corpus_files(source: str, pattern: str, max_files: int | None) -> tuple[Path, list[Path]]:
+    """The files a directory corpus reads (``source`` "stdlib" or a directory), in reading order."""
+    root = stdlib_root() if source == "stdlib" else Path(source)
+    paths = sorted(p for p in root.rglob(pattern) if p.is_file() and "site-packages" not in p.parts)
+    return root, paths[:max_files] if max_files else paths
+
+
+def corpus_digest(source: str = "stdlib", *, pattern: str = "*.py", max_files: int | None = None, **_) -> str:
+    """sha1 over the contents of every file ``load_corpus`` would read (with their relative paths): any
+    edited, grown, added or removed file changes it. Other ``load_corpus`` arguments are ignored."""
+    h = hashlib.sha1()
+    if source == "stdlib" or Path(source).is_dir():
+        root, paths = corpus_files(source, pattern, max_files)
+        for path in paths:
+            data = path.read_bytes()
+            h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+            h.update(data)
+    elif Path(source).is_file():
+        h.update(Path(source).read_bytes())
+    else:
+        raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A list of named documents split into train and validation."""
+
+    train: list[tuple[str, str]]
+    val: list[tuple[str, str]]
+
+
+def load_corpus(
+    source: str = "stdlib",
+    *,
+    pattern: str = "*.py",
+    val_fraction: float = 0.02,
+    max_files: int | None = None,
+) -> Corpus:
+    """Read documents from ``source``: "stdlib", a directory (files matching ``pattern``) or a
+    ``.jsonl`` file of ``{"text": ...}`` records. Raises ValueError when nothing is found."""
+    docs: list[tuple[str, str]] = []
+    if source == "stdlib" or Path(source).is_dir():
+        root, paths = corpus_files(source, pattern, max_files)
+        for path in paths:
+            docs.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
+    elif source.endswith(".jsonl") and Path(source).is_file():
+        with open(source, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    docs.append((f"{source}:{i}", json.loads(line)["text"]))
+                if max_files and len(docs) >= max_files:
+                    break
+    else:
+        raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
+    if not docs:
+        raise ValueError(f"corpus source {source!r} holds no documents matching {pattern!r}")
+    train = [d for d in docs if not is_validation(d[0], val_fraction)]
+    val = [d for d in docs if is_validation(d[0], val_fraction)]
+    if not val:  # tiny corpora: keep at least one validation document
+        val, train = train[-1:], train[:-1] or train
+    return Corpus(train=train, val=val)
+
+
