@@ -183,6 +183,28 @@ class Tree:
         return self.depths.tolist()
 
     @cached_property
+    def rank_list(self) -> list[int]:
+        """``ranks`` as Python ints."""
+        return self.ranks.tolist()
+
+    @cached_property
+    def kid_table(self) -> torch.Tensor:
+        """LongTensor [N, W] (W = the most children of a node, at least 1): node i's children in rank order,
+        then −1 (tensor form of ``children``, for the batched walk: treespec/walker_batch.py)."""
+        width = max(1, max(len(kids) for kids in self.children))
+        return torch.tensor([kids + [-1] * (width - len(kids)) for kids in self.children], dtype=torch.long)
+
+    @cached_property
+    def path_table(self) -> torch.Tensor:
+        """LongTensor [N, max(depth, 1)]: node i's path from depth 1 (``path_to(i)``), then 0."""
+        width = max(1, self.depth)
+        rows = []
+        for i in range(self.num_nodes):
+            path = self.path_list(i)
+            rows.append(path + [0] * (width - len(path)))
+        return torch.tensor(rows, dtype=torch.long)
+
+    @cached_property
     def is_leaf(self) -> torch.Tensor:
         """BoolTensor [N]."""
         has_child = torch.zeros(self.num_nodes, dtype=torch.bool)
@@ -200,11 +222,15 @@ class Tree:
 
     def path_to(self, node: int) -> torch.Tensor:
         """LongTensor [depth(node)]: node indices from depth 1 down to ``node`` (root excluded)."""
+        return torch.tensor(self.path_list(node), dtype=torch.long)
+
+    def path_list(self, node: int) -> list[int]:
+        """``path_to(node)`` as Python ints."""
         path = []
-        while node > 0:  # up the parents on the host: the walk calls this every step
+        while node > 0:  # up the parents on the host
             path.append(node)
             node = self.parent_list[node]
-        return torch.tensor(path[::-1], dtype=torch.long)
+        return path[::-1]
 
     def truncate(self, max_depth: int) -> Tree:
         """The subtree of nodes at depth <= max_depth (used when few tokens remain to generate)."""

@@ -1,0 +1,224 @@
+"""The walk of a batch on the device: every row's accepted path and next token in tensor ops, with no host read.
+
+generate() verifies every row's tree in one target pass and walks them all here, on the logits' device; it reads
+the outcome back once (``Verdicts.packed``: each row's accepted nodes and committed tokens), the step's one host
+read (docs/design.md, "Host reads per step"). ``treespec.walker.walk`` is the one-row form and describes the rules;
+these are their batched, read-free forms:
+
+* greedy: node c passes when its token is the target's argmax at its parent;
+* typical (NOT lossless): when p_target(x) at its parent exceeds min(ε, δ·e^−H);
+* token-level rejection: every node tries its children in rank order, each against the residual its earlier
+  siblings left, R ← norm(max(R − Q, 0)), where Q is the law the sibling was drawn from: q_draft at the parent
+  (i.i.d.), q_draft without the earlier siblings' tokens (without replacement; a point mass once spent), or the
+  point mass at its token (deterministic candidates: EAGLE-2's rule, "draw y ~ p, look for y among the
+  siblings"). A node's decision takes only its own draws, so every node decides at once, one sibling rank per
+  round (W rounds for a tree whose widest node has W children); node c passes when its parent chose it.
+
+For every rule the accepted node is then the deepest whose whole path passes (the first in node order among
+equally deep ones; under rejection the passing nodes form a single path), and the next token is the argmax there
+(greedy), a draw from what its rejected children left (rejection: p_target at a leaf) or from p_target (typical).
+
+Every node's distribution is made (N × V, where a host walk makes the depth + 1 rows it visits): next to an
+accelerator's target pass that is nothing; on a CPU at V = 8k it is a few hundred µs for a 16-node tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import torch
+
+from treespec.drafter import Proposals
+from treespec.sampling import CANNOT_SAMPLE, NOT_FINITE, Sampling, argmax, generator_device, probs, sample
+from treespec.tree import Tree
+from treespec.walker_traversal import EMPTY_MASS
+
+
+@dataclass
+class Verdicts:
+    """Every row's walk, on the device: row b accepted ``nodes[b, : lengths[b]]`` (depth order, root excluded)
+    and commits ``tokens[b, : lengths[b] + 1]``, their tokens and then the next token."""
+
+    lengths: torch.Tensor  # LongTensor [b]
+    nodes: torch.Tensor    # LongTensor [b, D]: D = the deepest row tree's depth (at least 1)
+    tokens: torch.Tensor   # LongTensor [b, D + 1]
+    invalid: torch.Tensor  # BoolTensor [b]: a distribution of the row was empty or not finite (a broken model)
+
+    def packed(self, *flags: torch.Tensor) -> torch.Tensor:
+        """One LongTensor [b, 2 + F + 2D + 1] to read back: lengths, invalid, the F ``flags`` ([b] each), nodes,
+        tokens (``accepted`` reads its rows)."""
+        columns = [c.long()[:, None] for c in (self.lengths, self.invalid, *flags)]
+        return torch.cat([*columns, self.nodes, self.tokens], dim=1)
+
+
+@dataclass
+class Accepted:
+    """One row's walk on the host."""
+
+    path: list[int]       # accepted nodes, depth order, root excluded
+    tokens: list[int]     # the committed tokens: the path's, then the next token
+    flags: list[int]      # the extra columns packed with it
+
+
+def accepted(rows: list[list[int]], sampling: Sampling, flags: int = 0) -> list[Accepted]:
+    """``Verdicts.packed(...)`` read back (``tolist``) → each row's Accepted; a row whose walk met an empty or
+    non-finite distribution is a ValueError (a model producing NaN/inf)."""
+    out = []
+    for row in rows:
+        length, invalid, rest = row[0], row[1], row[2:]
+        if invalid:
+            raise ValueError(NOT_FINITE if sampling.greedy else CANNOT_SAMPLE)
+        depth = (len(rest) - flags - 1) // 2
+        nodes, tokens = rest[flags : flags + depth], rest[flags + depth :]
+        out.append(Accepted(nodes[:length], tokens[: length + 1], rest[:flags]))
+    return out
+
+
+def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *, acceptance: str = "rejection",
+               generator: torch.Generator | None = None, typical_epsilon: float = 0.09,
+               typical_delta: float = 0.3) -> Verdicts:
+    """Walk every row: logits [b, ≥ N, V] (row b's node i at [b, i]; N = proposals.num_nodes, later entries
+    ignored) → Verdicts on the logits' device. ``acceptance``: "rejection" or "typical" (greedy sampling is the
+    greedy walk whatever it says); random draws come from ``generator``, made on its own device."""
+    device = logits.device
+    batch, n = len(proposals.trees), proposals.num_nodes
+    logits = logits[:, :n]
+    tables = _tables(proposals, device)
+    drafted = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), proposals.tokens.to(device)], 1)
+    parents = tables.parents.expand(batch, n)  # [b, N]: node i's parent (the root's: itself)
+    if sampling.greedy:
+        best_token = argmax(logits)  # [b, N]
+        invalid = ~torch.isfinite(logits.gather(-1, best_token[..., None])).all(-1).all(-1)
+        passes = drafted == best_token.gather(1, parents)
+    else:
+        p = probs(logits, sampling)  # [b, N, V]
+        total = p.sum(-1)
+        invalid = ~(torch.isfinite(total) & (total > 0)).all(-1)
+        if acceptance == "typical":
+            threshold = torch.clamp(typical_delta * torch.exp(-torch.special.entr(p).sum(-1)), max=typical_epsilon)
+            # p at each node's parent, of the node's token: [b, N]
+            at_parent = p.flatten(1).gather(1, parents * p.shape[-1] + drafted)
+            passes = at_parent > threshold.gather(1, parents)
+        else:
+            chosen, residual = choose_children(p, proposals, tables, drafted, generator)
+            passes = chosen.gather(1, parents) == torch.arange(n, device=device)
+            ends = sample(residual, generator, check=False)  # [b, N]: the next token if the walk stops there
+    passes = passes & tables.real
+    passes[:, 0] = True
+    reached = ~(tables.ancestors & ~passes[:, None, :]).any(-1)  # [b, N]: the node's whole path passes
+    order = torch.arange(n, device=device)
+    best = (reached * (tables.depths * (n + 1) + n - order)).argmax(-1, keepdim=True)  # [b, 1]: deepest, then first
+    lengths = tables.depths.expand(batch, n).gather(1, best)[:, 0]  # [b]
+    width = tables.paths.shape[-1]
+    nodes = tables.paths.expand(batch, n, width).gather(1, best[..., None].expand(batch, 1, width))[:, 0]  # [b, D]
+    if sampling.greedy:
+        next_token = best_token.gather(1, best)[:, 0]
+    elif acceptance == "typical":
+        next_token = sample(p.gather(1, best[..., None].expand(batch, 1, p.shape[-1]))[:, 0], generator, check=False)
+    else:
+        next_token = ends.gather(1, best)[:, 0]
+    path_tokens = torch.cat([drafted.gather(1, nodes), torch.zeros_like(lengths)[:, None]], 1)  # [b, D + 1]
+    tokens = torch.where(torch.arange(width + 1, device=device) < lengths[:, None], path_tokens, -1)
+    return Verdicts(lengths, nodes, tokens.scatter(1, lengths[:, None], next_token[:, None]), invalid)
+
+
+def choose_children(p: torch.Tensor, proposals: Proposals, tables: Tables, drafted: torch.Tensor, generator
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level rejection at every node at once: p [b, N, V] (p_target), drafted [b, N] (node i's token) →
+    (the child each node accepted, or −1 [b, N]; what each node's next token is drawn from [b, N, V]: the
+    residual its rejected children left, p itself at a leaf)."""
+    batch, n, _ = p.shape
+    device = p.device
+    q = None if proposals.q_draft is None else proposals.q_draft[:, :n].to(device).float()  # [b, N, V]
+    spent = torch.zeros(batch, n, dtype=torch.bool, device=device)  # q used up (without replacement): a point mass
+    # one uniform per node, for its trial among its siblings, drawn up front on the generator's own device
+    uniform = torch.rand(batch, n, generator=generator, device=generator_device(generator)).to(device)
+    chosen = torch.full((batch, n), -1, dtype=torch.long, device=device)
+    residual = p
+    kids = tables.kids.expand(batch, n, tables.kids.shape[-1])  # [b, N, W]
+    for rank in range(kids.shape[-1]):  # the siblings of every node, one rank at a time
+        kid = kids[..., rank]  # [b, N]
+        trying = (kid >= 0) & (chosen < 0)
+        kid = kid.clamp(min=0)
+        x = drafted.gather(1, kid)  # [b, N]
+        r_x = residual.gather(-1, x[..., None])[..., 0]
+        trial = uniform.gather(1, kid)
+        if q is None:  # u < R(x); x holding (up to rounding) all that is left is accepted outright
+            passed = (trial < r_x) | (r_x >= 1.0 - EMPTY_MASS)
+        else:  # u < min(1, R(x)/Q(x)) without the division: Q(x) = 0 < R(x) accepts, 0 = 0 rejects
+            q_x = torch.where(spent, 1.0, q.gather(-1, x[..., None])[..., 0])
+            passed = trial * q_x < r_x
+        passed = passed & trying
+        chosen = torch.where(passed, kid, chosen)
+        residual = residual_after(residual, q, spent, x, trying & ~passed)
+        if q is not None and proposals.without_replacement:
+            q, spent = draft_without(q, spent, x)
+    return chosen, residual
+
+
+def residual_after(residual: torch.Tensor, q: torch.Tensor | None, spent: torch.Tensor, x: torch.Tensor,
+                   rejected: torch.Tensor) -> torch.Tensor:
+    """R ← norm(max(R − Q, 0)) at the nodes whose child with token x [b, N] was ``rejected`` [b, N]; Q is q [b, N, V]
+    where not ``spent``, else (and for deterministic candidates, q None) the point mass at x. A residual that
+    would be empty (R == Q up to rounding) keeps R, as the host walk does."""
+    without_x = residual.scatter(-1, x[..., None], 0.0)
+    update = without_x if q is None else torch.where(spent[..., None], without_x, (residual - q).clamp(min=0.0))
+    mass = update.sum(-1, keepdim=True)
+    take = rejected[..., None] & (mass > EMPTY_MASS)
+    return torch.where(take, update / mass.clamp(min=EMPTY_MASS), residual)
+
+
+def draft_without(q: torch.Tensor, spent: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The law of each node's next sibling drawn without replacement once x [b, N] was drawn from q [b, N, V]: q
+    without x, renormalised (``walker_traversal.draft_after``); spent [b, N] once no mass is left."""
+    rest = q.scatter(-1, x[..., None], 0.0)
+    mass = rest.sum(-1, keepdim=True)
+    empty = mass[..., 0] <= EMPTY_MASS
+    return torch.where(empty[..., None], q, rest / mass.clamp(min=EMPTY_MASS)), spent | empty
+
+
+# -- the trees as tensors -----------------------------------------------------------------------------------------
+@dataclass
+class Tables:
+    """The walk's view of the rows' trees, on the device: [1, ...] for one tree every row shares, else [b, ...]
+    padded to the largest (a padding node is its own parent at depth 0, and never passes)."""
+
+    parents: torch.Tensor    # LongTensor [b or 1, N]: the root's parent is itself
+    depths: torch.Tensor     # LongTensor [b or 1, N]
+    ancestors: torch.Tensor  # BoolTensor [b or 1, N, N]
+    kids: torch.Tensor       # LongTensor [b or 1, N, W]: children in rank order, then −1
+    paths: torch.Tensor      # LongTensor [b or 1, N, D]: node i's path from depth 1, then 0
+    real: torch.Tensor       # BoolTensor [b or 1, N]: not padding
+
+
+_KEPT: WeakKeyDictionary = WeakKeyDictionary()  # Tree → {device: Tables}: a run's trees are uploaded once
+
+
+def _tables(proposals: Proposals, device) -> Tables:
+    tree = proposals.tree
+    if tree is not None:
+        kept = _KEPT.setdefault(tree, {})
+        if device not in kept:
+            kept[device] = Tables(*(t.to(device)[None] for t in _host_tables(tree, tree.num_nodes)))
+        return kept[device]
+    n = proposals.num_nodes
+    kid_width = max(t.kid_table.shape[1] for t in proposals.trees)
+    path_width = max(t.path_table.shape[1] for t in proposals.trees)
+    rows = [_host_tables(t, n, kid_width, path_width) for t in proposals.trees]
+    return Tables(*(torch.stack(column).to(device) for column in zip(*rows, strict=True)))
+
+
+def _host_tables(tree: Tree, n: int, kid_width: int = 0, path_width: int = 0) -> tuple[torch.Tensor, ...]:
+    """One tree's tables padded to n nodes, W = kid_width children and D = path_width depths."""
+    m = tree.num_nodes
+    parents, depths = torch.arange(n), torch.zeros(n, dtype=torch.long)
+    parents[:m], depths[:m] = tree.parents.clamp(min=0), tree.depths
+    ancestors = torch.eye(n, dtype=torch.bool)
+    ancestors[:m, :m] = tree.ancestors
+    kids = torch.full((n, max(kid_width, tree.kid_table.shape[1])), -1, dtype=torch.long)
+    kids[:m, : tree.kid_table.shape[1]] = tree.kid_table
+    paths = torch.zeros(n, max(path_width, tree.path_table.shape[1]), dtype=torch.long)
+    paths[:m, : tree.path_table.shape[1]] = tree.path_table
+    real = torch.arange(n) < m
+    return parents, depths, ancestors, kids, paths, real
