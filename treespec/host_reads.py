@@ -16,6 +16,8 @@ kept slots) are host tensors: reading them costs no wait. ``HostReads`` counts b
     reads.uploads    # host data copied to the device (torch.tensor(..., device=d), .to(d)): in PyTorch a
     #                  blocking copy from pageable memory waits for the queue too, unless pinned + non_blocking
     reads.sites      # Counter of (file:line, call) of the device reads: where they come from
+    reads.ops        # with HostReads(..., ops=True): Counter of torch calls by the file making them (the engine's
+    #                  own tensor work per step, beside the models': each is a kernel launch on an accelerator)
 
 ``.numpy()`` is counted in ``all`` but never as a device read: it fails on an accelerator's tensor, so code that
 runs there only takes it on host tensors (``treespec.sampling.argmax``'s CPU path keeps its result beside the
@@ -75,12 +77,13 @@ class HostReads(TorchFunctionMode):
     """A TorchFunctionMode counting host reads (see the module's docstring); ``modules`` (the target, a drafter or
     anything holding nn.Modules in its attributes) and ``inputs`` are what lives on the device at the start."""
 
-    def __init__(self, *modules, inputs=()):
+    def __init__(self, *modules, inputs=(), ops: bool = False):
         super().__init__()
         self.device = 0
         self.all = 0
         self.uploads = 0
         self.sites: Counter = Counter()
+        self.ops: Counter | None = Counter() if ops else None
         self._roots = [t for m in modules for t in _tensors_of(m)] + [t for t in tree_leaves(inputs)
                                                                         if isinstance(t, torch.Tensor)]
 
@@ -96,6 +99,8 @@ class HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.ops is not None and getattr(func, "__name__", "") != "__get__":  # attribute reads aside
+            self.ops[_caller().split(":")[0]] += 1
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         from_device = any(on_device(t) for t in tensors)
         read = func in _READS or (func in (_T.__getitem__, _T.__setitem__) and _bool_index(args))
@@ -139,18 +144,23 @@ def _caller() -> str:
     return "?"
 
 
-def reads_per_step(target, input_ids, *, drafter=None, max_new_tokens: int = 48, **options) -> dict:
+def reads_per_step(target, input_ids, *, drafter=None, max_new_tokens: int = 48, ops: bool = False,
+                   **options) -> dict:
     """Host reads per decoding step of ``generate(target, input_ids, drafter=drafter, ...)``: the reads of a run of
     ``max_new_tokens`` less those of a run of one token (prefill, retiring, outputs: no step), over the run's
-    verification passes → {"device", "all", "uploads": per step; "passes"; "sites": the device reads' call sites}."""
+    verification passes → {"device", "all", "uploads": per step; "passes"; "sites": the device reads' call sites;
+    with ``ops``, "ops": torch calls per step by the file making them}."""
     from treespec.generate import generate
 
     counts = []
     for new_tokens in (1, max_new_tokens):
-        with HostReads(target, drafter, inputs=input_ids) as reads:
+        with HostReads(target, drafter, inputs=input_ids, ops=ops) as reads:
             out = generate(target, input_ids, drafter=drafter, max_new_tokens=new_tokens, **options)
         counts.append(reads)
     once, run = counts
     passes = max(out.passes, 1)
-    return {"device": (run.device - once.device) / passes, "all": (run.all - once.all) / passes,
-            "uploads": (run.uploads - once.uploads) / passes, "passes": out.passes, "sites": run.sites - once.sites}
+    found = {"device": (run.device - once.device) / passes, "all": (run.all - once.all) / passes,
+             "uploads": (run.uploads - once.uploads) / passes, "passes": out.passes, "sites": run.sites - once.sites}
+    if ops:
+        found["ops"] = {name: (n - once.ops[name]) / passes for name, n in run.ops.items() if n > once.ops[name]}
+    return found

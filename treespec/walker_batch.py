@@ -84,12 +84,14 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
     device = logits.device
     batch, n = len(proposals.trees), proposals.num_nodes
     logits = logits[:, :n]
+    if sampling.greedy:
+        best_token, invalid = _greedy_argmax(logits)  # [b, N], [b]
+        if proposals.tree is not None and proposals.tree.is_chain:
+            return _greedy_chain(best_token, proposals.tokens.to(device), invalid)
     tables = _tables(proposals, device)
     drafted = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), proposals.tokens.to(device)], 1)
     parents = tables.parents.expand(batch, n)  # [b, N]: node i's parent (the root's: itself)
     if sampling.greedy:
-        best_token = argmax(logits)  # [b, N]
-        invalid = ~torch.isfinite(logits.gather(-1, best_token[..., None])).all(-1).all(-1)
         passes = drafted == best_token.gather(1, parents)
     else:
         p = probs(logits, sampling)  # [b, N, V]
@@ -121,6 +123,30 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
     path_tokens = torch.cat([drafted.gather(1, nodes), torch.zeros_like(lengths)[:, None]], 1)  # [b, D + 1]
     tokens = torch.where(torch.arange(width + 1, device=device) < lengths[:, None], path_tokens, -1)
     return Verdicts(lengths, nodes, tokens.scatter(1, lengths[:, None], next_token[:, None]), invalid)
+
+
+def _greedy_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [b, N, V] → (the argmax at every node [b, N]; whether a row's chosen logits are not all finite [b]).
+    On a CPU the check costs nothing and raises at once (``argmax``'s host path); elsewhere it is a flag read back
+    with the step's tokens."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return argmax(logits, check_finite=True), torch.zeros(logits.shape[0], dtype=torch.bool)
+    best_token = argmax(logits)
+    return best_token, ~torch.isfinite(logits.gather(-1, best_token[..., None])).flatten(1).all(-1)
+
+
+def _greedy_chain(best_token: torch.Tensor, drafted: torch.Tensor, invalid: torch.Tensor) -> Verdicts:
+    """The greedy walk of a chain (plain decoding's empty one too), in a few ops: best_token [b, γ + 1] (the
+    argmax at each node), drafted [b, γ] → the run of drafted tokens that are the argmax at their parent."""
+    batch, gamma = drafted.shape
+    if gamma == 0:
+        lengths = torch.zeros(batch, dtype=torch.long, device=drafted.device)
+        return Verdicts(lengths, lengths[:, None], torch.cat([best_token, torch.full_like(best_token, -1)], 1), invalid)
+    lengths = (drafted == best_token[:, :-1]).cumprod(1).sum(1, keepdim=True)  # [b, 1]
+    nodes = torch.arange(1, gamma + 1, device=drafted.device).expand(batch, gamma)  # the chain (the first k kept)
+    kept = torch.arange(gamma + 1, device=drafted.device) < lengths  # [b, γ + 1]
+    tokens = torch.where(kept, torch.cat([drafted, drafted[:, :1]], 1), -1)
+    return Verdicts(lengths[:, 0], nodes, tokens.scatter_(1, lengths, best_token.gather(1, lengths)), invalid)
 
 
 def choose_children(p: torch.Tensor, proposals: Proposals, tables: Tables, drafted: torch.Tensor, generator
