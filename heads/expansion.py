@@ -108,6 +108,7 @@ class ExpandingDrafter(Drafter):
         self._grown_of: list[list[int]] = []  # per row: grown node of each node of the last proposal's tree
         self._grown_count = 0  # grown node ids this step are below it (a host bound for buffers sized by them)
         self._shapes: dict[Tree, GrownNodes] = {}  # each static tree's topology, made once per tree
+        self._plans: dict = {}  # (tree, depth) → its expansion's masks' parts and node ids, on the device
 
     def check_batch(self, batch_size: int) -> None:
         if batch_size > 1 and self._path_rows is not None:
@@ -177,32 +178,32 @@ class ExpandingDrafter(Drafter):
             return grow_dynamic(self, logits, tree)
         return self._grow_static(logits, tree, sampling, generator)
 
-    def _expand(self, grown: list[GrownNodes], frontiers: list[list[int]], tokens: torch.Tensor) -> torch.Tensor:
-        """Draft logits [b, F, V] at the ``frontiers`` nodes of ``grown`` (one entry shared by every row, or one
-        per row), whose keys/values join the cache after the nodes expanded before them; each sees the row's
-        committed entries, its expanded ancestors and itself. ``tokens`` [b, F]: the frontier's tokens in each
-        row, on the device."""
+    def _expand(self, shape: GrownNodes, frontier: list[int], tokens: torch.Tensor, key) -> torch.Tensor:
+        """Draft logits [b, F, V] at the ``frontier`` nodes of a static tree's ``shape``, whose keys/values join the
+        cache after the nodes expanded before them; each sees the row's committed entries, its expanded ancestors
+        and itself. ``tokens`` [b, N]: every node's token in each row, on the device. What depends on the
+        shape alone (who sees whom, depths, node ids) is made once per ``key`` (tree, depth) and kept on the
+        device."""
         if self._path_rows is not None:
-            return self._expand_rows(frontiers[0], [grown[0].parents[f] for f in frontiers[0]], tokens)
+            return self._expand_rows(frontier, [shape.parents[f] for f in frontier], tokens[:, frontier])
         device = self.model.device
-        kv_nodes = [done + frontier for done, frontier in zip(self._expanded, frontiers, strict=True)]
-        # [b or 1, F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
-        allowed = torch.tensor([[[k in nodes.lineage[f] for k in kv] for f in frontier]
-                                for nodes, kv, frontier in zip(grown, kv_nodes, frontiers, strict=True)])
-        depths = torch.tensor([[nodes.depths[k] for k in kv] for nodes, kv in zip(grown, kv_nodes, strict=True)])
-        positions = self.slots.positions(depths - 1)  # [b or 1, K]: each row's root position + depth
-        if not self.slots.ragged and allowed.shape[0] == 1:  # rows alike: one mask (windows honoured)
-            mask = attention_masks(self.cache, allowed[0], self.slots.length, positions[0], dtype=self.model.dtype,
+        kv_nodes = self._expanded[0] + frontier
+        if key not in self._plans:
+            # [F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
+            allowed = torch.tensor([[k in shape.lineage[f] for k in kv_nodes] for f in frontier], device=device)
+            offsets = torch.tensor([shape.depths[k] - 1 for k in kv_nodes], device=device)  # [K]: depth − 1
+            self._plans[key] = (allowed, offsets, torch.tensor([frontier], device=device),
+                                torch.tensor([[shape.parents[f] for f in frontier]], device=device))
+        allowed, offsets, nodes, parents = self._plans[key]
+        positions = self.slots.positions(offsets)  # [b or 1, K]: each row's root position + depth
+        if not self.slots.ragged:  # rows alike: one mask (windows honoured)
+            mask = attention_masks(self.cache, allowed, self.slots.length, positions[0], dtype=self.model.dtype,
                                    device=device)
         else:
-            mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
-        nodes = torch.tensor(frontiers, device=device)  # [b or 1, F]
-        parents = torch.tensor([[g.parents[f] for f in frontier] for g, frontier in zip(grown, frontiers, strict=True)],
-                               device=device)
-        width = len(frontiers[0])
-        self._grown_count = max(self._grown_count, 1 + max(max(frontier) for frontier in frontiers))
-        logits = self._forward_nodes(tokens.to(device), nodes, parents, mask, positions[:, -width:])
-        self._expanded = kv_nodes
+            mask = slots_mask(self.slots, allowed[None], dtype=self.model.dtype)
+        logits = self._forward_nodes(tokens.index_select(1, nodes[0]), nodes, parents, mask,
+                                     positions[:, -len(frontier) :])
+        self._expanded = [kv_nodes]
         return logits
 
     def _expand_rows(self, frontier: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
@@ -231,7 +232,7 @@ class ExpandingDrafter(Drafter):
         q_draft = torch.zeros(batch, tree.num_nodes, vocab, device=logits.device) if draw else None  # [b, N, V]
         frontier = [0]
         self._expanded = [[]]
-        self._grown_count = tree.num_nodes
+        self._grown_count = tree.num_nodes  # (``_forward_nodes`` sizes buffers by it)
         for depth in range(1, tree.depth + 1):
             q = probs(logits, sampling) if draw else None  # [b, F, V]: draft distribution at each frontier node
             picks = []
@@ -255,7 +256,7 @@ class ExpandingDrafter(Drafter):
             frontier = [i for i in level if tree.children[i]]  # cached per tree: no tensor ops
             if not frontier:
                 break
-            logits = self._expand([shape], [frontier], tokens[:, frontier])
+            logits = self._expand(shape, frontier, tokens, (tree, depth))
         self._grown_of = [list(range(tree.num_nodes))] * batch
         return Proposals.shared(tree, tokens[:, 1:], q_draft, without_replacement=distinct)
 

@@ -195,9 +195,8 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
     """One pass over each row's root alone (no drafter, or no depth left to draft): one token per row."""
-    proposals = Proposals.shared(tree, torch.empty(len(state.rows), 0, dtype=torch.long))
-    rows, features = target_pass(run, state, proposals)
-    commit(run, state, rows, features)
+    proposals = Proposals.shared(tree, state.tokens.new_empty(len(state.rows), 0))
+    commit(run, state, *target_pass(run, state, proposals))
 
 
 def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> None:
@@ -205,8 +204,8 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
     what was kept."""
     with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
-    rows, features = target_pass(run, state, proposals)
-    commit(run, state, rows, features)
+    rows, *rest = target_pass(run, state, proposals)
+    commit(run, state, rows, *rest)
     with timed(run.observer, DRAFT):
         run.drafter.accept([torch.tensor(row.path, dtype=torch.long) for row in rows], state.features)
 
@@ -220,10 +219,11 @@ def warn_draft_nan(run: Run, state: DecodeState) -> None:
                       "and its dtype", RuntimeWarning, stacklevel=3)
 
 
-def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Accepted], torch.Tensor | None]:
+def target_pass(run: Run, state: DecodeState, proposals: Proposals
+                ) -> tuple[list[Accepted], torch.Tensor, torch.Tensor | None]:
     """One target pass over every row's root and candidates, and the walk over each row's logits → (each row's
-    accepted path and committed tokens, read back at once; the target's hidden states at every node [b, N, L·h]
-    or None)."""
+    accepted path and committed tokens, read back at once; those tokens on the device [b, D + 1]; the target's
+    hidden states at every node [b, N, L·h] or None)."""
     device = state.tokens.device
     tokens = torch.cat([last_tokens(state), proposals.tokens.to(device)], dim=1)  # [b, N]
     if state.recurrent is not None:  # a hybrid: root-to-leaf paths as rows (one prompt)
@@ -237,18 +237,20 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[lis
         flags = () if proposals.q_draft is None else (torch.isnan(proposals.q_draft).flatten(1).any(-1),)
         rows = accepted(verdicts.packed(*flags).tolist(), run.sampling, len(flags))  # the step's one host read
     state.draft_nan = state.draft_nan or any(row.flags and row.flags[0] for row in rows)
-    return rows, features
+    return rows, verdicts.tokens, features
 
 
-def commit(run: Run, state: DecodeState, rows: list[Accepted], features: torch.Tensor | None) -> None:
-    """Append each row's accepted path's tokens and its next token (up to its end and its first eos); keep the
-    cache entries and the hidden states of each row's root and accepted nodes."""
+def commit(run: Run, state: DecodeState, rows: list[Accepted], committed: torch.Tensor,
+           features: torch.Tensor | None) -> None:
+    """Append each row's accepted path's tokens and its next token (up to its end and its first eos: ``rows``, on
+    the host; ``committed`` [b, D + 1], the same tokens on the device, is what is copied); keep the cache entries
+    and the hidden states of each row's root and accepted nodes."""
     keeps = []
     for b, row in enumerate(rows):
         keeps.append([0, *row.path])  # tree-node offsets the caches keep, root first
         new = until_eos(row.tokens, run.eos)[: state.ends[b] - state.lengths[b]]
         length = state.lengths[b]
-        state.tokens[b, length : length + len(new)] = torch.tensor(new, device=state.tokens.device)
+        state.tokens[b, length : length + len(new)] = committed[b, : len(new)]  # device to device: no upload
         state.lengths[b] += len(new)
         state.roots[b] = new[-1]
         state.accept_lengths[state.rows[b]].append(len(new))

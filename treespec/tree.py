@@ -188,23 +188,6 @@ class Tree:
         return self.ranks.tolist()
 
     @cached_property
-    def kid_table(self) -> torch.Tensor:
-        """LongTensor [N, W] (W = the most children of a node, at least 1): node i's children in rank order,
-        then −1 (tensor form of ``children``, for the batched walk: treespec/walker_batch.py)."""
-        width = max(1, max(len(kids) for kids in self.children))
-        return torch.tensor([kids + [-1] * (width - len(kids)) for kids in self.children], dtype=torch.long)
-
-    @cached_property
-    def path_table(self) -> torch.Tensor:
-        """LongTensor [N, max(depth, 1)]: node i's path from depth 1 (``path_to(i)``), then 0."""
-        width = max(1, self.depth)
-        rows = []
-        for i in range(self.num_nodes):
-            path = self.path_list(i)
-            rows.append(path + [0] * (width - len(path)))
-        return torch.tensor(rows, dtype=torch.long)
-
-    @cached_property
     def is_leaf(self) -> torch.Tensor:
         """BoolTensor [N]."""
         has_child = torch.zeros(self.num_nodes, dtype=torch.bool)

@@ -7,12 +7,16 @@ these are their batched, read-free forms:
 
 * greedy: node c passes when its token is the target's argmax at its parent;
 * typical (NOT lossless): when p_target(x) at its parent exceeds min(ε, δ·e^−H);
-* token-level rejection: every node tries its children in rank order, each against the residual its earlier
-  siblings left, R ← norm(max(R − Q, 0)), where Q is the law the sibling was drawn from: q_draft at the parent
-  (i.i.d.), q_draft without the earlier siblings' tokens (without replacement; a point mass once spent), or the
-  point mass at its token (deterministic candidates: EAGLE-2's rule, "draw y ~ p, look for y among the
-  siblings"). A node's decision takes only its own draws, so every node decides at once, one sibling rank per
-  round (W rounds for a tree whose widest node has W children); node c passes when its parent chose it.
+* token-level rejection, deterministic candidates (EAGLE-2's rule): it is "draw y ~ p_target, look for y among
+  the siblings", so every node draws its y at once and node c passes when its token is its parent's y and no
+  earlier sibling holds that token (a duplicate is never tried twice); the y of the node where the walk stops is
+  the next token, distributed as p_target without the rejected siblings' tokens (or all of it, at a leaf);
+* token-level rejection, sampled candidates: every node tries its children in rank order, each against the
+  residual its earlier siblings left, R ← norm(max(R − Q, 0)), where Q is the law the sibling was drawn from:
+  q_draft at the parent (i.i.d., SpecInfer) or q_draft without the earlier siblings' tokens (without replacement,
+  Jeon et al. 2024; a point mass once spent). A node's decision takes only its own draws, so every node decides
+  at once, one sibling rank per round (W rounds for a tree whose widest node has W children); node c passes
+  when its parent chose it, and the next token is a draw from the residual where the walk stops.
 
 For every rule the accepted node is then the deepest whose whole path passes (the first in node order among
 equally deep ones; under rejection the passing nodes form a single path), and the next token is the argmax there
@@ -102,6 +106,10 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
             # p at each node's parent, of the node's token: [b, N]
             at_parent = p.flatten(1).gather(1, parents * p.shape[-1] + drafted)
             passes = at_parent > threshold.gather(1, parents)
+        elif proposals.q_draft is None:  # deterministic candidates: one draw from the target per node
+            ends = sample(p, generator, check=False)  # [b, N]
+            repeated = (tables.earlier & (drafted[:, :, None] == drafted[:, None, :])).any(-1)  # [b, N]
+            passes = (drafted == ends.gather(1, parents)) & ~repeated
         else:
             chosen, residual = choose_children(p, proposals, tables, drafted, generator)
             passes = chosen.gather(1, parents) == torch.arange(n, device=device)
@@ -151,12 +159,12 @@ def _greedy_chain(best_token: torch.Tensor, drafted: torch.Tensor, invalid: torc
 
 def choose_children(p: torch.Tensor, proposals: Proposals, tables: Tables, drafted: torch.Tensor, generator
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level rejection at every node at once: p [b, N, V] (p_target), drafted [b, N] (node i's token) →
-    (the child each node accepted, or −1 [b, N]; what each node's next token is drawn from [b, N, V]: the
-    residual its rejected children left, p itself at a leaf)."""
+    """Token-level rejection of sampled candidates at every node at once: p [b, N, V] (p_target), drafted [b, N]
+    (node i's token), ``proposals.q_draft`` [b, N, V] → (the child each node accepted, or −1 [b, N]; what each
+    node's next token is drawn from [b, N, V]: the residual its rejected children left, p itself at a leaf)."""
     batch, n, _ = p.shape
     device = p.device
-    q = None if proposals.q_draft is None else proposals.q_draft[:, :n].to(device).float()  # [b, N, V]
+    q = proposals.q_draft[:, :n].to(device).float()  # [b, N, V]
     spent = torch.zeros(batch, n, dtype=torch.bool, device=device)  # q used up (without replacement): a point mass
     # one uniform per node, for its trial among its siblings, drawn up front on the generator's own device
     uniform = torch.rand(batch, n, generator=generator, device=generator_device(generator)).to(device)
@@ -167,41 +175,35 @@ def choose_children(p: torch.Tensor, proposals: Proposals, tables: Tables, draft
         kid = kids[..., rank]  # [b, N]
         trying = (kid >= 0) & (chosen < 0)
         kid = kid.clamp(min=0)
-        x = drafted.gather(1, kid)  # [b, N]
-        r_x = residual.gather(-1, x[..., None])[..., 0]
-        trial = uniform.gather(1, kid)
-        if q is None:  # u < R(x); x holding (up to rounding) all that is left is accepted outright
-            passed = (trial < r_x) | (r_x >= 1.0 - EMPTY_MASS)
-        else:  # u < min(1, R(x)/Q(x)) without the division: Q(x) = 0 < R(x) accepts, 0 = 0 rejects
-            q_x = torch.where(spent, 1.0, q.gather(-1, x[..., None])[..., 0])
-            passed = trial * q_x < r_x
-        passed = passed & trying
+        x = drafted.gather(1, kid)[..., None]  # [b, N, 1]
+        # u < min(1, R(x)/Q(x)) without the division: Q(x) = 0 < R(x) accepts, 0 = 0 rejects
+        q_x = q.gather(-1, x)[..., 0].masked_fill(spent, 1.0)
+        passed = trying & (uniform.gather(1, kid) * q_x < residual.gather(-1, x)[..., 0])
         chosen = torch.where(passed, kid, chosen)
         residual = residual_after(residual, q, spent, x, trying & ~passed)
-        if q is not None and proposals.without_replacement:
+        if proposals.without_replacement:
             q, spent = draft_without(q, spent, x)
     return chosen, residual
 
 
-def residual_after(residual: torch.Tensor, q: torch.Tensor | None, spent: torch.Tensor, x: torch.Tensor,
+def residual_after(residual: torch.Tensor, q: torch.Tensor, spent: torch.Tensor, x: torch.Tensor,
                    rejected: torch.Tensor) -> torch.Tensor:
-    """R ← norm(max(R − Q, 0)) at the nodes whose child with token x [b, N] was ``rejected`` [b, N]; Q is q [b, N, V]
-    where not ``spent``, else (and for deterministic candidates, q None) the point mass at x. A residual that
-    would be empty (R == Q up to rounding) keeps R, as the host walk does."""
-    without_x = residual.scatter(-1, x[..., None], 0.0)
-    update = without_x if q is None else torch.where(spent[..., None], without_x, (residual - q).clamp(min=0.0))
+    """R ← norm(max(R − Q, 0)) at the nodes whose child with token x [b, N, 1] was ``rejected`` [b, N]; Q is q
+    [b, N, V], or where ``spent`` the point mass at x. A residual that would be empty (R == Q up to rounding)
+    keeps R, as token-level rejection keeps p when max(p − q, 0) is empty."""
+    update = torch.where(spent[..., None], residual.scatter(-1, x, 0.0), (residual - q).clamp_(min=0.0))
     mass = update.sum(-1, keepdim=True)
     take = rejected[..., None] & (mass > EMPTY_MASS)
-    return torch.where(take, update / mass.clamp(min=EMPTY_MASS), residual)
+    return torch.where(take, update / mass.clamp_(min=EMPTY_MASS), residual)
 
 
 def draft_without(q: torch.Tensor, spent: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The law of each node's next sibling drawn without replacement once x [b, N] was drawn from q [b, N, V]: q
-    without x, renormalised (``walker_traversal.draft_after``); spent [b, N] once no mass is left."""
-    rest = q.scatter(-1, x[..., None], 0.0)
+    """The law of each node's next sibling drawn without replacement once x [b, N, 1] was drawn from q [b, N, V]:
+    q without x, renormalised (``walker_traversal.draft_after``); spent [b, N] once no mass is left."""
+    rest = q.scatter(-1, x, 0.0)
     mass = rest.sum(-1, keepdim=True)
     empty = mass[..., 0] <= EMPTY_MASS
-    return torch.where(empty[..., None], q, rest / mass.clamp(min=EMPTY_MASS)), spent | empty
+    return torch.where(empty[..., None], q, rest / mass.clamp_(min=EMPTY_MASS)), spent | empty
 
 
 # -- the trees as tensors -----------------------------------------------------------------------------------------
@@ -212,7 +214,8 @@ class Tables:
 
     parents: torch.Tensor    # LongTensor [b or 1, N]: the root's parent is itself
     depths: torch.Tensor     # LongTensor [b or 1, N]
-    ancestors: torch.Tensor  # BoolTensor [b or 1, N, N]
+    ancestors: torch.Tensor  # BoolTensor [b or 1, N, N]: itself and its ancestors
+    earlier: torch.Tensor    # BoolTensor [b or 1, N, N]: [c, c'] for c' a sibling of c tried before it
     kids: torch.Tensor       # LongTensor [b or 1, N, W]: children in rank order, then −1
     paths: torch.Tensor      # LongTensor [b or 1, N, D]: node i's path from depth 1, then 0
     real: torch.Tensor       # BoolTensor [b or 1, N]: not padding
@@ -226,25 +229,33 @@ def _tables(proposals: Proposals, device) -> Tables:
     if tree is not None:
         kept = _KEPT.setdefault(tree, {})
         if device not in kept:
-            kept[device] = Tables(*(t.to(device)[None] for t in _host_tables(tree, tree.num_nodes)))
+            kept[device] = Tables(*(t.to(device)[None] for t in _host_tables([tree], tree.num_nodes)))
         return kept[device]
-    n = proposals.num_nodes
-    kid_width = max(t.kid_table.shape[1] for t in proposals.trees)
-    path_width = max(t.path_table.shape[1] for t in proposals.trees)
-    rows = [_host_tables(t, n, kid_width, path_width) for t in proposals.trees]
-    return Tables(*(torch.stack(column).to(device) for column in zip(*rows, strict=True)))
+    return Tables(*(t.to(device) for t in _host_tables(proposals.trees, proposals.num_nodes)))
 
 
-def _host_tables(tree: Tree, n: int, kid_width: int = 0, path_width: int = 0) -> tuple[torch.Tensor, ...]:
-    """One tree's tables padded to n nodes, W = kid_width children and D = path_width depths."""
-    m = tree.num_nodes
-    parents, depths = torch.arange(n), torch.zeros(n, dtype=torch.long)
-    parents[:m], depths[:m] = tree.parents.clamp(min=0), tree.depths
-    ancestors = torch.eye(n, dtype=torch.bool)
-    ancestors[:m, :m] = tree.ancestors
-    kids = torch.full((n, max(kid_width, tree.kid_table.shape[1])), -1, dtype=torch.long)
-    kids[:m, : tree.kid_table.shape[1]] = tree.kid_table
-    paths = torch.zeros(n, max(path_width, tree.path_table.shape[1]), dtype=torch.long)
-    paths[:m, : tree.path_table.shape[1]] = tree.path_table
-    real = torch.arange(n) < m
-    return parents, depths, ancestors, kids, paths, real
+def _host_tables(trees: list[Tree], n: int) -> tuple[torch.Tensor, ...]:
+    """The trees' tables [len(trees), ...] padded to n nodes, built from their host lists (a dynamic tree is new
+    every step: one tensor per table, nothing per node)."""
+    width = max(1, *(len(kids) for tree in trees for kids in tree.children))
+    deepest = max(1, *(tree.depth for tree in trees))
+    parents, depths, earlier, kids, paths, real = [], [], [], [], [], []
+    for tree in trees:
+        m, pad = tree.num_nodes, range(tree.num_nodes, n)
+        parents.append([0, *tree.parent_list[1:], *pad])
+        depths.append(tree.depth_list + [0] * (n - m))
+        tried = [[False] * n for _ in range(n)]
+        for siblings in tree.children:
+            for i, c in enumerate(siblings):
+                for before in siblings[:i]:
+                    tried[c][before] = True
+        earlier.append(tried)
+        kids.append([k + [-1] * (width - len(k)) for k in tree.children] + [[-1] * width] * (n - m))
+        paths.append([p + [0] * (deepest - len(p)) for p in map(tree.path_list, range(m))] + [[0] * deepest] * (n - m))
+        real.append([True] * m + [False] * (n - m))
+    ancestors = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for b, tree in enumerate(trees):
+        ancestors[b, : tree.num_nodes, : tree.num_nodes] = tree.ancestors
+    tables = (torch.tensor(parents), torch.tensor(depths), ancestors, torch.tensor(earlier), torch.tensor(kids),
+              torch.tensor(paths), torch.tensor(real))
+    return tables if len(trees) > 1 else tuple(t[0] for t in tables)
