@@ -120,7 +120,7 @@ class ExpandingDrafter(Drafter):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         if self.slots is not None:  # else nothing is cached yet (a row finished at its first token)
-            self.slots.select(rows.to(self.model.device), self.cache)
+            self.slots.select(rows, self.cache)  # (rows on the host: the slots read them)
         self._grown_of = [self._grown_of[b] for b in rows.tolist()] if self._grown_of else []
 
     # -- what a subclass provides ------------------------------------------------------------------

@@ -115,6 +115,8 @@ class HostReads(TorchFunctionMode):
         to_device = _device_arg(func, args, kwargs)
         if to_device and not from_device and (func in _FACTORIES_WITH_DATA or func in (_T.to, _T.cuda)):
             self.uploads += 1
+            if result is args[0]:  # already there (on a CPU): the host tensor stays a host tensor, its copy is not
+                result = result.view_as(result)
         if from_device or to_device:
             _mark(result)
             if func is _T.__setitem__ or getattr(func, "__name__", "").endswith("_"):  # written in place

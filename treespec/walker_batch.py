@@ -114,23 +114,22 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
             chosen, residual = choose_children(p, proposals, tables, drafted, generator)
             passes = chosen.gather(1, parents) == torch.arange(n, device=device)
             ends = sample(residual, generator, check=False)  # [b, N]: the next token if the walk stops there
-    passes = passes & tables.real
-    passes[:, 0] = True
-    reached = ~(tables.ancestors & ~passes[:, None, :]).any(-1)  # [b, N]: the node's whole path passes
-    order = torch.arange(n, device=device)
-    best = (reached * (tables.depths * (n + 1) + n - order)).argmax(-1, keepdim=True)  # [b, 1]: deepest, then first
-    lengths = tables.depths.expand(batch, n).gather(1, best)[:, 0]  # [b]
-    width = tables.paths.shape[-1]
-    nodes = tables.paths.expand(batch, n, width).gather(1, best[..., None].expand(batch, 1, width))[:, 0]  # [b, D]
+    # the deepest node whose path passes (the root's always does; padding never wins: its score is 0)
+    reached = ~(tables.above & ~passes[:, None, :]).any(-1)  # [b, N]
+    best = (reached * tables.score).argmax(-1, keepdim=True)  # [b, 1]
     if sampling.greedy:
-        next_token = best_token.gather(1, best)[:, 0]
+        next_token = best_token.gather(1, best)
     elif acceptance == "typical":
-        next_token = sample(p.gather(1, best[..., None].expand(batch, 1, p.shape[-1]))[:, 0], generator, check=False)
+        next_token = sample(p.gather(1, best[..., None].expand(batch, 1, p.shape[-1]))[:, 0], generator,
+                            check=False)[:, None]
     else:
-        next_token = ends.gather(1, best)[:, 0]
-    path_tokens = torch.cat([drafted.gather(1, nodes), torch.zeros_like(lengths)[:, None]], 1)  # [b, D + 1]
-    tokens = torch.where(torch.arange(width + 1, device=device) < lengths[:, None], path_tokens, -1)
-    return Verdicts(lengths, nodes, tokens.scatter(1, lengths[:, None], next_token[:, None]), invalid)
+        next_token = ends.gather(1, best)
+    # node i's path then the next token then −1: the columns [b, D + 1] of [drafted, next, −1]
+    columns = tables.columns.expand(batch, n, tables.columns.shape[-1]).gather(
+        1, best[..., None].expand(batch, 1, tables.columns.shape[-1]))[:, 0]
+    tokens = torch.cat([drafted, next_token, torch.full_like(next_token, -1)], 1).gather(1, columns)
+    lengths = tables.depths.expand(batch, n).gather(1, best)[:, 0]
+    return Verdicts(lengths, columns[:, :-1], tokens, invalid)
 
 
 def _greedy_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,15 +209,15 @@ def draft_without(q: torch.Tensor, spent: torch.Tensor, x: torch.Tensor) -> tupl
 @dataclass
 class Tables:
     """The walk's view of the rows' trees, on the device: [1, ...] for one tree every row shares, else [b, ...]
-    padded to the largest (a padding node is its own parent at depth 0, and never passes)."""
+    padded to the largest (a padding node is its own parent at depth 0, and scores 0)."""
 
-    parents: torch.Tensor    # LongTensor [b or 1, N]: the root's parent is itself
-    depths: torch.Tensor     # LongTensor [b or 1, N]
-    ancestors: torch.Tensor  # BoolTensor [b or 1, N, N]: itself and its ancestors
-    earlier: torch.Tensor    # BoolTensor [b or 1, N, N]: [c, c'] for c' a sibling of c tried before it
-    kids: torch.Tensor       # LongTensor [b or 1, N, W]: children in rank order, then −1
-    paths: torch.Tensor      # LongTensor [b or 1, N, D]: node i's path from depth 1, then 0
-    real: torch.Tensor       # BoolTensor [b or 1, N]: not padding
+    parents: torch.Tensor  # LongTensor [b or 1, N]: the root's parent is itself
+    depths: torch.Tensor   # LongTensor [b or 1, N]
+    above: torch.Tensor    # BoolTensor [b or 1, N, N]: node i's path (its ancestors but the root, and itself)
+    earlier: torch.Tensor  # BoolTensor [b or 1, N, N]: [c, c'] for c' a sibling of c tried before it
+    kids: torch.Tensor     # LongTensor [b or 1, N, W]: children in rank order, then −1
+    score: torch.Tensor    # LongTensor [b or 1, N]: deeper first, then the first in node order; padding 0
+    columns: torch.Tensor  # LongTensor [b or 1, N, D + 1]: node i's path, then N (the next token), then N + 1
 
 
 _KEPT: WeakKeyDictionary = WeakKeyDictionary()  # Tree → {device: Tables}: a run's trees are uploaded once
@@ -239,7 +238,7 @@ def _host_tables(trees: list[Tree], n: int) -> tuple[torch.Tensor, ...]:
     every step: one tensor per table, nothing per node)."""
     width = max(1, *(len(kids) for tree in trees for kids in tree.children))
     deepest = max(1, *(tree.depth for tree in trees))
-    parents, depths, earlier, kids, paths, real = [], [], [], [], [], []
+    parents, depths, earlier, kids, score, columns = [], [], [], [], [], []
     for tree in trees:
         m, pad = tree.num_nodes, range(tree.num_nodes, n)
         parents.append([0, *tree.parent_list[1:], *pad])
@@ -251,11 +250,13 @@ def _host_tables(trees: list[Tree], n: int) -> tuple[torch.Tensor, ...]:
                     tried[c][before] = True
         earlier.append(tried)
         kids.append([k + [-1] * (width - len(k)) for k in tree.children] + [[-1] * width] * (n - m))
-        paths.append([p + [0] * (deepest - len(p)) for p in map(tree.path_list, range(m))] + [[0] * deepest] * (n - m))
-        real.append([True] * m + [False] * (n - m))
-    ancestors = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
+        score.append([d * (n + 1) + n - i for i, d in enumerate(tree.depth_list)] + [0] * (n - m))
+        paths = [tree.path_list(i) for i in range(m)] + [[]] * (n - m)
+        columns.append([path + [n] + [n + 1] * (deepest - len(path)) for path in paths])
+    above = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
     for b, tree in enumerate(trees):
-        ancestors[b, : tree.num_nodes, : tree.num_nodes] = tree.ancestors
-    tables = (torch.tensor(parents), torch.tensor(depths), ancestors, torch.tensor(earlier), torch.tensor(kids),
-              torch.tensor(paths), torch.tensor(real))
+        above[b, : tree.num_nodes, : tree.num_nodes] = tree.ancestors
+    above[:, :, 0] = False  # the root passes by definition
+    tables = (torch.tensor(parents), torch.tensor(depths), above, torch.tensor(earlier), torch.tensor(kids),
+              torch.tensor(score), torch.tensor(columns))
     return tables if len(trees) > 1 else tuple(t[0] for t in tables)
