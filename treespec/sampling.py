@@ -128,17 +128,24 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None, *, check: 
     Inverse-CDF sampling: one uniform u per row from ``generator`` (on the generator's device), and the first
     token whose float64 cumulative mass reaches (1 − u)·total, a point in (0, total]: the token always has mass,
     and rounding never runs past the last one. About ten times cheaper than torch.multinomial for one draw on a
-    CPU. ``check``: raise ValueError on a row that is empty or not finite, a host read (generate's walk passes
-    False and reads its own flag with the step's tokens); unchecked, such a row gives some index."""
+    CPU. ``check``: raise ValueError on a row that is empty or not finite, a host read (generate's walk takes
+    ``sample_flagged`` and reads the flags with the step's tokens); unchecked, such a row gives some index."""
+    index, invalid = sample_flagged(p, generator)
+    if check and bool(invalid.any()):
+        raise ValueError(CANNOT_SAMPLE)
+    return index
+
+
+def sample_flagged(p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample`` without the check: (the draws [...], BoolTensor [...]: the row was empty or not finite)."""
     flat = p.reshape(-1, p.shape[-1])
     cdf = flat.double().cumsum(-1)  # [R, V]
     u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
                    device=generator_device(generator)).to(p.device)
     total = cdf[:, -1:]  # [R, 1]
     index = torch.searchsorted(cdf, (1.0 - u) * total).clamp_(max=p.shape[-1] - 1)  # [R, 1]
-    if check and not bool((torch.isfinite(total) & (total > 0)).all()):
-        raise ValueError(CANNOT_SAMPLE)
-    return index.reshape(p.shape[:-1])
+    invalid = ~(torch.isfinite(total) & (total > 0))
+    return index.reshape(p.shape[:-1]), invalid.reshape(p.shape[:-1])
 
 
 CANNOT_SAMPLE = "cannot sample: the distribution is empty or not finite (NaN or inf logits from the model?)"

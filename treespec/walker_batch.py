@@ -34,7 +34,16 @@ from weakref import WeakKeyDictionary
 import torch
 
 from treespec.drafter import Proposals
-from treespec.sampling import CANNOT_SAMPLE, NOT_FINITE, Sampling, argmax, generator_device, probs, sample
+from treespec.sampling import (
+    CANNOT_SAMPLE,
+    NOT_FINITE,
+    Sampling,
+    argmax,
+    generator_device,
+    probs,
+    sample,
+    sample_flagged,
+)
 from treespec.tree import Tree
 from treespec.walker_traversal import EMPTY_MASS
 
@@ -52,8 +61,8 @@ class Verdicts:
     def packed(self, *flags: torch.Tensor) -> torch.Tensor:
         """One LongTensor [b, 2 + F + 2D + 1] to read back: lengths, invalid, the F ``flags`` ([b] each), nodes,
         tokens (``accepted`` reads its rows)."""
-        columns = [c.long()[:, None] for c in (self.lengths, self.invalid, *flags)]
-        return torch.cat([*columns, self.nodes, self.tokens], dim=1)
+        columns = torch.stack([self.lengths, self.invalid.long(), *(flag.long() for flag in flags)], dim=1)
+        return torch.cat([columns, self.nodes, self.tokens], dim=1)
 
 
 @dataclass
@@ -88,6 +97,8 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
     device = logits.device
     batch, n = len(proposals.trees), proposals.num_nodes
     logits = logits[:, :n]
+    if n == 1:  # no candidates (plain decoding): the root's next token
+        return _root_only(logits[:, 0], sampling, generator)
     if sampling.greedy:
         best_token, invalid = _greedy_argmax(logits)  # [b, N], [b]
         if proposals.tree is not None and proposals.tree.is_chain:
@@ -99,21 +110,22 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
         passes = drafted == best_token.gather(1, parents)
     else:
         p = probs(logits, sampling)  # [b, N, V]
-        total = p.sum(-1)
-        invalid = ~(torch.isfinite(total) & (total > 0)).all(-1)
         if acceptance == "typical":
             threshold = torch.clamp(typical_delta * torch.exp(-torch.special.entr(p).sum(-1)), max=typical_epsilon)
             # p at each node's parent, of the node's token: [b, N]
             at_parent = p.flatten(1).gather(1, parents * p.shape[-1] + drafted)
             passes = at_parent > threshold.gather(1, parents)
+            invalid = ~torch.isfinite(p.sum(-1)).all(-1)
         elif proposals.q_draft is None:  # deterministic candidates: one draw from the target per node
-            ends = sample(p, generator, check=False)  # [b, N]
+            ends, invalid = sample_flagged(p, generator)  # [b, N] each
             repeated = (tables.earlier & (drafted[:, :, None] == drafted[:, None, :])).any(-1)  # [b, N]
             passes = (drafted == ends.gather(1, parents)) & ~repeated
         else:
             chosen, residual = choose_children(p, proposals, tables, drafted, generator)
             passes = chosen.gather(1, parents) == torch.arange(n, device=device)
-            ends = sample(residual, generator, check=False)  # [b, N]: the next token if the walk stops there
+            ends, invalid = sample_flagged(residual, generator)  # [b, N]: the next token if the walk stops there
+    if invalid.dim() > 1:
+        invalid = invalid.any(-1)
     # the deepest node whose path passes (the root's always does; padding never wins: its score is 0)
     reached = ~(tables.above & ~passes[:, None, :]).any(-1)  # [b, N]
     best = (reached * tables.score).argmax(-1, keepdim=True)  # [b, 1]
@@ -132,6 +144,17 @@ def walk_batch(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *
     return Verdicts(lengths, columns[:, :-1], tokens, invalid)
 
 
+def _root_only(logits: torch.Tensor, sampling: Sampling, generator) -> Verdicts:
+    """No candidates: the next token at each root, logits [b, V] (argmax, or a draw from p_target)."""
+    if sampling.greedy:
+        next_token, invalid = _greedy_argmax(logits[:, None])
+        next_token = next_token[:, 0]
+    else:
+        next_token, invalid = sample_flagged(probs(logits, sampling), generator)
+    lengths = torch.zeros_like(next_token)
+    return Verdicts(lengths, lengths[:, None], torch.stack([next_token, lengths - 1], dim=1), invalid)
+
+
 def _greedy_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [b, N, V] → (the argmax at every node [b, N]; whether a row's chosen logits are not all finite [b]).
     On a CPU the check costs nothing and raises at once (``argmax``'s host path); elsewhere it is a flag read back
@@ -143,12 +166,9 @@ def _greedy_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _greedy_chain(best_token: torch.Tensor, drafted: torch.Tensor, invalid: torch.Tensor) -> Verdicts:
-    """The greedy walk of a chain (plain decoding's empty one too), in a few ops: best_token [b, γ + 1] (the
-    argmax at each node), drafted [b, γ] → the run of drafted tokens that are the argmax at their parent."""
+    """The greedy walk of a chain in a few ops: best_token [b, γ + 1] (the argmax at each node), drafted [b, γ]
+    (γ ≥ 1) → the run of drafted tokens that are the argmax at their parent."""
     batch, gamma = drafted.shape
-    if gamma == 0:
-        lengths = torch.zeros(batch, dtype=torch.long, device=drafted.device)
-        return Verdicts(lengths, lengths[:, None], torch.cat([best_token, torch.full_like(best_token, -1)], 1), invalid)
     lengths = (drafted == best_token[:, :-1]).cumprod(1).sum(1, keepdim=True)  # [b, 1]
     nodes = torch.arange(1, gamma + 1, device=drafted.device).expand(batch, gamma)  # the chain (the first k kept)
     kept = torch.arange(gamma + 1, device=drafted.device) < lengths  # [b, γ + 1]
