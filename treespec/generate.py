@@ -204,8 +204,8 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
     what was kept."""
     with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
-    rows, *rest = target_pass(run, state, proposals)
-    commit(run, state, rows, *rest)
+    rows, committed, features = target_pass(run, state, proposals)
+    commit(run, state, rows, committed, features)
     with timed(run.observer, DRAFT):
         run.drafter.accept([torch.tensor(row.path, dtype=torch.long) for row in rows], state.features)
 
