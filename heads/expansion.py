@@ -14,9 +14,13 @@ one of two ways:
   replacement (``candidates="without_replacement"``: Gumbel-top-k, verified by recursive rejection
   sampling, Jeon et al. 2024);
 * a ``DynamicTree`` (EAGLE-2, Li et al. 2024b): at each depth the ``top_k`` newest nodes with the highest
-  cumulative draft log-probability are expanded, each proposing its ``top_k`` likeliest children;
-  ``DynamicTree.select`` then keeps the best ``total_tokens`` nodes as a connected Tree whose ranks
-  follow draft probability, so the walker tries siblings in that order (deterministic candidates).
+  cumulative draft log-probability are expanded, each proposing its ``top_k`` likeliest children; the best
+  ``total_tokens`` nodes are then kept as a connected Tree whose ranks follow draft probability, so the walker
+  tries siblings in that order (deterministic candidates). Grown on the device (heads/grow_dynamic.py).
+
+Nothing is read back to the host while a static tree grows: candidates stay on the device, and what the masks
+and positions need (which node sees which) is the tree's shape, known beforehand (docs/design.md, "Host reads
+per step"). A dynamic tree's shape depends on the draft's scores: it is read back once, after the last depth.
 
 ``accept`` compacts the drafter's cache to the committed sequence: expanded nodes on the accepted path
 stay cached when their keys/values are what a sequential decode would hold (``keeps_expanded_path``),
@@ -40,8 +44,9 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import SlidingWindowLayer
-from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposal, Proposals
+from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
 from treespec.dynamic_tree import DynamicTree
+from treespec.heads.grow_dynamic import grow_dynamic
 from treespec.recurrent import DraftRows, is_recurrent
 from treespec.rows import RowSlots
 from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
@@ -62,7 +67,7 @@ class GrownNodes:
         """All nodes of a static tree, tokens still unknown (filled depth by depth)."""
         nodes = cls()
         for i in range(1, tree.num_nodes):
-            nodes.add(int(tree.parents[i]), 0)
+            nodes.add(tree.parent_list[i], 0)
         return nodes
 
     def add(self, parent: int, token: int) -> int:
@@ -101,6 +106,9 @@ class ExpandingDrafter(Drafter):
         self._expanded: list[list[int]] = []  # grown nodes whose keys/values follow them, in cache order: one
         #                                       list shared by every row (static tree) or one per row
         self._grown_of: list[list[int]] = []  # per row: grown node of each node of the last proposal's tree
+        self._grown_count = 0  # grown node ids this step are below it (a host bound for buffers sized by them)
+        self._shapes: dict[Tree, GrownNodes] = {}  # each static tree's topology, made once per tree
+        self._plans: dict = {}  # (tree, depth) → its expansion's masks' parts and node ids, on the device
 
     def check_batch(self, batch_size: int) -> None:
         if batch_size > 1 and self._path_rows is not None:
@@ -112,7 +120,7 @@ class ExpandingDrafter(Drafter):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         if self.slots is not None:  # else nothing is cached yet (a row finished at its first token)
-            self.slots.select(rows.to(self.model.device), self.cache)
+            self.slots.select(rows, self.cache)  # (rows on the host: the slots read them)
         self._grown_of = [self._grown_of[b] for b in rows.tolist()] if self._grown_of else []
 
     # -- what a subclass provides ------------------------------------------------------------------
@@ -167,66 +175,67 @@ class ExpandingDrafter(Drafter):
             if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
                 raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={self.candidates!r} "
                                  "needs a static Tree")
-            return self._grow_dynamic(logits, tree)
+            return grow_dynamic(self, logits, tree)
         return self._grow_static(logits, tree, sampling, generator)
 
-    def _expand(self, grown: list[GrownNodes], frontiers: list[list[int]], tokens: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """Draft logits [b, F, V] at the ``frontiers`` nodes of ``grown`` (one entry shared by every row, or one
-        per row), whose keys/values join the cache after the nodes expanded before them; each sees the row's
-        committed entries, its expanded ancestors and itself. ``tokens`` [b, F]: the frontier's tokens in each
-        row (None: those ``grown`` holds, one entry per row)."""
+    def _expand(self, shape: GrownNodes, frontier: list[int], tokens: torch.Tensor, key) -> torch.Tensor:
+        """Draft logits [b, F, V] at the ``frontier`` nodes of a static tree's ``shape``, whose keys/values join the
+        cache after the nodes expanded before them; each sees the row's committed entries, its expanded ancestors
+        and itself. ``tokens`` [b, N]: every node's token in each row, on the device. What depends on the
+        shape alone (who sees whom, depths, node ids) is made once per ``key`` (tree, depth) and kept on the
+        device."""
         if self._path_rows is not None:
-            return self._expand_rows(grown[0], frontiers[0], tokens)
+            return self._expand_rows(frontier, [shape.parents[f] for f in frontier], tokens[:, frontier])
         device = self.model.device
-        kv_nodes = [done + frontier for done, frontier in zip(self._expanded, frontiers, strict=True)]
-        # [b or 1, F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
-        allowed = torch.tensor([[[k in nodes.lineage[f] for k in kv] for f in frontier]
-                                for nodes, kv, frontier in zip(grown, kv_nodes, frontiers, strict=True)])
-        depths = torch.tensor([[nodes.depths[k] for k in kv] for nodes, kv in zip(grown, kv_nodes, strict=True)])
-        positions = self.slots.positions(depths - 1)  # [b or 1, K]: each row's root position + depth
-        if not self.slots.ragged and allowed.shape[0] == 1:  # rows alike: one mask (windows honoured)
-            mask = attention_masks(self.cache, allowed[0], self.slots.length, positions[0], dtype=self.model.dtype,
+        kv_nodes = self._expanded[0] + frontier
+        if key not in self._plans:
+            # [F, K]: which expanded node (key) each frontier node (query) may see: itself and its ancestors
+            allowed = torch.tensor([[k in shape.lineage[f] for k in kv_nodes] for f in frontier], device=device)
+            offsets = torch.tensor([shape.depths[k] - 1 for k in kv_nodes], device=device)  # [K]: depth − 1
+            self._plans[key] = (allowed, offsets, torch.tensor([frontier], device=device),
+                                torch.tensor([[shape.parents[f] for f in frontier]], device=device))
+        allowed, offsets, nodes, parents = self._plans[key]
+        positions = self.slots.positions(offsets)  # [b or 1, K]: each row's root position + depth
+        if not self.slots.ragged:  # rows alike: one mask (windows honoured)
+            mask = attention_masks(self.cache, allowed, self.slots.length, positions[0], dtype=self.model.dtype,
                                    device=device)
         else:
-            mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
-        if tokens is None:
-            tokens = torch.tensor([[nodes.tokens[f] for f in frontier]
-                                   for nodes, frontier in zip(grown, frontiers, strict=True)])
-        nodes = torch.tensor(frontiers, device=device)  # [b or 1, F]
-        parents = torch.tensor([[g.parents[f] for f in frontier] for g, frontier in zip(grown, frontiers, strict=True)],
-                               device=device)
-        width = len(frontiers[0])
-        logits = self._forward_nodes(tokens.to(device), nodes, parents, mask, positions[:, -width:])
-        self._expanded = kv_nodes
+            mask = slots_mask(self.slots, allowed[None], dtype=self.model.dtype)
+        logits = self._forward_nodes(tokens.index_select(1, nodes[0]), nodes, parents, mask,
+                                     positions[:, -len(frontier) :])
+        self._expanded = [kv_nodes]
         return logits
 
-    def _expand_rows(self, grown: GrownNodes, frontier: list[int], tokens: torch.Tensor | None) -> torch.Tensor:
-        """``_expand`` for a recurrent draft (one prompt): frontier node j is cache row j, gathered from its parent's
-        row, fed its one token → draft logits [1, F, V]. Every row holds the same number of entries (the past and its
-        path), so the model's own causal positions and masks are right."""
+    def _expand_rows(self, frontier: list[int], parents: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """``_expand`` for a recurrent draft (one prompt): frontier node j (its parent ``parents[j]``) is cache row j,
+        gathered from its parent's row, fed its one token (``tokens`` [1, F]) → draft logits [1, F, V]. Every row
+        holds the same number of entries (the past and its path), so the model's own causal positions and masks
+        are right."""
         device = self.model.device
-        parents = [grown.parents[f] for f in frontier]
         self._path_rows.gather(parents)
-        tokens = torch.tensor([grown.tokens[f] for f in frontier]) if tokens is None else tokens[0]  # [F]
-        logits = self._forward_nodes(tokens.to(device)[:, None], torch.tensor(frontier, device=device)[:, None],
+        self._grown_count = max(self._grown_count, 1 + max(frontier))
+        logits = self._forward_nodes(tokens[0].to(device)[:, None], torch.tensor(frontier, device=device)[:, None],
                                      torch.tensor(parents, device=device)[:, None], None, None)  # [F, 1, V]
         self._path_rows.fed(frontier)
         return logits.transpose(0, 1)
 
     def _grow_static(self, logits, tree: Tree, sampling: Sampling, generator) -> Proposals:
-        """Every row grows ``tree``'s shape, with its own tokens (one forward per depth for all rows)."""
+        """Every row grows ``tree``'s shape, with its own tokens (one forward per depth for all rows), on the
+        device: the tokens of depth d are a slice of [b, N] (nodes are numbered depth by depth)."""
         draw = self.candidates in SAMPLED_CANDIDATES and not sampling.greedy
         distinct = draw and self.candidates == "without_replacement"  # siblings drawn without replacement
         batch, vocab = logits.shape[0], logits.shape[-1]
-        shape = GrownNodes.of_tree(tree)  # every row's topology
-        rows = [[0] * tree.num_nodes for _ in range(batch)]  # each row's tokens, filled depth by depth
+        if tree not in self._shapes:
+            self._shapes[tree] = GrownNodes.of_tree(tree)
+        shape = self._shapes[tree]  # every row's topology
+        tokens = torch.zeros(batch, tree.num_nodes, dtype=torch.long, device=logits.device)  # [b, N]
         q_draft = torch.zeros(batch, tree.num_nodes, vocab, device=logits.device) if draw else None  # [b, N, V]
         frontier = [0]
         self._expanded = [[]]
+        self._grown_count = tree.num_nodes  # (``_forward_nodes`` sizes buffers by it)
         for depth in range(1, tree.depth + 1):
             q = probs(logits, sampling) if draw else None  # [b, F, V]: draft distribution at each frontier node
-            kids_of_depth, picks = [], []
+            picks = []
             for j, node in enumerate(frontier):
                 kids = tree.children[node]
                 if not kids:
@@ -234,55 +243,22 @@ class ExpandingDrafter(Drafter):
                 if draw:
                     q_draft[:, node] = q[:, j]
                     picks.append(sample_without_replacement(q[:, j], len(kids), generator) if distinct else
-                                 sample(q[:, j, None].expand(batch, len(kids), vocab), generator))  # [b, kids]
+                                 sample(q[:, j, None].expand(batch, len(kids), vocab), generator, check=False))
                 else:  # the rank-r child is the r-th most likely draft token
-                    ranks = tree.ranks[kids]
-                    picks.append(top_k(logits[:, j], int(ranks.max()) + 1)[:, ranks.to(logits.device)])
-                kids_of_depth += kids
-            for tokens, picked in zip(rows, torch.cat(picks, dim=1).tolist(), strict=True):  # one host sync per depth
-                for kid, token in zip(kids_of_depth, picked, strict=True):
-                    tokens[kid] = token
+                    ranks = [tree.rank_list[kid] for kid in kids]
+                    top = top_k(logits[:, j], max(ranks) + 1)  # [b, k]
+                    picks.append(top if ranks == list(range(len(ranks))) else top[:, ranks])
+            # the children of the frontier, in its order, are depth `depth`'s nodes in node order
+            level = tree.levels[depth]
+            tokens[:, level[0] : level[-1] + 1] = torch.cat(picks, dim=1)
             if depth == tree.depth:
                 break
-            frontier = [i for i in tree.levels[depth] if tree.children[i]]  # cached per tree: no tensor ops
+            frontier = [i for i in level if tree.children[i]]  # cached per tree: no tensor ops
             if not frontier:
                 break
-            logits = self._expand([shape], [frontier], torch.tensor([[tokens[f] for f in frontier] for tokens in rows]))
+            logits = self._expand(shape, frontier, tokens, (tree, depth))
         self._grown_of = [list(range(tree.num_nodes))] * batch
-        return Proposals.shared(tree, torch.tensor([tokens[1:] for tokens in rows], dtype=torch.long), q_draft,
-                                without_replacement=distinct)
-
-    def _grow_dynamic(self, logits, policy: DynamicTree) -> Proposals:
-        """EAGLE-2: each row grows its own tree with the same budget (``top_k`` frontier nodes per depth, so
-        every row's depth is one [b, top_k] forward)."""
-        batch = logits.shape[0]
-        rows = [GrownNodes() for _ in range(batch)]
-        ranks = [[0] for _ in range(batch)]  # rank among siblings
-        scores = [[0.0] for _ in range(batch)]  # cumulative draft log-probability
-        k = min(policy.top_k, logits.shape[-1])
-        frontiers = [[0] for _ in range(batch)]
-        self._expanded = [[] for _ in range(batch)]
-        for depth in range(1, policy.depth + 1):
-            top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [b, F, k], descending
-            children = [[] for _ in range(batch)]
-            for b, (values, indices) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True)):
-                nodes = rows[b]
-                for parent, log_q, tokens in zip(frontiers[b], values, indices, strict=True):
-                    for rank, (lq, token) in enumerate(zip(log_q, tokens, strict=True)):
-                        children[b].append(nodes.add(parent, token))
-                        ranks[b].append(rank)
-                        scores[b].append(policy.child_score(scores[b][parent], lq))
-            if depth == policy.depth:
-                break
-            frontiers = [policy.frontier(children[b], scores[b]) for b in range(batch)]
-            logits = self._expand(rows, frontiers)
-        proposals = []
-        self._grown_of = []
-        for b in range(batch):
-            tree, grown_of = policy.select(rows[b].parents, ranks[b], scores[b])
-            self._grown_of.append(grown_of)
-            proposals.append(Proposal(tree, torch.tensor([rows[b].tokens[i] for i in grown_of[1:]], dtype=torch.long)))
-        return Proposals.stack(proposals)
+        return Proposals.shared(tree, tokens[:, 1:], q_draft, without_replacement=distinct)
 
     @torch.no_grad()
     def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1):
@@ -297,12 +273,11 @@ class ExpandingDrafter(Drafter):
         if self._path_rows is not None:  # a recurrent draft: n_tokens rows of the root, its state restored after
             self.check_batch(batch)
             self._path_rows.start()
-            grown = GrownNodes()
-            frontier = [grown.add(0, 0) for _ in range(n_tokens)]
+            frontier, placeholders = list(range(1, n_tokens + 1)), torch.zeros(1, n_tokens, dtype=torch.long)
 
             @torch.no_grad()
             def rows_depth():
-                self._expand_rows(grown, frontier, None)
+                self._expand_rows(frontier, [0] * n_tokens, placeholders)
                 self._path_rows.keep([])
 
             return rows_depth
@@ -311,6 +286,7 @@ class ExpandingDrafter(Drafter):
         positions = torch.arange(past_len, past_len + n_tokens, device=device)[None]  # [1, F]
         nodes = torch.arange(1, n_tokens + 1, device=device)[None]
         parents = torch.zeros(1, n_tokens, dtype=torch.long, device=device)
+        self._grown_count = n_tokens + 1
 
         @torch.no_grad()
         def depth():

@@ -50,8 +50,9 @@ class LeanDecoder:
         self.decoder = decoder
         self._cos = self._sin = None  # [1, P, d] rotary tables, grown on demand
 
-    def _rotary(self, position_ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        needed = int(position_ids.max()) + 1
+    def _rotary(self, position_ids: torch.Tensor, x: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables at ``position_ids``, from a table of at least ``needed`` positions (a bound the caller
+        knows on the host: reading the largest position would wait for the device)."""
         if self._cos is None or self._cos.shape[1] < needed or self._cos.dtype != x.dtype or \
                 self._cos.device != x.device:
             size = max(needed, 2 * (0 if self._cos is None else self._cos.shape[1]), 256)
@@ -71,7 +72,9 @@ class LeanDecoder:
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + n, device=x.device)[None]
             attention_mask = None if n == 1 else causal_mask(n, past_len, dtype=x.dtype, device=x.device)
-        position_embeddings = self._rotary(position_ids, x)
+        # a token's position never exceeds its cache slot (positions count a row's valid slots, plus the depth
+        # of a tree node, whose ancestors hold slots before it): below the entries cached + n
+        position_embeddings = self._rotary(position_ids, x, cache.get_seq_length() + n)
         for layer in self.decoder.layers:
             out = layer(x, attention_mask=attention_mask, position_ids=position_ids, **cache_arg(cache), use_cache=True,
                         position_embeddings=position_embeddings)

@@ -19,6 +19,7 @@ from treespec.heads.vocab import DraftVocab
 from treespec.inputs import left_padded
 from treespec.sampling import Sampling, probs
 from treespec.train.checks.architectures import build, full_attention
+from treespec.walker import row_by_row
 
 from .helpers import (
     accept_everything,
@@ -156,7 +157,7 @@ def test_batched_proposals_match_recomputation_per_row(target, kind, tree, monke
     drafter = {"draft": lambda: DraftModel(perturbed(target, 0.3)), "eagle": lambda: Eagle(random_eagle(target)),
                "eagle3": lambda: Eagle3(random_eagle3(target, draft_vocab=24))}[kind]()
     seen = record_proposals(drafter)
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", ragged_walker())
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(ragged_walker()))
     ids, mask = batch()
     out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=16)
     assert len({tuple(row.accept_lengths) for row in out.rows}) > 1
@@ -264,7 +265,7 @@ def test_wrong_acceptance_is_detected_per_row(small, monkeypatch):
     """Negative control: accepting every drafted token (ignoring p_target) fails the same test."""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     counts = sampled_rows(small, DraftModel(perturbed(small, 1.0)), Tree.chain(2), sampling)
     assert all(chi2_pvalue(c, exact_row_distribution(small, p, sampling)) < 1e-3 for p, c in zip(ROWS, counts,

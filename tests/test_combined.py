@@ -17,6 +17,7 @@ from treespec.heads import Combined, DraftModel, PromptLookup, SuffixDecoding, T
 from treespec.heads.combined import merge
 from treespec.heads.eagle import Eagle
 from treespec.sampling import Sampling
+from treespec.walker import row_by_row
 
 from .helpers import (
     VOCAB,
@@ -133,7 +134,7 @@ def test_sampling_matches_exact_distribution(small_target):
 
 
 def test_wrong_acceptance_is_detected(small_target, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     drafter = Combined([TokenRecycling(k=2), PromptLookup(max_ngram=2)])
     counts = sampled_counts(small_target, drafter, Tree.full(2, 2), sampling, runs=400)

@@ -17,6 +17,7 @@ from treespec.reference import load_model
 from treespec.sampling import Sampling
 from treespec.train.training.data import TokenBatches
 from treespec.tree_spec import build_tree
+from treespec.walker import row_by_row
 
 from .helpers import (
     RUNS,
@@ -99,7 +100,7 @@ def test_proposals_match_recomputation(target, prompt, kind, tree, monkeypatch):
     drafter = {"draft": lambda: DraftModel(perturbed(target, 0.3)), "eagle": lambda: Eagle(random_eagle(target)),
                "eagle-fused": lambda: Eagle(random_eagle(target, (0, 1, -1)))}[kind]()
     seen = record_proposals(drafter)
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_deepest)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_deepest))
     out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=24)
     assert out.mean_accept_length > 2.5 and len(seen) > 3
     with torch.no_grad():

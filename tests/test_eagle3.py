@@ -20,6 +20,7 @@ from treespec.heads.eagle3.objective import eagle3_loss, token_counts
 from treespec.heads.target_states import target_states
 from treespec.heads.unroll import unrolled
 from treespec.sampling import Sampling
+from treespec.walker import row_by_row
 
 from .helpers import (
     VOCAB,
@@ -199,7 +200,7 @@ def test_proposals_match_recomputation(target, prompt, tree, monkeypatch):
     model = random_eagle3(target, draft_vocab=24, seed=2)
     drafter = Eagle3(model)
     seen = record_proposals(drafter)
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_deepest)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_deepest))
     out = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=16)
     assert out.mean_accept_length > 2.5 and len(seen) > 3
     with torch.no_grad():

@@ -14,6 +14,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.recurrent import DraftRows, select_rows
 from treespec.train.checks import hybrid_draft, hybrids
+from treespec.walker import row_by_row
 
 from .helpers.lossless_law import accept_everything
 
@@ -67,7 +68,7 @@ def test_sampling_is_lossless():
 
 
 def test_sampling_test_detects_a_biased_walk(monkeypatch):
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     assert hybrid_draft.check_draft_sampling(runs=300) < 1e-3
 
 

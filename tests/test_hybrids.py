@@ -15,6 +15,7 @@ from treespec.compat import cache_arg
 from treespec.recurrent import Snapshot, path_rows, select_rows
 from treespec.train.checks import hybrids
 from treespec.train.checks.architectures import NotApplicable
+from treespec.walker import row_by_row
 
 from .helpers.lossless_law import accept_everything
 
@@ -56,7 +57,7 @@ def test_sampling_is_lossless(name):
 
 def test_sampling_test_detects_a_biased_walk(monkeypatch):
     """The same counts with a walk that accepts whole paths regardless of the target: rejected."""
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     assert hybrids.check_sampling("Qwen3.5", runs=300) < 1e-3
 
 

@@ -16,6 +16,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import Lookahead, registry
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
+from treespec.walker import row_by_row
 
 from .helpers import (
     RUNS,
@@ -181,7 +182,7 @@ def test_sampling_matches_exact_distribution(small_target, runs):
 
 def test_wrong_acceptance_is_detected(small_target, monkeypatch):
     """Negative control: the same drafter with every drafted path accepted must fail the test."""
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     counts = sampled_counts(small_target, small_lookahead(), None, sampling, runs=600)
     assert chi2_pvalue(counts, exact_distribution(small_target, sampling)) < 1e-3

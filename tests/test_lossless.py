@@ -15,6 +15,7 @@ from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup
 from treespec.sampling import Sampling
+from treespec.walker import row_by_row
 
 from .helpers import VOCAB, accept_everything, chi2_pvalue, exact_distribution, perturbed, sampled_counts, tiny_llama
 
@@ -68,7 +69,7 @@ def test_wrong_acceptance_is_detected(target, monkeypatch):
     """Negative control: accepting every drafted token (ignoring p_target) must fail the test."""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     counts = sampled_counts(target, DraftModel(perturbed(target, 1.0)), Tree.chain(2), sampling, runs=3000)
     assert chi2_pvalue(counts, exact_distribution(target, sampling)) < 1e-3

@@ -21,6 +21,7 @@ from treespec.heads.suffix import SuffixTrie
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
 from treespec.tree_spec import build_tree, check_tree_spec
+from treespec.walker import row_by_row
 
 from .helpers import (
     RUNS,
@@ -106,7 +107,7 @@ def test_sampling_matches_exact_distribution(small_target, name, runs):
 @pytest.mark.parametrize("name", list(SAMPLED))
 def test_wrong_acceptance_is_detected(small_target, name, monkeypatch):
     """Negative control: the same drafter and tree with every drafted path accepted must fail the test."""
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     make, tree = SAMPLED[name]
     sampling = Sampling(1.0)
     counts = sampled_counts(small_target, make(), tree, sampling, runs=600)

@@ -25,6 +25,7 @@ from treespec.heads.rest.drafter import frequent_nodes
 from treespec.heads.rest.suffix_array import SEPARATOR
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
+from treespec.walker import row_by_row
 
 from .helpers import (
     RUNS,
@@ -198,7 +199,7 @@ def test_sampling_matches_exact_distribution(small_target, runs):
 
 def test_wrong_acceptance_is_detected(small_target, monkeypatch):
     """Negative control: the same drafter and tree with every drafted path accepted must fail the test."""
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     counts = sampled_counts(small_target, small_rest(), DynamicTree(4, 2, 2), sampling, runs=600)
     assert chi2_pvalue(counts, exact_distribution(small_target, sampling)) < 1e-3

@@ -249,6 +249,7 @@ def test_shipped_eagle3_samples_the_targets_distribution(smollm2, control, monke
     import numpy as np
 
     from treespec.heads import load
+    from treespec.walker import row_by_row
 
     from .helpers import accept_everything, chi2_pvalue
 
@@ -264,7 +265,7 @@ def test_shipped_eagle3_samples_the_targets_distribution(smollm2, control, monke
                 expected.append(float(p1[t1] * p2[t2]))
     expected.append(1.0 - sum(expected))  # every other pair
     if control:
-        monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk", accept_everything)
+        monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     drafter = load("reference:smollm2/eagle3", model, candidates="sample")
     counts, gen = np.zeros(len(expected)), torch.Generator().manual_seed(0)
     for _ in range(400):

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treespec import walker
+from treespec import walker, walker_batch
 from treespec.drafter import Proposal
 from treespec.sampling import probs, sample
 from treespec.tree import Tree
@@ -151,14 +151,7 @@ def test_negative_control_accept_everything():
 
 def test_negative_control_residual_not_updated(monkeypatch):
     """SpecInfer without the residual update (retest every sibling against p, resample from p) is biased."""
-
-    def siblings_without_residual(p_target, q, drafted, uniform, without_replacement=False):
-        for j, x in enumerate(drafted.tolist()):
-            if uniform[j] * float(q[x]) < float(p_target[x]):
-                return j, None
-        return None, p_target
-
-    monkeypatch.setattr(walker, "_siblings_sampled", siblings_without_residual)
+    monkeypatch.setattr(walker_batch, "residual_after", lambda residual, *args: residual)
     tree, world = Tree.full(2, 2), World(4, 2, seed=406)
     counts = first_two_counts(world, walk, tree, T1, sampled=True)
     assert chi2_pvalue(counts, world.exact_first_two(T1)) < ALPHA

@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from treespec import walker_traversal
-from treespec.drafter import Proposal
+from treespec.drafter import Proposal, Proposals
 from treespec.sampling import Sampling, probs, sample_without_replacement
 from treespec.tree import Tree
 from treespec.walker import sequence_trials, walk
+from treespec.walker_batch import walk_batch
 
 from .helpers import ALPHA, GREEDY, T1, UNEVEN, World, chi2_pvalue, first_two_counts, logits_with_argmax
 
@@ -187,13 +188,10 @@ def test_accepts_at_least_as_much_as_token_level(acceptance, tree):
     world, runs = World(4, tree.depth, seed=3, draft_noise=1.5), 4000
     g = torch.Generator().manual_seed(0)
     tokens, logits, q_draft = world.sampled_proposals(tree, T1, runs, g)
-    gains = []
-    for r in range(runs):
-        proposal = Proposal(tree, tokens[r], q_draft[r])
-        sequence = walk(logits[r], proposal, T1, acceptance=acceptance, generator=g)
-        token_level = walk(logits[r], proposal, T1, generator=g)
-        gains.append(len(sequence.path) - len(token_level.path))
-    gains = torch.tensor(gains, dtype=torch.float64)
+    sequence = [len(walk(logits[r], Proposal(tree, tokens[r], q_draft[r]), T1, acceptance=acceptance,
+                         generator=g).path) for r in range(runs)]
+    token_level = walk_batch(logits, Proposals.shared(tree, tokens, q_draft), T1, generator=g).lengths  # [runs]
+    gains = torch.tensor(sequence, dtype=torch.float64) - token_level.double()
     z = float(gains.mean() / (gains.std() / math.sqrt(runs)))
     assert z > 3.0, f"mean gain {float(gains.mean()):.3f} tokens per step, z = {z:.2f}"
 
@@ -235,9 +233,9 @@ def test_certain_path_is_accepted():
 def test_recursive_rejection_without_the_draft_update_is_detected(monkeypatch):
     """Negative control: siblings drawn without replacement but verified as if i.i.d. (the draft law not
     updated after each sibling) is biased, and the chi-square test sees it."""
-    from treespec import walker
+    from treespec import walker_batch
 
-    monkeypatch.setattr(walker, "draft_after", lambda draft, token: draft)
+    monkeypatch.setattr(walker_batch, "draft_without", lambda q, spent, x: (q, spent))
     world = World(3, 1, seed=7, draft_noise=2.0)
     counts = first_two_counts(world, walk, Tree.full(2, 1), T1, sampled=True, without_replacement=True)
     assert chi2_pvalue(counts, world.exact_first_two(T1)) < ALPHA

@@ -87,9 +87,9 @@ class Proposals:
     def stack(cls, proposals: list[Proposal]) -> Proposals:
         """Rows' own proposals, padded to the largest (one shared tree when every row proposes the same one)."""
         n = max(len(p.tree) for p in proposals)
-        tokens = torch.zeros(len(proposals), n, dtype=torch.long)
+        tokens = proposals[0].tokens.new_zeros(len(proposals), n)  # where the candidates are: no read back
         for b, p in enumerate(proposals):
-            tokens[b, : len(p.tree)] = p.tokens.cpu()
+            tokens[b, : len(p.tree)] = p.tokens
         q_draft = None
         if any(p.q_draft is not None for p in proposals):
             first = next(p.q_draft for p in proposals if p.q_draft is not None)

@@ -82,6 +82,12 @@ class DynamicTree:
         Returns ``nodes`` with nodes[0] = 0 and nodes[i] the grown node at tree node i (Tree order).
         """
         kept = sorted(range(1, len(parents)), key=lambda i: (-scores[i], i))[: self.total_tokens]
+        return self.tree_of(kept, parents, ranks)
+
+    @staticmethod
+    def tree_of(kept: list[int], parents: list[int], ranks: list[int]) -> tuple[Tree, list[int]]:
+        """The Tree of the grown nodes ``kept`` (a connected set without the root; ``parents`` and ``ranks`` as
+        ``select`` takes them) → (the Tree, grown-node id of each tree node, the root's 0 first)."""
         path_of = {0: ()}
         for i in sorted(kept):  # parents first: a parent's id is smaller than its children's
             path_of[i] = path_of[parents[i]] + (ranks[i],)

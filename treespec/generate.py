@@ -3,7 +3,8 @@
     prefill       target(prompts)                        → each row's first token (its root); drafter.prefill
     draft         drafter.propose(committed, feature)    → each row's candidate tree (tokens, q_draft)
     target_pass   target([root] + tree, tree mask)       → logits at every node of every row, one pass
-                  walk(logits[b], proposal[b])           → each row's accepted path + next token
+                  walk_rows(logits, proposals)           → each row's accepted path + next token, on the
+                                                           device, read back once: the step's one host read
     commit        RowSlots.keep(cache); drafter.accept   → caches hold each row's prefix + accepted path
     retire        rows at eos or at their budget leave the batch (target cache, slots, drafter.keep_rows)
 
@@ -14,7 +15,9 @@ treespec/rows.py). ``drafter=None`` runs the same loop with an empty tree: plain
 the baseline every speedup is measured against (batched vanilla decoding for a batch).
 
 What the rows carry from step to step is a ``DecodeState``; what stays fixed for the call is a ``Run``.
-Timing is an optional observer (treespec/timing.py): without one the loop never waits for the device.
+Timing is an optional observer (treespec/timing.py): without one the loop waits for the device once a step, when
+it reads the accepted tokens back (treespec/host_reads.py counts the reads; docs/design.md, "Host reads per
+step"); the rest of what it keeps on the host is bookkeeping it already knows.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from treespec.sampling import Sampling, argmax, probs, sample
 from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.visibility import TreeAttention
-from treespec.walker import Walk, walk
+from treespec.walker import walk_rows
+from treespec.walker_batch import Accepted, accepted
 
 __all__ = ["GenerationResult", "RowResult", "generate"]
 
@@ -69,7 +73,7 @@ class DecodeState:
     #                                     then generated ones) in its first lengths[b] entries, the root last
     lengths: list[int]                  # tokens committed per row, prompt included
     ends: list[int]                     # prompt + max_new_tokens: no token of a row is committed at or after it
-    roots: list[int]                    # each row's root token, on the host (eos tests)
+    roots: list[int]                    # each row's root token, on the host (eos tests; on the device: tokens)
     cache: TreeCache | DynamicCache     # the target's: every committed token of a row but its root
     slots: RowSlots                     # which of the cache's slots hold each row's tokens
     attention: TreeAttention            # the verification passes' masks, with parts kept across steps
@@ -79,7 +83,7 @@ class DecodeState:
     accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
     done: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt → its committed tokens, once finished
     passes: int = 0                     # batched verification passes
-    draft_nan: torch.Tensor | None = None  # bool [] on the device: a q_draft held NaN (read once, at the end)
+    draft_nan: bool = False             # a q_draft held NaN (read with each step's accepted tokens)
 
     @property
     def committed(self) -> Committed:
@@ -191,9 +195,8 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
     """One pass over each row's root alone (no drafter, or no depth left to draft): one token per row."""
-    proposals = Proposals.shared(tree, torch.empty(len(state.rows), 0, dtype=torch.long))
-    accepted, features = target_pass(run, state, proposals)
-    commit(run, state, proposals, accepted, features)
+    proposals = Proposals.shared(tree, state.tokens.new_empty(len(state.rows), 0))
+    commit(run, state, *target_pass(run, state, proposals))
 
 
 def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> None:
@@ -201,30 +204,28 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
     what was kept."""
     with timed(run.observer, DRAFT):  # each row's committed tokens end with its root
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
-    if proposals.q_draft is not None:  # kept on the device: no host read per step
-        nan = torch.isnan(proposals.q_draft).any()
-        state.draft_nan = nan if state.draft_nan is None else state.draft_nan | nan
-    accepted, features = target_pass(run, state, proposals)
-    commit(run, state, proposals, accepted, features)
+    rows, committed, features = target_pass(run, state, proposals)
+    commit(run, state, rows, committed, features)
     with timed(run.observer, DRAFT):
-        run.drafter.accept([a.path for a in accepted], state.features)
+        run.drafter.accept([torch.tensor(row.path, dtype=torch.long) for row in rows], state.features)
 
 
 def warn_draft_nan(run: Run, state: DecodeState) -> None:
     """Once per run: a drafter whose q_draft held NaN had those candidates rejected (the output stays exact, but
     speculation was wasted), which is a drafter bug worth seeing."""
-    if state.draft_nan is not None and bool(state.draft_nan):
+    if state.draft_nan:
         warnings.warn(f"{type(run.drafter).__name__} proposed draft probabilities (q_draft) holding NaN: those "
                       "candidates were rejected (the output is still the target's), so check the drafter's weights "
                       "and its dtype", RuntimeWarning, stacklevel=3)
 
 
-def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[list[Walk], torch.Tensor | None]:
+def target_pass(run: Run, state: DecodeState, proposals: Proposals
+                ) -> tuple[list[Accepted], torch.Tensor, torch.Tensor | None]:
     """One target pass over every row's root and candidates, and the walk over each row's logits → (each row's
-    accepted path and next token, the target's hidden states at every node [b, N, L·h] or None)."""
+    accepted path and committed tokens, read back at once; those tokens on the device [b, D + 1]; the target's
+    hidden states at every node [b, N, L·h] or None)."""
     device = state.tokens.device
-    roots = torch.tensor(state.roots, device=device)[:, None]  # [b, 1]
-    tokens = torch.cat([roots, proposals.tokens.to(device)], dim=1)  # [b, N]
+    tokens = torch.cat([last_tokens(state), proposals.tokens.to(device)], dim=1)  # [b, N]
     if state.recurrent is not None:  # a hybrid: root-to-leaf paths as rows (one prompt)
         logits, features = state.recurrent.tree_pass(lambda ids: forward(run, state.cache, ids), tokens,
                                                      proposals.trees[0])
@@ -233,26 +234,26 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals) -> tuple[lis
     if run.drafter is not None and run.drafter.observes_logits:  # every node's logits, rejected ones' too
         with timed(run.observer, DRAFT):
             run.drafter.observe_pass(tokens, proposals.trees, logits)
-    # one walker, row by row: each row's draws come from the one generator in turn, independent of the others'
     with timed(run.observer, WALK):
-        return [walk(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), run.sampling,
-                     acceptance=run.acceptance, generator=run.generator) for b in range(len(state.rows))], features
+        # every row on the device, with its draws from the one generator; a q_draft holding NaN is flagged with it
+        verdicts = walk_rows(logits, proposals, run.sampling, acceptance=run.acceptance, generator=run.generator)
+        flags = () if proposals.q_draft is None else (torch.isnan(proposals.q_draft).flatten(1).any(-1),)
+        rows = accepted(verdicts.packed(*flags).tolist(), run.sampling, len(flags))  # the step's one host read
+    state.draft_nan = state.draft_nan or any(row.flags and row.flags[0] for row in rows)
+    return rows, verdicts.tokens, features
 
 
-def commit(run: Run, state: DecodeState, proposals: Proposals, accepted: list[Walk],
+def commit(run: Run, state: DecodeState, rows: list[Accepted], committed: torch.Tensor,
            features: torch.Tensor | None) -> None:
-    """Append each row's accepted path's tokens and its next token (up to its end and its first eos); keep the
-    cache entries and the hidden states of each row's root and accepted nodes."""
-    # host lists: a handful of tiny tensor ops per step costs more than the lists
-    drafted = proposals.tokens.tolist()  # [b][n]
+    """Append each row's accepted path's tokens and its next token (up to its end and its first eos: ``rows``, on
+    the host; ``committed`` [b, D + 1], the same tokens on the device, is what is copied); keep the cache entries
+    and the hidden states of each row's root and accepted nodes."""
     keeps = []
-    for b, walked in enumerate(accepted):
-        path = walked.path.tolist()  # accepted nodes in depth order, root excluded
-        keeps.append([0, *path])  # tree-node offsets the caches keep, root first
-        new = until_eos([drafted[b][i - 1] for i in path] + [walked.next_token], run.eos)
-        new = new[: state.ends[b] - state.lengths[b]]
+    for b, row in enumerate(rows):
+        keeps.append([0, *row.path])  # tree-node offsets the caches keep, root first
+        new = until_eos(row.tokens, run.eos)[: state.ends[b] - state.lengths[b]]
         length = state.lengths[b]
-        state.tokens[b, length : length + len(new)] = torch.tensor(new, device=state.tokens.device)
+        state.tokens[b, length : length + len(new)] = committed[b, : len(new)]  # device to device: no upload
         state.lengths[b] += len(new)
         state.roots[b] = new[-1]
         state.accept_lengths[state.rows[b]].append(len(new))
@@ -264,6 +265,14 @@ def commit(run: Run, state: DecodeState, proposals: Proposals, accepted: list[Wa
     state.features = kept_entries(features, keeps)  # [b, 1 + k_max, L·h]: each row's root's, then its accepted nodes'
     state.feature_counts = [len(keep) for keep in keeps]
     state.passes += 1
+
+
+def last_tokens(state: DecodeState) -> torch.Tensor:
+    """LongTensor [b, 1]: each row's root, from its committed tokens on the device."""
+    first = state.lengths[0]
+    if all(n == first for n in state.lengths):
+        return state.tokens[:, first - 1 : first]
+    return state.tokens.gather(1, torch.tensor(state.lengths, device=state.tokens.device)[:, None] - 1)
 
 
 def retire(run: Run, state: DecodeState) -> None:
@@ -279,9 +288,9 @@ def retire(run: Run, state: DecodeState) -> None:
     if not keep:
         state.rows = []
         return
-    rows = torch.tensor(keep, device=state.tokens.device)
+    rows = torch.tensor(keep)  # on the host: who reads it (the slots, a drafter's row lists) waits for nothing
     state.slots.select(rows, state.cache)
-    state.tokens = state.tokens.index_select(0, rows)
+    state.tokens = state.tokens.index_select(0, rows.to(state.tokens.device))
     if state.features is not None:
         state.features = state.features.index_select(0, rows.to(state.features.device))
     for name in ("rows", "lengths", "ends", "roots", "feature_counts"):

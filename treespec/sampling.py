@@ -88,7 +88,7 @@ def argmax(logits: torch.Tensor, check_finite: bool = False) -> torch.Tensor:
         index = np.asarray(array.argmax(-1))  # a 1-D row gives a numpy scalar
         if check_finite and not np.isfinite(np.take_along_axis(array, index[..., None], -1)).all():
             raise ValueError(NOT_FINITE)
-        return torch.from_numpy(index)
+        return torch.from_numpy(index).to(logits.device)  # (a no-op: where the logits live, as on an accelerator)
     index = logits.argmax(-1)
     if check_finite and not bool(torch.isfinite(logits.gather(-1, index[..., None])).all()):
         raise ValueError(NOT_FINITE)
@@ -122,24 +122,30 @@ def sample_without_replacement(p: torch.Tensor, k: int, generator: torch.Generat
     return keys.topk(k).indices
 
 
-def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(p: torch.Tensor, generator: torch.Generator | None = None, *, check: bool = True) -> torch.Tensor:
     """One draw per row of p (non-negative, normalised or not): [..., V] → LongTensor [...].
 
-    Inverse-CDF sampling: one uniform per row from ``generator`` (on the generator's device) against the
-    float64 cumulative sum; about ten times cheaper than torch.multinomial for one draw on a CPU."""
+    Inverse-CDF sampling: one uniform u per row from ``generator`` (on the generator's device), and the first
+    token whose float64 cumulative mass reaches (1 − u)·total, a point in (0, total]: the token always has mass,
+    and rounding never runs past the last one. About ten times cheaper than torch.multinomial for one draw on a
+    CPU. ``check``: raise ValueError on a row that is empty or not finite, a host read (generate's walk takes
+    ``sample_flagged`` and reads the flags with the step's tokens); unchecked, such a row gives some index."""
+    index, invalid = sample_flagged(p, generator)
+    if check and bool(invalid.any()):
+        raise ValueError(CANNOT_SAMPLE)
+    return index
+
+
+def sample_flagged(p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample`` without the check: (the draws [...], BoolTensor [...]: the row was empty or not finite)."""
     flat = p.reshape(-1, p.shape[-1])
     cdf = flat.double().cumsum(-1)  # [R, V]
     u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
                    device=generator_device(generator)).to(p.device)
-    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [R, 1]: first entry whose cdf exceeds u
-    overflow = index == p.shape[-1]
-    total = cdf[:, -1]  # [R]
-    valid = torch.isfinite(total) & (total > 0)
-    if bool(overflow.any() | ~valid.all()):  # one host sync for the rare cases
-        if not bool(valid.all()):
-            raise ValueError("cannot sample: the distribution is empty or not finite (NaN or inf logits from the "
-                             "model?)")
-        # u · total rounded up to total: the last token with mass (never a zero one)
-        last_positive = p.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1, keepdim=True)
-        index = torch.where(overflow, last_positive, index)
-    return index.reshape(p.shape[:-1])
+    total = cdf[:, -1:]  # [R, 1]
+    index = torch.searchsorted(cdf, (1.0 - u) * total).clamp_(max=p.shape[-1] - 1)  # [R, 1]
+    invalid = ~(torch.isfinite(total) & (total > 0))
+    return index.reshape(p.shape[:-1]), invalid.reshape(p.shape[:-1])
+
+
+CANNOT_SAMPLE = "cannot sample: the distribution is empty or not finite (NaN or inf logits from the model?)"

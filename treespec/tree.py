@@ -15,6 +15,7 @@ comparison saves every configuration's tree that way, so the best one can be han
 from __future__ import annotations
 
 import numbers
+from collections import Counter
 from functools import cached_property
 from itertools import product
 from pathlib import Path
@@ -52,10 +53,13 @@ class Tree:
                 raise ValueError(f"tree path {p} has no parent: its prefix {p[:-1]} is not in the tree")
         self.paths: tuple[tuple[int, ...], ...] = tuple(sorted(paths, key=lambda p: (len(p), p)))
         index = {p: i + 1 for i, p in enumerate(self.paths)}
-        parents = [-1] + [index[p[:-1]] if len(p) > 1 else 0 for p in self.paths]
-        self.parents = torch.tensor(parents, dtype=torch.long)  # [N], N = n + 1
-        self.depths = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)  # [N]
-        self.ranks = torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)  # [N]
+        # as Python ints for the host's per-step loops (a dynamic tree is new every step), and as tensors
+        self.parent_list = [-1] + [index[p[:-1]] if len(p) > 1 else 0 for p in self.paths]
+        self.depth_list = [0] + [len(p) for p in self.paths]
+        self.rank_list = [0] + [p[-1] for p in self.paths]
+        self.parents = torch.tensor(self.parent_list, dtype=torch.long)  # [N], N = n + 1
+        self.depths = torch.tensor(self.depth_list, dtype=torch.long)  # [N]
+        self.ranks = torch.tensor(self.rank_list, dtype=torch.long)  # [N]
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -133,11 +137,11 @@ class Tree:
 
     @cached_property
     def depth(self) -> int:
-        return int(self.depths.max())
+        return max(self.depth_list)
 
     @cached_property
     def max_width(self) -> int:
-        return int(torch.bincount(self.depths).max()) if len(self) else 1
+        return max(Counter(self.depth_list[1:]).values()) if len(self) else 1
 
     @cached_property
     def is_chain(self) -> bool:
@@ -161,8 +165,8 @@ class Tree:
         """children[i]: child node indices of node i, in rank order."""
         kids: list[list[int]] = [[] for _ in range(self.num_nodes)]
         for i in range(1, self.num_nodes):
-            kids[int(self.parents[i])].append(i)
-        return [sorted(k, key=lambda c: int(self.ranks[c])) for k in kids]
+            kids[self.parent_list[i]].append(i)
+        return [sorted(k, key=self.rank_list.__getitem__) for k in kids]
 
     @cached_property
     def levels(self) -> list[list[int]]:
@@ -171,16 +175,6 @@ class Tree:
         for i, d in enumerate(self.depth_list):
             out[d].append(i)
         return out
-
-    @cached_property
-    def parent_list(self) -> list[int]:
-        """``parents`` as Python ints, for the walk's host loop."""
-        return self.parents.tolist()
-
-    @cached_property
-    def depth_list(self) -> list[int]:
-        """``depths`` as Python ints."""
-        return self.depths.tolist()
 
     @cached_property
     def is_leaf(self) -> torch.Tensor:
@@ -200,11 +194,15 @@ class Tree:
 
     def path_to(self, node: int) -> torch.Tensor:
         """LongTensor [depth(node)]: node indices from depth 1 down to ``node`` (root excluded)."""
+        return torch.tensor(self.path_list(node), dtype=torch.long)
+
+    def path_list(self, node: int) -> list[int]:
+        """``path_to(node)`` as Python ints."""
         path = []
-        while node > 0:  # up the parents on the host: the walk calls this every step
+        while node > 0:  # up the parents on the host
             path.append(node)
             node = self.parent_list[node]
-        return torch.tensor(path[::-1], dtype=torch.long)
+        return path[::-1]
 
     def truncate(self, max_depth: int) -> Tree:
         """The subtree of nodes at depth <= max_depth (used when few tokens remain to generate)."""

@@ -56,21 +56,15 @@ from dataclasses import dataclass
 
 import torch
 
-from treespec.drafter import Proposal
+from treespec.drafter import Proposal, Proposals
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
-from treespec.tree import Tree
+from treespec.walker_batch import Verdicts, accepted, walk_batch
 from treespec.walker_traversal import draft_after, trials
 
 ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
 #: the lossless rules, side by side in the comparison (typical acceptance is not lossless)
 LOSSLESS_MODES = ("rejection", "block", "traversal")
 
-# Probability mass below which a distribution is treated as empty. p and q are float32 and sum to 1 up
-# to ~1e-7; a residual that small is rounding noise, and sampling from it would amplify that noise (or
-# fail outright when it is exactly zero). Treating it as empty biases the output by at most this much.
-_EMPTY_MASS = 1e-6
-# Below this many logits ([N, V]) the walk turns all of them into p_target in one call (see _walk_rejection).
-_ONE_CALL_NUMEL = 1 << 14
 # Up to this many logits, the traversal makes the rows of a tree's internal nodes in one call (sequence_trials).
 _INTERNAL_ROWS_NUMEL = 1 << 19
 
@@ -100,8 +94,9 @@ def walk(
     """Verify one proposal. logits: [N, V] target logits at nodes 0..n (N = tree.num_nodes).
 
     ``generator`` (on any device, or None for the global CPU one) is used for every random draw, so a
-    seeded walk is reproducible. The sequential walk runs on the CPU; logits and q_draft may live on
-    an accelerator, and only the rows the walk visits are brought over.
+    seeded walk is reproducible. Greedy, rejection and typical walks run on the logits' device
+    (treespec/walker_batch.py, one read of the outcome); block and traversal verification are sequential and
+    run on the host, bringing over only the rows they visit.
 
     ``acceptance="typical"`` is Medusa's typical acceptance (Cai et al. 2024): a child x of node i
     passes if p_target_i(x) > min(ε, δ·exp(−H(p_target_i))), with p_target after this ``sampling``'s
@@ -129,13 +124,46 @@ def walk(
         raise ValueError(f"acceptance='block' verifies chains (Sun et al. 2024) and {tree!r} branches: use "
                          "acceptance='traversal', which is block verification on a chain and handles trees")
 
-    if sampling.greedy:
-        return _walk_greedy(logits, proposal)
-    if acceptance in ("block", "traversal"):
+    if acceptance in ("block", "traversal") and not sampling.greedy:
         return _walk_sequence(logits, proposal, sampling, generator)
-    if acceptance == "typical":
-        return _walk_typical(logits, proposal, sampling, generator, typical_epsilon, typical_delta)
-    return _walk_rejection(logits, proposal, sampling, generator)
+    # one row of the batched walk (treespec/walker_batch.py: the same rules in tensor ops), read back here
+    one = Proposals([tree], proposal.tokens[None], None if q_draft is None else q_draft[None],
+                    proposal.without_replacement)
+    verdict = walk_batch(logits[None], one, sampling, acceptance=acceptance, generator=generator,
+                         typical_epsilon=typical_epsilon, typical_delta=typical_delta)
+    row = accepted(verdict.packed().tolist(), sampling)[0]
+    return Walk(path=torch.tensor(row.path, dtype=torch.long), next_token=row.tokens[-1])
+
+
+def walk_rows(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *, acceptance: str = "rejection",
+              generator: torch.Generator | None = None) -> Verdicts:
+    """Every row of a batch: logits [b, ≥ N, V] → Verdicts. Greedy, rejection and typical walks run on the
+    device (``walk_batch``); block and traversal verification, row by row on the host (``walk``)."""
+    if acceptance in ("block", "traversal") and not sampling.greedy:
+        return row_by_row(walk)(logits, proposals, sampling, acceptance=acceptance, generator=generator)
+    return walk_batch(logits, proposals, sampling, acceptance=acceptance, generator=generator)
+
+
+def row_by_row(walker):
+    """``walker`` (``walk``'s signature: one row's logits [N, V] and Proposal → Walk) as ``walk_rows``: each row
+    walked on its own, one after another, the outcomes gathered as Verdicts (on the host)."""
+
+    def walk_each(logits, proposals, sampling, **options) -> Verdicts:
+        walks = [walker(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), sampling, **options)
+                 for b in range(len(proposals.trees))]
+        depth = max(1, *(tree.depth for tree in proposals.trees))
+        drafted = proposals.tokens.cpu()
+        nodes = torch.zeros(len(walks), depth, dtype=torch.long)
+        tokens = torch.full((len(walks), depth + 1), -1, dtype=torch.long)
+        for b, w in enumerate(walks):
+            k = len(w.path)
+            nodes[b, :k] = w.path
+            tokens[b, :k] = drafted[b, w.path - 1]
+            tokens[b, k] = w.next_token
+        lengths = torch.tensor([len(w.path) for w in walks], dtype=torch.long)
+        return Verdicts(lengths, nodes, tokens, torch.zeros(len(walks), dtype=torch.bool))
+
+    return walk_each
 
 
 def rank_acceptance(candidates: torch.Tensor, target_logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -147,131 +175,6 @@ def rank_acceptance(candidates: torch.Tensor, target_logits: torch.Tensor, sampl
     if sampling.greedy:
         return (candidates == argmax(target_logits)[..., None].to(candidates.device)).float()
     return probs(target_logits, sampling).gather(-1, candidates)
-
-
-# -- deepest passing path (greedy and typical) ---------------------------------------------------------
-def _deepest_passing(tree: Tree, passes: list[bool]) -> int:
-    """passes[j - 1]: whether node j's token is acceptable at its parent → the deepest node whose whole path
-    passes (the first in node order among equally deep ones; 0 if none).
-
-    A host loop over the nodes: parents precede their children in node order (breadth-first), so one pass
-    decides reachability. For trees of up to about a hundred nodes it is cheaper than the ten or so tensor
-    ops of the vectorised ancestor-matrix form (each a launch on an accelerator), or that form in numpy."""
-    parents, depths = tree.parent_list, tree.depth_list
-    reachable = [True] + [False] * len(passes)
-    best = 0
-    for j, ok in enumerate(passes, start=1):
-        if ok and reachable[parents[j]]:
-            reachable[j] = True
-            if depths[j] > depths[best]:
-                best = j
-    return best
-
-
-def _walk_greedy(logits: torch.Tensor, proposal: Proposal) -> Walk:
-    tree = proposal.tree
-    best_token = argmax(logits, check_finite=True).tolist()  # [N]: the one host sync
-    drafted = proposal.tokens.tolist()  # [n]
-    best = _deepest_passing(tree, [x == best_token[p] for x, p in zip(drafted, tree.parent_list[1:], strict=True)])
-    return Walk(path=tree.path_to(best), next_token=best_token[best])
-
-
-def _walk_typical(logits, proposal, sampling, generator, epsilon, delta) -> Walk:
-    tree = proposal.tree
-    p_target = probs(logits, sampling)  # [N, V]
-    entropy = torch.special.entr(p_target).sum(-1)  # [N]; entr(0) = 0
-    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # [N]: min(ε, δ·e^−H)
-    parents = tree.parents[1:].to(p_target.device)  # [n]
-    tokens = proposal.tokens.to(p_target.device)  # [n]
-    passes = p_target[parents, tokens] > threshold[parents]  # [n]
-    node = _deepest_passing(tree, passes.tolist())
-    next_token = int(sample(p_target[node].cpu(), generator))
-    return Walk(path=tree.path_to(node), next_token=next_token)
-
-
-# -- lossless sampling ------------------------------------------------------------------------------
-def _walk_rejection(logits, proposal, sampling, generator) -> Walk:
-    # The walk is sequential, so it runs on the host. Distributions are made and moved there only for
-    # the nodes it visits (depth + 1 rows, not N): with a real vocabulary, softmax (and top-p's sort)
-    # over every node of a 64-node tree, or copying them all off an accelerator, would dominate the walk.
-    # A tiny table is cheaper in one call than in depth + 1.
-    tree, q_draft = proposal.tree, proposal.q_draft
-    tokens = proposal.tokens.cpu()  # [n]; node j's token is tokens[j - 1]
-    p_table = probs(logits, sampling).cpu() if logits.numel() <= _ONE_CALL_NUMEL else None  # [N, V] or None
-    children = tree.children
-    path: list[int] = []
-    node = 0
-    while True:
-        p_target = p_table[node] if p_table is not None else probs(logits[node], sampling).cpu()  # [V]
-        kids = children[node]
-        if not kids:  # every candidate on the path accepted: a free bonus token from the target
-            return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(p_target, generator)))
-        # Tree numbers nodes breadth-first by path, so siblings are consecutive, in rank order
-        drafted = tokens[kids[0] - 1 : kids[-1]]  # [k]
-        # one draw per sibling, drawn up front, on the generator's own device (a CUDA generator draws there)
-        uniform = torch.rand(len(kids), generator=generator, device=generator_device(generator)).tolist()
-        if q_draft is None:
-            chosen, residual = _siblings_deterministic(p_target, drafted, uniform)
-        else:
-            chosen, residual = _siblings_sampled(p_target, q_draft[node].float().cpu(), drafted, uniform,
-                                                 proposal.without_replacement)
-        if chosen is None:  # all siblings rejected: the step ends with a draw from the residual
-            return Walk(path=torch.tensor(path, dtype=torch.long), next_token=int(sample(residual, generator)))
-        node = kids[chosen]
-        path.append(node)
-
-
-def _siblings_deterministic(p_target, drafted, uniform):
-    """EAGLE-2's rule for deterministic candidates. p_target: [V]; drafted: LongTensor [k], sibling
-    tokens in rank order; uniform: k draws from U[0, 1). → (accepted sibling's index or None, residual [V]).
-
-    Accepting x with p(x)/remaining and removing it on rejection is sampling y ~ p and asking the
-    siblings in turn whether they are y, so it is lossless whatever the tokens (duplicates included:
-    a removed token has probability 0 and is rejected).
-    """
-    mass = p_target[drafted].tolist()  # p(x) of each sibling
-    drafted = drafted.tolist()
-    remaining = 1.0  # p's mass not yet rejected (p is normalised)
-    rejected: set[int] = set()
-    for j, x in enumerate(drafted):
-        if x in rejected:
-            continue
-        # u < p(x)/remaining; x holding (up to rounding) all remaining mass is accepted outright
-        if uniform[j] * remaining < mass[j] or mass[j] >= remaining - _EMPTY_MASS:
-            return j, None
-        rejected.add(x)
-        remaining -= mass[j]
-    residual = p_target.clone()
-    residual[list(rejected)] = 0.0  # multinomial renormalises
-    return None, residual
-
-
-def _siblings_sampled(p_target, q, drafted, uniform, without_replacement=False):
-    """SpecInfer's multi-candidate rejection sampling. p_target, q: [V] (q = q_draft of the parent,
-    which every sibling was drawn from i.i.d.); drafted: LongTensor [k]; uniform: k draws from U[0, 1).
-    → (accepted sibling's index or None, residual [V]).
-
-    ``without_replacement``: sibling j was drawn from q without siblings 0..j-1 (``draft_after``; None
-    once q is spent: a point mass at its token), the recursive rejection sampling of Jeon et al. 2024."""
-    drafted = drafted.tolist()
-    residual = p_target
-    for j, x in enumerate(drafted):
-        q_x = 1.0 if q is None else float(q[x])
-        # u < min(1, p(x)/q(x)) written without the division: q(x) = 0 < p(x) accepts, 0 = 0 rejects
-        if uniform[j] * q_x < float(residual[x]):
-            return j, None
-        if q is None:  # max(p − δ_x, 0): p without x
-            update = residual.clone()
-            update[x] = 0.0
-        else:
-            update = (residual - q).clamp_(min=0.0)  # [V]
-        mass = float(update.sum())
-        # max(p − q, 0) is empty only when p == q, where rejection happens only through rounding: keep p
-        if mass > _EMPTY_MASS:
-            residual = update / mass
-        if without_replacement:
-            q = draft_after(q, x)
-    return None, residual
 
 
 # -- sequence-level: block and traversal verification ------------------------------------------------

@@ -118,7 +118,7 @@ class Eagle(ExpandingDrafter):
         batch = tokens.shape[0]
         features = self._outputs[self._rows_index, parents]  # [b, F, h]: each parent's output
         g = self._run(tokens, features, attention_mask, position_ids)  # [b, F, h]
-        grown = int(nodes.max()) + 1
+        grown = self._grown_count  # node ids this step stay below it (known on the host: no read of ``nodes``)
         if self._outputs.shape[1] < grown:  # room for this depth's nodes (grown node ids only increase)
             more = self._outputs.new_empty(batch, max(grown, 2 * self._outputs.shape[1]), g.shape[-1])
             more[:, : self._outputs.shape[1]] = self._outputs

@@ -45,7 +45,8 @@ def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, 
 
 def accept_everything(logits, proposal, sampling, **kwargs):
     """A biased walk for the negative controls: accepts a whole leaf path whatever p_target says, then takes the
-    argmax. Monkeypatched in for ``treespec.generate.walk``, it must fail the chi-square tests."""
+    argmax. Monkeypatched in for ``treespec.generate.walk_rows`` (through ``walker.row_by_row``), it must fail
+    the chi-square tests."""
     path = torch.tensor(proposal.tree.leaf_paths[0]) if len(proposal.tree) else torch.empty(0, dtype=torch.long)
     last = int(path[-1]) if len(path) else 0
     return Walk(path=path, next_token=int(probs(logits[last], sampling).argmax()))

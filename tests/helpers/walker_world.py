@@ -3,11 +3,15 @@ prefix, the target's exact law of the first two committed tokens, and the counts
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from treespec.drafter import Proposal
+from treespec.drafter import Proposal, Proposals
 from treespec.sampling import Sampling, probs, sample
 from treespec.tree import Tree
+from treespec.walker import walk
+from treespec.walker_batch import walk_batch
 
 GREEDY = Sampling(0.0)
 T1 = Sampling(1.0)
@@ -102,18 +106,32 @@ def first_two_counts(world, walker, tree, sampling, *, sampled, duplicate_ranks=
     g = torch.Generator().manual_seed(seed)
     if sampled:
         tokens, logits, q_draft = world.sampled_proposals(tree, sampling, runs, g, without_replacement)
-        proposals = ((Proposal(tree, tokens[r], q_draft[r], without_replacement), logits[r]) for r in range(runs))
     else:
-        fixed = world.deterministic_proposal(tree, sampling, duplicate_ranks)
-        proposals = (fixed for _ in range(runs))
-    firsts, seconds = [], []
-    for proposal, node_logits in proposals:
-        w = walker(node_logits, proposal, sampling, generator=g)
-        committed = proposal.tokens[w.path - 1].tolist() + [w.next_token]
-        firsts.append(committed[0])
-        seconds.append(committed[1] if len(committed) > 1 else -1)
-    firsts, seconds = torch.tensor(firsts), torch.tensor(seconds)
+        fixed, node_logits = world.deterministic_proposal(tree, sampling, duplicate_ranks)
+        tokens, logits, q_draft = fixed.tokens.expand(runs, -1), node_logits.expand(runs, -1, -1), None
+    if _batched(walker):  # every run at once, as generate walks a batch's rows (treespec/walker_batch.py)
+        verdicts = walk_batch(logits, Proposals.shared(tree, tokens, q_draft, without_replacement=without_replacement),
+                              sampling, generator=g)
+        firsts = verdicts.tokens[:, 0]
+        seconds = torch.where(verdicts.lengths > 0, verdicts.tokens[:, 1], -1)
+    else:
+        firsts, seconds = [], []
+        for r in range(runs):
+            proposal = Proposal(tree, tokens[r], None if q_draft is None else q_draft[r], without_replacement)
+            w = walker(logits[r], proposal, sampling, generator=g)
+            committed = proposal.tokens[w.path - 1].tolist() + [w.next_token]
+            firsts.append(committed[0])
+            seconds.append(committed[1] if len(committed) > 1 else -1)
+        firsts, seconds = torch.tensor(firsts), torch.tensor(seconds)
     missing = seconds < 0
     after_first = probs(world.target[world.child_code(0, firsts[missing])], sampling)  # [m, V]
     seconds[missing] = sample(after_first, g)
     return torch.bincount(firsts * world.vocab + seconds, minlength=world.vocab**2).view(world.vocab, -1).numpy()
+
+
+def _batched(walker) -> bool:
+    """Whether ``walker`` is the token-level walk (``walk``, or a partial of it with acceptance="rejection"),
+    which runs as the batched walk; any other (block, traversal, a negative control) runs walk by walk."""
+    options = walker.keywords if isinstance(walker, functools.partial) else {}
+    base = walker.func if isinstance(walker, functools.partial) else walker
+    return base is walk and options.get("acceptance", "rejection") == "rejection"
