@@ -9,10 +9,11 @@ first eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer t
 (list, tuple, set); ``tree`` as a Tree, a DynamicTree or a tree-spec dict (treespec.tree_spec). Refused: a
 target that is not a causal LM with an LM head, a target in training mode (dropout would make its output
 random), ALiBi models (their position biases cannot follow a tree), an attention implementation that cannot
-take a tree mask, flex_attention on CPU, a target whose cache layers cannot be rolled back to an accepted path
-(recurrent state: linear attention, state-space and convolution layers; see treespec/layer_types.py), named with the
-layer types, right padding, and a batch of rows on a target with sliding-window layers (their windows count
-slots, which differ per row).
+take a tree mask, flex_attention on CPU, cascade attention where it cannot run (treespec/cascade.py: flash-attn
+missing or no CUDA for "treespec_cascade"; sliding windows, soft-capped logits, hybrid targets), a target whose
+cache layers cannot be rolled back to an accepted path (recurrent state: linear attention, state-space and
+convolution layers; see treespec/layer_types.py), named with the layer types, right padding, and a batch of rows
+on a target with sliding-window layers (their windows count slots, which differ per row).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treespec.cascade import CASCADE_ATTENTION, check_cascade_target
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.layer_types import attention_layers, check_rollback, is_hybrid
@@ -219,12 +221,21 @@ def check_target(target) -> None:
     impl = getattr(target.config, "_attn_implementation", None)
     if impl not in TREE_MASK_ATTENTION:
         raise ValueError(f"attention implementation {impl!r} cannot take a tree mask; load the target with "
-                         "attn_implementation='sdpa' (or 'eager'; 'flex_attention' on GPU)")
+                         "attn_implementation='sdpa' (or 'eager'; 'flex_attention' or 'treespec_cascade' on GPU)")
     if impl == "flex_attention" and target.device.type == "cpu":
         # torch 2.13's inductor fails on CPU: CppCompileError for tree masks, an out-of-bounds index in the
         # compiled kernel for the decode steps of a plain chain (tests/test_gpu.py's CPU dry run found both)
         raise ValueError("flex_attention runs on CUDA only here: load the target with attn_implementation='sdpa' "
                          "on CPU")
+    if impl in CASCADE_ATTENTION:
+        check_cascade_target(target.config, target.device)
+        if is_hybrid(target.config):
+            raise ValueError(f"{impl} is not verified on hybrid targets ({target.config.model_type}): load the target "
+                             "with attn_implementation='sdpa'")
+        windows = [w for w in attention_layers(target.config) if w is not None]
+        if windows:
+            raise ValueError(f"{impl} has no sliding windows and {target.config.model_type} has a window of "
+                             f"{windows[0]}: load the target with attn_implementation='sdpa'")
 
 
 def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None) -> Tree | DynamicTree:

@@ -13,7 +13,9 @@ masks and none calls masks/ itself (tests/test_layering.py enforces it):
   its first cached entry (treespec/cache.py), so a cache with sliding layers takes one mask per kind of layer
   (``attention_masks``);
 - the attention implementation: a float additive mask for eager and sdpa, a FlexAttention BlockMask for
-  flex_attention (``mask_for``, ``rows_mask_for``, ``tree_mask_builder``). A drafter's own passes and the
+  flex_attention (``mask_for``, ``rows_mask_for``, ``tree_mask_builder``), and for cascade attention
+  (treespec/cascade.py) the tree's [N, N] block alone, or for a ragged batch the full mask with each row's valid
+  cached keys in order (``treespec_prefix``). A drafter's own passes and the
   training-time unrolls take the float mask always (``dense_mask``, ``causal_mask``; heads/layer_config.py holds
   drafters to ``DENSE_MASK_ATTENTION``).
 
@@ -36,15 +38,27 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from treespec.cache import PreallocatedLayer, check_layer
+from treespec.cascade import CASCADE_ATTENTION, PREFIX_KWARG
 from treespec.drafter import Proposals
-from treespec.masks import DenseTreeMasks, FlexTreeMasks, additive, ancestor_mask, block_mask, visible, visible_rows
+from treespec.masks import (
+    CascadeTreeMasks,
+    DenseTreeMasks,
+    FlexTreeMasks,
+    additive,
+    ancestor_mask,
+    block_mask,
+    prefix_order,
+    visible,
+    visible_rows,
+)
 from treespec.rows import RowSlots
 from treespec.tree import Tree
 
 # attention implementations that take a float additive 4D mask (a drafter's expansion passes build one)
 DENSE_MASK_ATTENTION = ("eager", "sdpa")
-# ... and those a target's tree pass can take (flex_attention with a BlockMask, masks/flex.py)
-TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention")
+# ... and those a target's tree pass can take (flex_attention with a BlockMask, masks/flex.py; cascade attention
+# with the tree's block, masks/tree_block.py, or a float additive mask)
+TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention", *CASCADE_ATTENTION)
 
 
 # -- the choice between dense and flex masks ----------------------------------------------------------------
@@ -78,13 +92,16 @@ def rows_mask_for(attn_implementation: str, cached: torch.Tensor | None, allowed
     return additive(seen, dtype=dtype)
 
 
-def tree_mask_builder(attn_implementation: str, *, dtype=torch.float32, device=None) -> DenseTreeMasks | FlexTreeMasks:
+def tree_mask_builder(attn_implementation: str, *, dtype=torch.float32, device=None):
     """The tree masks of one decoding run on full-attention layers, called as ``builder(ancestors [N, N],
     past_len)`` each step and equal to ``mask_for(attn_implementation, ancestors, past_len)``, from parts kept
-    across steps: ``FlexTreeMasks`` for flex_attention, ``DenseTreeMasks`` for eager and sdpa."""
+    across steps: ``FlexTreeMasks`` for flex_attention, ``DenseTreeMasks`` for eager and sdpa;
+    ``CascadeTreeMasks`` (the [N, N] block alone: the cached keys need none) for cascade attention."""
     _check_attention(attn_implementation)
     if attn_implementation == "flex_attention":
         return FlexTreeMasks(device=device)
+    if attn_implementation in CASCADE_ATTENTION:
+        return CascadeTreeMasks(dtype=dtype, device=device)
     return DenseTreeMasks(dtype=dtype, device=device)
 
 
@@ -185,9 +202,16 @@ class TreeAttention:
         tree = proposals.tree
         if tree is None or slots.ragged:
             allowed, depths = stacked_relation(proposals)
-            return {"attention_mask": slots_mask(slots, allowed, attn_implementation=self.attn_implementation,
-                                                 dtype=self.dtype),
-                    "position_ids": slots.positions(depths)}
+            kwargs = {"position_ids": slots.positions(depths)}
+            if self.attn_implementation in CASCADE_ATTENTION and not slots.ragged:
+                # every row sees every cached key: the tree blocks alone, [b, 1, N, N]
+                kwargs["attention_mask"] = additive(allowed.to(slots.device), dtype=self.dtype)
+                return kwargs
+            kwargs["attention_mask"] = slots_mask(slots, allowed, attn_implementation=self.attn_implementation,
+                                                  dtype=self.dtype)
+            if self.attn_implementation in CASCADE_ATTENTION:  # the kernel reads each row's valid cached keys
+                kwargs[PREFIX_KWARG] = prefix_order(slots.valid, slots.counts)
+            return kwargs
         return self.shared(tree, slots.length)
 
     def shared(self, tree: Tree, past_len: int) -> dict:
