@@ -231,3 +231,20 @@ def test_flash_cascade_greedy_equals_its_own_vanilla_on_cuda():
     for tree in (Tree.full(2, 3), Tree.chain(3)):
         out = generate(target, prompt, drafter=DraftModel(draft), tree=tree, max_new_tokens=24)
         assert torch.equal(out.sequences, expected), tree
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cascade_adds_no_host_read(batch):
+    """The ragged batch's key order comes from counts the host keeps, the kernel's lengths are an upload: a step
+    still reads back once (treespec/host_reads.py), as under sdpa."""
+    from treespec.host_reads import reads_per_step
+
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = left_padded([torch.randint(0, 64, (n,), generator=gen) for n in (9, 4, 13)[:batch]], 0)
+    counts = {}
+    for attn in ("sdpa", TORCH):
+        target = tiny_llama(seed=1, attn=attn)
+        counts[attn] = reads_per_step(target, ids, attention_mask=mask if batch > 1 else None,
+                                      drafter=DraftModel(perturbed(target, 0.3)), tree=Tree.full(2, 2),
+                                      max_new_tokens=8)["device"]
+    assert counts[TORCH] == counts["sdpa"] <= 1, counts
