@@ -8,13 +8,12 @@ into ancestor matrices, positions and lengths, and chooses between the dense and
     additive(seen), ancestor_mask(allowed, past_len, ...)     the float additive mask     (masks.dense)
     block_mask(seen)                                          the FlexAttention BlockMask (masks.flex)
     DenseTreeMasks, FlexTreeMasks                             one run's masks, parts kept across steps
-    CascadeTreeMasks, prefix_order                            cascade attention's block and ragged key order
+    CascadeTreeMasks, prefix_order                            cascade attention's block, a ragged batch's keys
 """
 
-from .dense import DenseTreeMasks, additive, ancestor_mask
+from .dense import CascadeTreeMasks, DenseTreeMasks, additive, ancestor_mask, prefix_order
 from .flex import FlexTreeMasks, block_mask
 from .relation import visible, visible_rows
-from .tree_block import CascadeTreeMasks, prefix_order
 
 __all__ = ["CascadeTreeMasks", "DenseTreeMasks", "FlexTreeMasks", "additive", "ancestor_mask", "block_mask",
            "prefix_order", "visible", "visible_rows"]

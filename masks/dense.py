@@ -1,4 +1,5 @@
-"""Tree attention as a float additive 4D mask, for ``attn_implementation`` "eager" and "sdpa".
+"""Tree attention as a float additive 4D mask, for ``attn_implementation`` "eager" and "sdpa", and cascade attention's
+tree block (treespec/cascade.py).
 
 Why a FLOAT ADDITIVE mask (0.0 allowed, ``finfo(dtype).min`` blocked) and never a bool one: transformers
 5.x passes a 4D ``attention_mask`` through as-is, and with ``attn_implementation="eager"`` it is *added*
@@ -58,3 +59,34 @@ class DenseTreeMasks:
             self._zeros = torch.zeros(max(n, self._zeros.shape[0]), max(256, 2 * past_len), dtype=self.dtype,
                                       device=self.device)
         return torch.cat([self._zeros[:n, :past_len], self._block], dim=1)[None, None]  # [b=1, h=1, q, k]
+
+
+# -- cascade attention ---------------------------------------------------------------------------------------------
+# Cascade attention (treespec/cascade.py) runs the tree queries over the cached keys without a mask (a flash kernel)
+# and over the tree's own keys under the ancestor mask, then merges the two by their log-sum-exps. A pass needs only
+# the [N, N] block of the additive mask, never its [N, past] zero columns; a batch whose rows hold different cache
+# slots (left padding, the holes ragged acceptance leaves) also needs, per row, where its valid cached keys are: the
+# kernel reads each row's keys from the front up to its length, so they are gathered there first.
+class CascadeTreeMasks:
+    """The tree block masks of one decoding run's steps: ``builder(ancestors [N, N], past_len)`` → the float
+    additive mask [1, 1, N, N] (0.0 on itself and its ancestors), built once per ancestor matrix (a static tree
+    hands over the same tensor every step). ``past_len`` is not needed: every query sees every cached key."""
+
+    def __init__(self, *, dtype=torch.float32, device=None):
+        self.dtype, self.device = dtype, device
+        self._ancestors: torch.Tensor | None = None
+        self._block = torch.empty(0, 0)
+
+    def __call__(self, ancestors: torch.Tensor, past_len: int) -> torch.Tensor:
+        if ancestors is not self._ancestors:
+            self._ancestors, self._block = ancestors, additive(ancestors.to(self.device), dtype=self.dtype)
+        return self._block  # [b=1, h=1, q, t]
+
+
+def prefix_order(valid: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's valid cached slots first: (order LongTensor [b, k], lengths IntTensor [b]), k = max(counts): row
+    r's valid slots (``valid`` [b, s], True where the slot holds a token of the row) in increasing order in
+    ``order[r, :counts[r]]``, anything after; ``counts`` (on the host: no read of the device) are the rows' valid
+    slot counts. A stable sort on the device, so a step makes no host read for it."""
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, : max(counts)]  # [b, k]
+    return order, torch.tensor(counts, dtype=torch.int32, device=valid.device)

@@ -145,8 +145,10 @@ def padded_causal(query, key, value, padding: torch.Tensor, scale: float) -> tor
     i = torch.arange(n, device=query.device)[:, None] + (keys - n)
     j = torch.arange(keys, device=query.device)[None]
     seen = ((j <= i)[None] & padding.bool()[:, None, :]) | (j == i)[None]  # [b, n, K]
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=seen[:, None], scale=scale,
-                                                           enable_gqa=key.shape[1] != query.shape[1])
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # key heads repeated (sdpa's enable_gqa needs torch 2.5; this pass runs once per call)
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=seen[:, None], scale=scale)
     return out.transpose(1, 2)
 
 

@@ -57,7 +57,7 @@ from treespec.tree import Tree
 # attention implementations that take a float additive 4D mask (a drafter's expansion passes build one)
 DENSE_MASK_ATTENTION = ("eager", "sdpa")
 # ... and those a target's tree pass can take (flex_attention with a BlockMask, masks/flex.py; cascade attention
-# with the tree's block, masks/tree_block.py, or a float additive mask)
+# with the tree's block, masks/dense.py, or a float additive mask)
 TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention", *CASCADE_ATTENTION)
 
 
