@@ -218,15 +218,28 @@ def chat_ids(tokenizer, text: str) -> torch.Tensor:
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
+def shipped(name: str, tree, label: str):
+    """One (shipped SmolLM2 drafter, tree) case, skipped in a checkout without that drafter."""
+    return pytest.param(name, tree, id=f"{name}-{label}", marks=pytest.mark.skipif(
+        not (reference.MODELS_DIR / "smollm2" / name).is_dir(), reason=f"treespec/models/smollm2/{name} is not here"))
+
+
+DYNAMIC8 = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
+
+
 @needs_smollm2
-@needs_shipped_eagle3
-@pytest.mark.parametrize("tree", [Tree.chain(3), {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}],
-                         ids=["chain3", "dynamic8"])
-def test_shipped_eagle3_is_lossless_greedy_on_chat(smollm2, tree):
+@pytest.mark.parametrize("name, tree", [
+    shipped("eagle3", Tree.chain(3), "chain3"), shipped("eagle3", DYNAMIC8, "dynamic8"),
+    shipped("eagle", Tree.chain(3), "chain3"), shipped("eagle", DYNAMIC8, "dynamic8"),
+    shipped("medusa", Tree.chain(3), "chain3"), shipped("medusa", Tree.full(2, 2), "full2x2"),
+])
+def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
+    """Each drafter shipped for SmolLM2 reproduces transformers' greedy answer to a chat prompt, token for token,
+    and drafts something the target accepts."""
     from treespec.heads import load
 
     model, tokenizer = smollm2
-    drafter = load("reference:smollm2/eagle3", model)
+    drafter = load(f"reference:smollm2/{name}", model)
     ids = chat_ids(tokenizer, "Explain in two sentences why the sky is blue.")
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
                               pad_token_id=tokenizer.pad_token_id)
