@@ -9,6 +9,7 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py medusa2    # Medusa-2: the heads and their fine-tuned target (stored in bf16)
     python scripts/ship_drafter.py eagle3 --target smollm2 --run-dir runs/heads/eagle3   # → models/smollm2/eagle3
     python scripts/ship_drafter.py eagle3 --target smollm2 --skip-copy --cost-curve      # re-time it on this machine
+    python scripts/ship_drafter.py draft --target smollm2 --run-dir runs/heads/draft   # a distilled draft model
 
 For another target than the code reference (``--target smollm2``), the drafter goes to treespec/models/<target>/
 <name>, and keeps the head_accuracy.json its export measured on the run's held-out conversations (the stdlib
@@ -38,7 +39,7 @@ WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/tra
 
 def main() -> None:
     trainable = [kind.name for kind in registry.KINDS
-                 if kind.has_weights and kind.name not in ("draft", "auto")]  # drafters trained by train_heads.py
+                 if kind.has_weights and kind.name != "auto"]  # drafters trained by train_heads.py
     trainable.append("medusa2")  # Medusa heads with the target they were trained jointly with
     parser = argparse.ArgumentParser()
     parser.add_argument("name", choices=trainable)
@@ -51,6 +52,8 @@ def main() -> None:
                         "loading upcasts them to the target's dtype)")
     args = parser.parse_args()
     reference_target = args.target == "target"
+    if reference_target and args.name == "draft":
+        parser.error("the code reference's draft model is a reference model: scripts/ship_reference.py writes it")
     out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
     if not args.skip_copy:
         run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
