@@ -12,11 +12,16 @@ import pytest
 import torch
 
 from treespec import Tree, generate, reference
+from treespec.bench import Config, measure
 from treespec.heads import DraftModel, load
+from treespec.inputs import check_inputs
 from treespec.static_pass import StaticPass
 from treespec.train.checks.architectures import build
 
 MAX_NEW = {"vanilla": 33, "draft chain 3": 96, "eagle full 2x2": 128}  # each run takes 32 steps or more
+# the shapes each run meets: the target's tree (N = 1, 4, 7 tokens: the last steps verify the whole tree, not a
+# truncated one), and a drafter's depth steps (one frontier node a depth for the chain, two for the 2×2 tree)
+SHAPES = {"vanilla": 1, "draft chain 3": 2, "eagle full 2x2": 2}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,7 @@ def test_one_compilation_per_shape_then_none_and_greedy_equals_eager(models, pas
     # one graph per shape, compiled on that shape's first pass, none on any later pass
     assert [graphs for _, graphs in (c for p in first for c in p.calls)] == \
         [int(new) for new, _ in (c for p in first for c in p.calls)]
-    assert counter.graphs == sum(len(p.shapes) for p in first) >= (1 if name == "vanilla" else 2)
+    assert counter.graphs == sum(len(p.shapes) for p in first) == SHAPES[name]
     if name != "vanilla":  # the drafter's depth step ran compiled too
         assert len(first) == 2 and first[1].calls
     # a second call (new drafter, new cache buffers, the same shapes) compiles nothing
@@ -113,12 +118,41 @@ def test_a_ragged_batch_compiled_equals_eager(models):
     assert torch.equal(compiled.sequences, eager.sequences)
 
 
+@pytest.mark.slow
+def test_the_comparisons_warm_up_compiles_every_shape_its_timed_runs_meet(models):
+    """bench.measure with compile (the comparison's ``compile: true``): prompts of two cache capacities, each
+    configuration warmed up at full budget on one prompt of each, so no graph is compiled inside a timed run."""
+    target, draft, ids = models
+    torch._dynamo.reset()
+    counter, at_first_run = Counting(), []
+    prompts = [ids, torch.cat([ids] * 40, dim=1)]  # 7 and 280 tokens: capacities 256 and 512
+    rows = measure(target, [Config("chain 3", DraftModel(draft), Tree.chain(3))], prompts, max_new_tokens=12,
+                   compile={"backend": counter},
+                   progress=lambda name, i: at_first_run.append(counter.graphs) if not at_first_run else None)
+    assert [r.name for r in rows] == ["vanilla", "chain 3"]
+    assert at_first_run == [counter.graphs] and counter.graphs == 6  # (vanilla 1, the chain 2) × 2 capacities
+
+
 def test_bad_compile_arguments_are_named(models):
     target, _, ids = models
     with pytest.raises(ValueError, match="unknown key.*fullgraph"):
         generate(target, ids, max_new_tokens=2, compile={"fullgraph": False})
     with pytest.raises(ValueError, match="compile must be True, False or a dict"):
         generate(target, ids, max_new_tokens=2, compile="yes")
+
+
+def test_whole_trees_only_where_their_positions_stay_in_range(models):
+    """A static pass verifies the whole tree in the last steps (one graph per tree), unless its deepest node would
+    pass the target's positions (1,024 here); then the tree is cut as in eager decoding."""
+    target, draft, _ = models
+    prompt = torch.ones(1, 1000, dtype=torch.long)
+
+    def whole(max_new_tokens, compile_with):
+        return check_inputs(target, prompt, drafter=DraftModel(draft), tree=Tree.chain(3), temperature=0.0,
+                            max_new_tokens=max_new_tokens, top_p=1.0, eos_token_id=None, generator=None,
+                            acceptance="rejection", compile=compile_with).whole_trees
+
+    assert whole(21, {"backend": "eager"}) and not whole(22, {"backend": "eager"}) and not whole(21, False)
 
 
 def test_a_target_whose_passes_cannot_be_static_is_refused():

@@ -39,7 +39,7 @@ from treespec.recurrent import TargetRows
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
-from treespec.static_pass import StaticPass, target_body
+from treespec.static_pass import StaticPass, compiled_steps, static_capacity, target_body
 from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.visibility import TreeAttention
@@ -63,6 +63,7 @@ class Run:
     observer: StepTimer | None          # timing, only when asked for
     feature_layers: tuple[int, ...]     # the target hidden states the drafter takes; () for none
     static: StaticPass | None = None    # the target's tree pass compiled as a static graph (compile=True), or None
+    whole_trees: bool = False           # the last steps verify the whole tree too (step_tree_of)
 
 
 @dataclass
@@ -140,30 +141,25 @@ def generate(
                           pad_token_id=pad_token_id, profile=profile, compile=compile)
     uses_features = inputs.drafter is not None and inputs.drafter.needs_features
     feature_layers = tuple(inputs.drafter.feature_layers) if uses_features else ()
-    # a static pass's cache slots: the prompts, every new token and one tree pass (a ragged batch may outgrow them)
-    capacity = inputs.input_ids.shape[1] + inputs.max_new_tokens + inputs.tree.num_nodes
+    # a static pass's cache slots: the prompts, every new token and one tree pass, rounded up so that prompts of
+    # similar lengths share graphs (a ragged batch may still outgrow them)
+    capacity = static_capacity(inputs.input_ids.shape[1] + inputs.max_new_tokens + inputs.tree.num_nodes)
     static = None if inputs.compile is None else \
         StaticPass(target_body, inputs.compile, target, feature_layers, capacity=capacity)
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
-              feature_layers=feature_layers, static=static)
+              feature_layers, static, inputs.whole_trees)
     start = clock(observer)
-    with in_use(run.drafter):  # one generation at a time per drafter (it holds the rows' state)
-        try:
-            if run.drafter is not None:
-                run.drafter.compile_steps(inputs.compile, capacity)
-            state = prefill(run, inputs)
+    # one generation at a time per drafter (it holds the rows' state); with compile, its depth steps compiled too
+    with in_use(run.drafter), compiled_steps(run.drafter, inputs.compile, capacity):
+        state = prefill(run, inputs)
+        retire(run, state)
+        while state.rows:
+            step_tree = step_tree_of(run, state)
+            if run.drafter is None or len(step_tree) == 0:
+                plain_step(run, state, step_tree)
+            else:
+                speculative_step(run, state, step_tree)
             retire(run, state)
-            while state.rows:
-                # deeper nodes could never be committed by any row (a shallower row's commit stops at its end)
-                step_tree = run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
-                if run.drafter is None or len(step_tree) == 0:
-                    plain_step(run, state, step_tree)
-                else:
-                    speculative_step(run, state, step_tree)
-                retire(run, state)
-        finally:
-            if run.drafter is not None and inputs.compile is not None:
-                run.drafter.compile_steps(None, 0)  # its later calls outside generate (timing) run eagerly
     sequences, rows = outputs(inputs, state)
     warn_draft_nan(run, state)
     wall_time = clock(observer) - start
@@ -208,6 +204,15 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
     return DecodeState(list(range(batch)), tokens, [n + 1 for n in lengths], ends, roots.tolist(), cache, slots,
                        attention, TargetRows(run.target, cache) if hybrid else None,
                        features, feature_counts, [[] for _ in range(batch)])
+
+
+def step_tree_of(run: Run, state: DecodeState) -> Tree | DynamicTree:
+    """The tree a step verifies: without nodes deeper than any row can still commit (a shallower row's commit stops
+    at its end), or under a static pass the whole tree, which keeps its graph (the commit stops at the end all the
+    same, and inputs.py checks that the deepest positions stay in range)."""
+    if run.whole_trees:
+        return run.tree
+    return run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
 
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:

@@ -52,6 +52,7 @@ class Inputs:
     sampling: Sampling
     eos: frozenset[int]
     compile: dict | None = None      # torch.compile's arguments for static passes (treespec/static_pass.py), or None
+    whole_trees: bool = False        # the last steps verify the whole tree (generate's step_tree_of)
 
 
 def max_positions(config) -> int | None:
@@ -318,5 +319,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         mask = None if bool(mask.all()) else mask.to(target.device)
     if mask is not None:  # padding may hold any id (-100, the vocabulary size): the model sees a real one there
         input_ids = input_ids.masked_fill(mask == 0, pad if 0 <= pad < vocab else 0)
+    # a static pass verifies the whole tree up to the end, keeping its graph, where its positions stay in range
+    whole = compile_with is not None and all(limit is None or total + tree.depth <= limit for _, limit in limits)
     return Inputs(input_ids, mask, lengths, given, pad, max_new_tokens, drafter if speculates else None, tree,
-                  sampling, eos, compile_with)
+                  sampling, eos, compile_with, whole)

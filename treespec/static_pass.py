@@ -34,6 +34,7 @@ guards exactly as inductor does without generating code: what the tests count co
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import torch
@@ -87,6 +88,26 @@ def static_refusal(model) -> str | None:
     if impl not in STATIC_ATTENTION:
         return f"attention {impl!r} does not take the float 4D mask a static pass builds (use 'sdpa' or 'eager')"
     return None
+
+
+def static_capacity(needed: int) -> int:
+    """The slots a static pass's cache holds for ``needed``: the next power of two (at least 256), so that runs of
+    similar lengths share their graphs (at most twice the slots attended over)."""
+    return max(256, 1 << (needed - 1).bit_length())
+
+
+@contextlib.contextmanager
+def compiled_steps(drafter, options: dict | None, capacity: int):
+    """A drafter's depth steps compiled for one generate() call (``Drafter.compile_steps``), eager again after it
+    (its calls outside generate, such as timing its depth, run as they always did)."""
+    if drafter is None or options is None:
+        yield
+        return
+    drafter.compile_steps(options, capacity)
+    try:
+        yield
+    finally:
+        drafter.compile_steps(None, 0)
 
 
 class StaticKV:
