@@ -20,8 +20,10 @@ changes shape or value from step to step except tensor contents:
   given, so no model code reads the cache's length.
 
 Attention then spans all S slots every pass (the blocked ones weigh exactly 0), which is what static shapes cost;
-the capacity is sized once from the prompt, the token budget and the tree (a batch whose ragged acceptance
-outgrows it doubles it: one more compilation). Between passes the ``TreeCache`` is what it always is (the layers'
+the capacity is sized once from the prompt, the token budget and the tree, rounded up to a power of two so that
+runs of similar lengths share graphs (a batch whose ragged acceptance outgrows it doubles it: one more
+compilation). In its last steps a run verifies the whole tree rather than one cut to the tokens left (generate's
+``step_tree_of``), so each tree is one shape. Between passes the ``TreeCache`` is what it always is (the layers'
 views are set to the held entries after each pass), so the compaction to the accepted path, the drafter's eager
 passes over committed tokens and finished rows leaving the batch run as before, on the same buffers.
 
