@@ -108,6 +108,10 @@ class Combined(Drafter):
         for d in self.drafters:
             d.reset()
 
+    def compile_steps(self, options, capacity: int) -> None:
+        for d in self.drafters:
+            d.compile_steps(options, capacity)
+
     def prefill(self, input_ids, features, attention_mask=None) -> None:
         for d in self.drafters:
             d.prefill(input_ids, None, attention_mask)

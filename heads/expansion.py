@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import torch
 
-from treespec.cache import SlidingWindowLayer
+from treespec.cache import PreallocatedLayer, SlidingWindowLayer
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads.grow_dynamic import grow_dynamic
 from treespec.recurrent import DraftRows, is_recurrent
 from treespec.rows import RowSlots
 from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k
+from treespec.static_pass import StaticPass
 from treespec.tree import Tree
 from treespec.visibility import attention_masks, causal_rows, slots_mask
 
@@ -98,6 +99,8 @@ class ExpandingDrafter(Drafter):
         self.candidates = candidates
         self.reset()
 
+    _static: StaticPass | None = None  # each depth's network as a compiled static pass (compile_steps), or None
+
     def reset(self) -> None:
         self.cache = self._new_cache()
         # a recurrent draft's cache: one row per frontier node (treespec/recurrent.py); None: tree masks
@@ -123,6 +126,18 @@ class ExpandingDrafter(Drafter):
             self.slots.select(rows, self.cache)  # (rows on the host: the slots read them)
         self._grown_of = [self._grown_of[b] for b in rows.tolist()] if self._grown_of else []
 
+    def compile_steps(self, options: dict | None, capacity: int) -> None:
+        # a cache of preallocated full-attention layers only (not a recurrent or sliding-window draft's)
+        static = options is not None and all(type(layer) is PreallocatedLayer for layer in self.cache.layers)
+        self._static = StaticPass(type(self)._depth, options, self, capacity=capacity) if static else None
+
+    def _network(self, attention_mask, position_ids, *inputs):
+        """``_depth`` over the drafter's cache: as a static pass when compiled (not a recurrent draft's rows, which
+        come without a mask), else eagerly."""
+        if self._static is None or attention_mask is None:
+            return self._depth(self.cache, attention_mask, position_ids, *inputs)
+        return self._static(self.cache, attention_mask, position_ids, *inputs)
+
     # -- what a subclass provides ------------------------------------------------------------------
     def _new_cache(self):
         raise NotImplementedError
@@ -135,6 +150,13 @@ class ExpandingDrafter(Drafter):
     def _fill_for_timing(self, tokens: torch.Tensor) -> None:
         """Feed ``tokens`` [1, m] (placeholders) as committed entries, and make node 0 expandable
         (``drafting_step``)."""
+        raise NotImplementedError
+
+    def _depth(self, cache, attention_mask, position_ids, *inputs):
+        """The network over one depth's nodes after ``cache`` (the drafter's own, or a static pass's
+        ``treespec.static_pass.StaticKV``) → its outputs (tensors); ``_forward_nodes`` calls it through
+        ``_network``, which compiles it with ``compile_steps``. It reads nothing of the host's bookkeeping (a
+        compiled graph would be guarded on it)."""
         raise NotImplementedError
 
     def _forward_nodes(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor,

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from treespec.compat import cache_arg
+from treespec.static_pass import StaticKV
 from treespec.visibility import causal_mask
 
 # model_type of the base models whose forward is embeddings → layers → final norm and nothing else (Gemma
@@ -64,17 +65,23 @@ class LeanDecoder:
         index = position_ids[0]
         return self._cos[:, index], self._sin[:, index]
 
-    def __call__(self, x: torch.Tensor, cache, past_len: int, position_ids: torch.Tensor | None = None,
+    def __call__(self, x: torch.Tensor, cache, past_len: int | None, position_ids: torch.Tensor | None = None,
                  attention_mask=None) -> torch.Tensor:
         """x [b, n, h] after ``past_len`` cached entries → hidden states [b, n, h]. Without ``position_ids`` the
-        n inputs are committed tokens: at the positions after the cache, causal (one query sees it all)."""
+        n inputs are committed tokens: at the positions after the cache, causal (one query sees it all); with them
+        ``past_len`` is not read."""
         n = x.shape[1]
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + n, device=x.device)[None]
             attention_mask = None if n == 1 else causal_mask(n, past_len, dtype=x.dtype, device=x.device)
-        # a token's position never exceeds its cache slot (positions count a row's valid slots, plus the depth
-        # of a tree node, whose ancestors hold slots before it): below the entries cached + n
-        position_embeddings = self._rotary(position_ids, x, cache.get_seq_length() + n)
+        if isinstance(cache, StaticKV):
+            # a compiled static pass (treespec/static_pass.py): a few fused ops in its graph, where a table would be
+            # an input whose size the graph is guarded on
+            position_embeddings = self.decoder.rotary_emb(x, position_ids)
+        else:
+            # a token's position never exceeds its cache slot (positions count a row's valid slots, plus the depth
+            # of a tree node, whose ancestors hold slots before it): below the entries cached + n
+            position_embeddings = self._rotary(position_ids, x, cache.get_seq_length() + n)
         for layer in self.decoder.layers:
             out = layer(x, attention_mask=attention_mask, position_ids=position_ids, **cache_arg(cache), use_cache=True,
                         position_embeddings=position_embeddings)

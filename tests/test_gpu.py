@@ -111,3 +111,23 @@ def test_sampling_is_lossless_on_device(drafter_name, generator_on):
                        temperature=1.0, generator=gen)
         counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
     assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+
+
+@pytest.mark.parametrize("tree_name", ["chain", "full", "dynamic"])
+def test_compiled_static_steps_on_device(tree_name):
+    """generate(compile=True): CUDA graphs (mode="reduce-overhead") on the device, the eager backend in the CPU dry
+    run; greedy output equals transformers', and a second run compiles no new graph (treespec/static_pass.py)."""
+    from torch._dynamo.utils import counters
+
+    target = on_device(tiny_llama(seed=0))
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    compile_with = True if DEVICE == "cuda" else {"backend": "eager"}
+
+    def drafter():
+        return DraftModel(perturbed(target, 0.1)) if tree_name != "dynamic" else Eagle(EagleModel(target))
+
+    out = generate(target, prompt, drafter=drafter(), tree=TREES[tree_name], max_new_tokens=24, compile=compile_with)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 24))
+    graphs = counters["stats"]["unique_graphs"]
+    again = generate(target, prompt, drafter=drafter(), tree=TREES[tree_name], max_new_tokens=24, compile=compile_with)
+    assert torch.equal(again.sequences, out.sequences) and counters["stats"]["unique_graphs"] == graphs

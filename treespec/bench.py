@@ -13,6 +13,10 @@ by an earlier process, ``on_run`` gets every new one. A ratio is only meaningful
 process may run on a busier machine, with other threads), so on a prompt where some runs are restored and some
 are not, vanilla runs again first and the new runs are paired with it (``Measured.vanilla_tokens_per_s``);
 restored runs keep the pairing they were measured with.
+
+With ``compile`` (generate's: compiled static passes, treespec/static_pass.py) every treespec configuration, vanilla
+included, runs compiled; its warm-up then runs each configuration at the full budget on one prompt of every cache
+capacity the prompts need, so that no compilation (seconds to minutes) falls inside a timed run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from treespec.generate import generate
 from treespec.result import TimedRun
+from treespec.static_pass import static_capacity
 from treespec.timing import StepTimer
 
 
@@ -127,7 +132,7 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
             temperature: float = 0.0, top_p: float = 1.0, eos_token_id=None, seed: int = 0,
             warmup: bool = True, progress=None, on_prompt: Callable[[list[Row]], None] | None = None,
             done: dict[tuple[int, str], Measured] | None = None,
-            on_run: Callable[[int, str, Measured], None] | None = None) -> list[Row]:
+            on_run: Callable[[int, str, Measured], None] | None = None, compile: bool | dict = False) -> list[Row]:
     """Run vanilla + every config on every prompt ([1, P] tensors, or batches: lists of 1-D prompts); rows in
     config order, vanilla first.
 
@@ -147,7 +152,7 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         # the synchronising observer charges the target and the drafter for their own kernels
         return Measured.of(generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
                                     temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
-                                    acceptance=config.acceptance,
+                                    acceptance=config.acceptance, compile=compile,
                                     observer=StepTimer(synchronize=True, device=target.device)))
 
     left = [[c for c in configs if (i, c.name) not in done] for i in range(len(prompts))]
@@ -155,6 +160,8 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         for config in configs:
             run(config, [p[:8] for p in prompts[0]] if isinstance(prompts[0], list) else prompts[0][:, :8], -1,
                 min(max_new_tokens, WARMUP_TOKENS))
+            for prompt in (compile_warmups(config, prompts, max_new_tokens) if compile else []):
+                run(config, prompt, -1)
     results: dict[str, list] = {c.name: [] for c in configs}
     for i, prompt in enumerate(prompts):
         # vanilla first whenever anything runs: the ratios of this process's runs are to this process's vanilla
@@ -175,6 +182,19 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         if on_prompt is not None:
             on_prompt(rows_of(results))
     return rows_of(results)
+
+
+def compile_warmups(config: Config, prompts: list, max_new_tokens: int) -> list:
+    """One prompt per cache capacity ``config``'s compiled runs over ``prompts`` need (its graphs are compiled per
+    capacity: treespec/static_pass.py), for a full-budget warm-up; none for a peer's runner."""
+    if config.run is not None:
+        return []
+    nodes = getattr(config.tree, "num_nodes", 1)  # (vanilla: none; a spec resolved later: its bucket is a guess)
+    firsts = {}
+    for prompt in prompts:
+        width = max(len(p) for p in prompt) if isinstance(prompt, list) else prompt.shape[1]
+        firsts.setdefault(static_capacity(width + max_new_tokens + nodes), prompt)
+    return list(firsts.values())
 
 
 def markdown_table(rows: list[Row]) -> str:

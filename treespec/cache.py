@@ -89,19 +89,25 @@ class PreallocatedLayer(DynamicLayer):
         return all(t.data_ptr() == buf.data_ptr() and t.shape[:2] == buf.shape[:2] and t.stride() == buf.stride()
                    for t, buf in zip((self.keys, self.values), self._buffers, strict=True))
 
-    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor,
+                 capacity: int | None = None) -> None:
+        """Room for ``needed`` entries: new buffers of twice ``needed`` when the held ones are too small, or (a
+        static pass) of exactly ``capacity`` unless they have that size. Zeros, not uninitialised memory: a static
+        pass (treespec/static_pass.py) attends over the whole buffer with the unheld slots masked, and a masked NaN
+        would still poison it (0 · NaN)."""
         held = self.keys.shape[-2] if self.keys.dim() == 4 else 0
-        if self._holds_prefix() and self._buffers[0].shape[-2] >= needed:
+        size = self._buffers[0].shape[-2] if self._holds_prefix() else None
+        if size is not None and (size >= needed if capacity is None else size == max(capacity, needed)):
             return
-        capacity = max(self.MIN_CAPACITY, 2 * needed)
+        capacity = max(self.MIN_CAPACITY, 2 * needed) if capacity is None else max(capacity, needed)
         k_shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
         v_shape = (*value_states.shape[:2], capacity, value_states.shape[-1])
         if k_shape == v_shape and key_states.dtype == value_states.dtype:
-            self._kv = key_states.new_empty(2, *k_shape)
+            self._kv = key_states.new_zeros(2, *k_shape)
             buffers = (self._kv[0], self._kv[1])
         else:  # e.g. a value head size of its own
             self._kv = None
-            buffers = (key_states.new_empty(k_shape), value_states.new_empty(v_shape))
+            buffers = (key_states.new_zeros(k_shape), value_states.new_zeros(v_shape))
         if held:
             buffers[0][:, :, :held] = self.keys
             buffers[1][:, :, :held] = self.values
@@ -119,6 +125,16 @@ class PreallocatedLayer(DynamicLayer):
         values[:, :, held:end] = value_states
         self.keys, self.values = keys[:, :, :end], values[:, :, :end]
         return self.keys, self.values
+
+    def static_buffers(self, capacity: int) -> tuple[torch.Tensor, ...]:
+        """What a static pass writes into, of ``capacity`` entries (S; at least those held): ``(kv,)`` [2, b, h, S, d]
+        when keys and values share one buffer, else (keys [b, h, S, d], values [b, h, S, d_v]); held entries first."""
+        self._reserve(capacity, self.keys, self.values, capacity=capacity)
+        return (self._kv,) if self._kv is not None else self._buffers
+
+    def hold(self, end: int) -> None:
+        """The first ``end`` buffered entries are the held ones (a static pass wrote up to them)."""
+        self.keys, self.values = self._buffers[0][:, :, :end], self._buffers[1][:, :, :end]
 
     def move_rows(self, root: int, src: torch.Tensor) -> bool:
         """Write the entries at rows ``src`` [k] to rows root .. root + k − 1, keys and values in one gather;

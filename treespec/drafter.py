@@ -206,6 +206,11 @@ class Drafter:
         """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others
         finished."""
 
+    def compile_steps(self, options: dict | None, capacity: int) -> None:
+        """Called by generate() before each batch: with ``options`` (torch.compile's arguments), run each drafting
+        depth's network as a static compiled graph whose cache holds ``capacity`` slots (treespec/static_pass.py);
+        None: run it eagerly. A drafter without a network over its own cache ignores it."""
+
 
 def stack_features(hidden_states, layers) -> torch.Tensor:
     """A drafter's input features: the target's ``hidden_states`` at ``layers``, side by side [..., L·h]

@@ -39,6 +39,7 @@ from treespec.recurrent import TargetRows
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
+from treespec.static_pass import StaticPass, compiled_steps, static_capacity, target_body
 from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.visibility import TreeAttention
@@ -61,6 +62,8 @@ class Run:
     eos: frozenset[int]
     observer: StepTimer | None          # timing, only when asked for
     feature_layers: tuple[int, ...]     # the target hidden states the drafter takes; () for none
+    static: StaticPass | None = None    # the target's tree pass compiled as a static graph (compile=True), or None
+    whole_trees: bool = False           # the last steps verify the whole tree too (step_tree_of)
 
 
 @dataclass
@@ -112,6 +115,7 @@ def generate(
     generator: torch.Generator | None = None,
     acceptance: str = "rejection",
     observer: StepTimer | None = None,
+    compile: bool | dict = False,
 ) -> GenerationResult:
     """Decode up to ``max_new_tokens`` after each prompt with tree speculation.
 
@@ -127,22 +131,30 @@ def generate(
     (treespec/profile.py). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
     "rejection" (lossless: greedy at temperature 0, rejection sampling otherwise) or "typical"
     (Medusa's typical acceptance: faster, NOT lossless). ``observer`` (a ``treespec.timing.StepTimer``)
-    fills the result's target and draft times; ``wall_time`` is always measured.
+    fills the result's target and draft times; ``wall_time`` is always measured. ``compile=True`` runs the
+    target's tree passes and a network drafter's depth steps as torch.compile'd static graphs, compiled once per
+    shape (CUDA graphs on a GPU; a dict gives torch.compile's backend, mode, options: treespec/static_pass.py).
     """
     inputs = check_inputs(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
                           acceptance=acceptance, observer=observer, attention_mask=attention_mask,
-                          pad_token_id=pad_token_id, profile=profile)
+                          pad_token_id=pad_token_id, profile=profile, compile=compile)
     uses_features = inputs.drafter is not None and inputs.drafter.needs_features
+    feature_layers = tuple(inputs.drafter.feature_layers) if uses_features else ()
+    # a static pass's cache slots: the prompts, every new token and one tree pass, rounded up so that prompts of
+    # similar lengths share graphs (a ragged batch may still outgrow them)
+    capacity = static_capacity(inputs.input_ids.shape[1] + inputs.max_new_tokens + inputs.tree.num_nodes)
+    static = None if inputs.compile is None else \
+        StaticPass(target_body, inputs.compile, target, feature_layers, capacity=capacity)
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
-              feature_layers=tuple(inputs.drafter.feature_layers) if uses_features else ())
+              feature_layers, static, inputs.whole_trees)
     start = clock(observer)
-    with in_use(run.drafter):  # one generation at a time per drafter (it holds the rows' state)
+    # one generation at a time per drafter (it holds the rows' state); with compile, its depth steps compiled too
+    with in_use(run.drafter), compiled_steps(run.drafter, inputs.compile, capacity):
         state = prefill(run, inputs)
         retire(run, state)
         while state.rows:
-            # deeper nodes could never be committed by any row (a shallower row's commit stops at its end)
-            step_tree = run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
+            step_tree = step_tree_of(run, state)
             if run.drafter is None or len(step_tree) == 0:
                 plain_step(run, state, step_tree)
             else:
@@ -188,9 +200,19 @@ def prefill(run: Run, inputs: Inputs) -> DecodeState:
             run.drafter.prefill(input_ids, features, mask)
     feature_counts = [width] * batch  # the prompts' last features produced the roots (left padding)
     ends = [n + inputs.max_new_tokens for n in lengths]
+    attention = TreeAttention(run.target, cache, explicit=run.static is not None)  # a static pass: masks always
     return DecodeState(list(range(batch)), tokens, [n + 1 for n in lengths], ends, roots.tolist(), cache, slots,
-                       TreeAttention(run.target, cache), TargetRows(run.target, cache) if hybrid else None,
+                       attention, TargetRows(run.target, cache) if hybrid else None,
                        features, feature_counts, [[] for _ in range(batch)])
+
+
+def step_tree_of(run: Run, state: DecodeState) -> Tree | DynamicTree:
+    """The tree a step verifies: without nodes deeper than any row can still commit (a shallower row's commit stops
+    at its end), or under a static pass the whole tree, which keeps its graph (the commit stops at the end all the
+    same, and inputs.py checks that the deepest positions stay in range)."""
+    if run.whole_trees:
+        return run.tree
+    return run.tree.truncate(max(e - n for e, n in zip(state.ends, state.lengths, strict=True)) - 1)
 
 
 def plain_step(run: Run, state: DecodeState, tree: Tree) -> None:
@@ -229,6 +251,10 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals
     if state.recurrent is not None:  # a hybrid: root-to-leaf paths as rows (one prompt)
         logits, features = state.recurrent.tree_pass(lambda ids: forward(run, state.cache, ids), tokens,
                                                      proposals.trees[0])
+    elif run.static is not None:  # one static graph per tree shape
+        masked = state.attention(proposals, state.slots)  # explicit mask and positions, chains too
+        with timed(run.observer, TARGET):
+            logits, features = run.static(state.cache, masked["attention_mask"], masked["position_ids"], tokens)
     else:
         logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
     if run.drafter is not None and run.drafter.observes_logits:  # every node's logits, rejected ones' too

@@ -13,7 +13,8 @@ take a tree mask, flex_attention on CPU, cascade attention where it cannot run (
 missing or no CUDA for "treespec_cascade"; sliding windows, soft-capped logits, hybrid targets), a target whose
 cache layers cannot be rolled back to an accepted path (recurrent state: linear attention, state-space and
 convolution layers; see treespec/layer_types.py), named with the layer types, right padding, and a batch of rows
-on a target with sliding-window layers (their windows count slots, which differ per row).
+on a target with sliding-window layers (their windows count slots, which differ per row), and ``compile`` on a
+target whose passes cannot be static graphs (treespec/static_pass.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.layer_types import attention_layers, check_rollback, is_hybrid
 from treespec.profile import DrafterProfile
 from treespec.sampling import Sampling
+from treespec.static_pass import compile_options
 from treespec.timing import StepTimer
 from treespec.tree import Tree
 from treespec.tree_spec import build_tree
@@ -51,6 +53,8 @@ class Inputs:
     tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
     sampling: Sampling
     eos: frozenset[int]
+    compile: dict | None = None      # torch.compile's arguments for static passes (treespec/static_pass.py), or None
+    whole_trees: bool = False        # the last steps verify the whole tree (generate's step_tree_of)
 
 
 def max_positions(config) -> int | None:
@@ -277,7 +281,8 @@ def check_batch(target, drafter, batch_size: int) -> None:
 
 
 def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
-                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None, profile=None) -> Inputs:
+                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None, profile=None,
+                 compile=False) -> Inputs:
     """Every generate() argument, checked; see the module docstring."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
@@ -302,6 +307,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         raise ValueError(f"profile must be a treespec.profile.DrafterProfile or None, got {type(profile).__name__}")
     tree = check_tree(tree, drafter, acceptance, sampling, profile)
     check_target(target)
+    compile_with = compile_options(compile, target)
     check_batch(target, drafter, given.shape[0])
     vocab = vocab_size(target)
     if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
@@ -324,5 +330,7 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         mask = None if bool(mask.all()) else mask.to(target.device)
     if mask is not None:  # padding may hold any id (-100, the vocabulary size): the model sees a real one there
         input_ids = input_ids.masked_fill(mask == 0, pad if 0 <= pad < vocab else 0)
+    # a static pass verifies the whole tree up to the end, keeping its graph, where its positions stay in range
+    whole = compile_with is not None and all(limit is None or total + tree.depth <= limit for _, limit in limits)
     return Inputs(input_ids, mask, lengths, given, pad, max_new_tokens, drafter if speculates else None, tree,
-                  sampling, eos)
+                  sampling, eos, compile_with, whole)

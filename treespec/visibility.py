@@ -186,12 +186,13 @@ class TreeAttention:
     """The attention inputs of one decoding run's verification passes over ``target`` with ``cache`` (a
     TreeCache, whose layer types are fixed at construction), with the mask parts kept across steps."""
 
-    def __init__(self, target, cache):
+    def __init__(self, target, cache, *, explicit: bool = False):
+        """explicit: every pass takes its mask and positions, chains too (a static pass: treespec/static_pass.py)."""
         self.cache = cache
         self.attn_implementation = target.config._attn_implementation
         self.dtype, self.device = target.dtype, target.device
         # under flex_attention the model would run create_block_mask for a chain's causal mask every step
-        self.chain_builds_own_mask = self.attn_implementation != "flex_attention"
+        self.chain_builds_own_mask = self.attn_implementation != "flex_attention" and not explicit
         self.full_attention = all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in cache.layers)
         self.kept = tree_mask_builder(self.attn_implementation, dtype=self.dtype, device=self.device)
 

@@ -57,17 +57,20 @@ class DraftModel(ExpandingDrafter):
         self._head = ReducedHead(head, draft_vocab, lean=lean) if draft_vocab is not None else \
             LeanProjection.of(head) if self._decoder is not None else None
 
-    def _logits(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+    def _logits(self, input_ids, attention_mask=None, position_ids=None, cache=None) -> torch.Tensor:
         """One cached forward over ``input_ids`` [b, n] → draft logits over the target vocabulary [b, n, V];
-        without a mask the tokens are committed ones (causal after the cache)."""
+        without a mask the tokens are committed ones (causal after the cache). ``cache``: the drafter's own, or a
+        static pass's (treespec/static_pass.py), which always comes with positions."""
+        cache = self.cache if cache is None else cache
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if self._decoder is not None:
-            hidden = self._decoder(self.model.get_input_embeddings()(input_ids), self.cache, self.slots.length,
-                                   position_ids, attention_mask)
+            past = self.slots.length if position_ids is None else None  # (read only when the positions follow it)
+            hidden = self._decoder(self.model.get_input_embeddings()(input_ids), cache, past, position_ids,
+                                   attention_mask)
         elif self._head is None:
-            return self.model(**inputs, **cache_arg(self.cache), use_cache=True).logits
+            return self.model(**inputs, **cache_arg(cache), use_cache=True).logits
         else:
-            hidden = self.model.base_model(**inputs, **cache_arg(self.cache), use_cache=True).last_hidden_state
+            hidden = self.model.base_model(**inputs, **cache_arg(cache), use_cache=True).last_hidden_state
         return self._head(hidden)
 
     def check_target(self, target) -> None:
@@ -88,8 +91,11 @@ class DraftModel(ExpandingDrafter):
     def _fill_for_timing(self, tokens) -> None:
         self._logits(tokens)
 
+    def _depth(self, cache, attention_mask, position_ids, tokens):
+        return self._logits(tokens, attention_mask, position_ids, cache)  # [b, F, V]
+
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
-        return self._logits(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids)  # [b, F, V]
+        return self._network(attention_mask, position_ids, tokens)  # [b, F, V]
 
 
 @torch.no_grad()

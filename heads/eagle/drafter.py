@@ -48,14 +48,16 @@ class Eagle(ExpandingDrafter):
             model.head(lean)
         self._decoder = lean_decoder(model.decoder, model.layer_config) if lean and model.decoder is not None else None
 
-    def _run(self, tokens, features, attention_mask=None, position_ids=None) -> torch.Tensor:
+    def _run(self, tokens, features, attention_mask=None, position_ids=None, cache=None) -> torch.Tensor:
         """The drafter over ``tokens`` [b, n] paired with ``features`` [b, n, h], after its cache → g [b, n, h];
-        without a mask (committed tokens, rows alike) causal after the cache, at positions following it."""
+        without a mask (committed tokens, rows alike) causal after the cache, at positions following it.
+        ``cache``: the drafter's own, or a static pass's (treespec/static_pass.py), which comes with positions."""
+        cache = self.cache if cache is None else cache
         if self._decoder is None:
-            return self.model(tokens, features, attention_mask=attention_mask, position_ids=position_ids,
-                              cache=self.cache)
+            return self.model(tokens, features, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
         x = self.model.decoder_input(tokens, features)
-        return self._decoder(x, self.cache, self.slots.length, position_ids, attention_mask)
+        past = self.slots.length if position_ids is None else None  # (read only when the positions follow it)
+        return self._decoder(x, cache, past, position_ids, attention_mask)
 
     def check_target(self, target) -> None:
         self.model.check_fits(target)
@@ -114,17 +116,21 @@ class Eagle(ExpandingDrafter):
         self._outputs[:, :1] = root
         self._rows_index = torch.arange(root.shape[0], device=root.device)[:, None]  # [b, 1]
 
+    def _depth(self, cache, attention_mask, position_ids, tokens, features):
+        g = self._run(tokens, features, attention_mask, position_ids, cache)  # [b, F, h]
+        return g, self._logits(g)  # and [b, F, V]
+
     def _forward_nodes(self, tokens, nodes, parents, attention_mask, position_ids):
         batch = tokens.shape[0]
         features = self._outputs[self._rows_index, parents]  # [b, F, h]: each parent's output
-        g = self._run(tokens, features, attention_mask, position_ids)  # [b, F, h]
+        g, logits = self._network(attention_mask, position_ids, tokens, features)  # [b, F, h], [b, F, V]
         grown = self._grown_count  # node ids this step stay below it (known on the host: no read of ``nodes``)
         if self._outputs.shape[1] < grown:  # room for this depth's nodes (grown node ids only increase)
             more = self._outputs.new_empty(batch, max(grown, 2 * self._outputs.shape[1]), g.shape[-1])
             more[:, : self._outputs.shape[1]] = self._outputs
             self._outputs = more
         self._outputs[self._rows_index, nodes] = g
-        return self._logits(g)  # [b, F, V]
+        return logits
 
     def _fill_for_timing(self, tokens) -> None:
         h = self.model.fc.out_features

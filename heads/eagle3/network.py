@@ -159,7 +159,8 @@ class Eagle3Model(nn.Module):
         """input_ids [b, n] and the features they pair with [b, n, H] (fused target features, or the
         drafter's own outputs) → the layer's pre-norm outputs [b, n, H]. Without ``attention_mask`` the
         attention is causal after whatever ``cache`` holds; positions default to follow it."""
-        past = cache.get_seq_length() if cache is not None else 0
+        # (a static pass's cache, treespec/static_pass.py, has no length to read: it always gives mask and positions)
+        past = cache.get_seq_length() if cache is not None and (attention_mask is None or position_ids is None) else 0
         n = input_ids.shape[1]
         if attention_mask is None:
             attention_mask = causal_mask(n, past, dtype=hidden.dtype, device=hidden.device)

@@ -278,7 +278,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                    stamp: dict | None = None, eos_token_id=None, prompt_info: list[dict] | None = None,
                    held_out: str | None = None, batch_sizes=None, batches: int = 3,
                    batch_cost_sizes=(1, 2, 4, 8, 16, 32), acceptance: str | list[str] = "rejection",
-                   baselines=(), resume: bool = False, journal_config: dict | None = None) -> dict:
+                   baselines=(), resume: bool = False, journal_config: dict | None = None,
+                   compile: bool = False) -> dict:
     """Measure every drafter × tree (and the peers) and write the report; returns results.json's contents.
 
     ``max_new_tokens``: one budget, or one per prompt; ``eos_token_id``: the end tokens every configuration
@@ -295,7 +296,9 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     ``peers=True`` measures all of them in a pass of their own instead. Every run is journaled as it finishes
     (train/compare/journal.py), the baselines' too: with ``resume`` a killed comparison in ``out_dir``
     continues where it stopped, refused if its settings (or ``journal_config``, the job's config) differ; the
-    batch-size pass is measured again whole."""
+    batch-size pass is measured again whole. ``compile``: treespec's configurations, vanilla included, run their
+    target passes and drafting depths as compiled static graphs (generate's ``compile``; bench.measure warms up
+    every shape first)."""
     baselines = list(baselines)
     unknown = [b for b in baselines if b not in PEERS]
     if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
@@ -320,7 +323,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
            # only when given, so a journal begun before these settings existed still resumes
            **({"drafter_trees": {d.name: expand_specs(d.trees) for d in drafters if d.trees}}
               if any(d.trees for d in drafters) else {}),
-           **({"baselines": baselines} if baselines else {})}
+           **({"baselines": baselines} if baselines else {}), **({"compile": True} if compile else {})}
     journal, setup = open_journal(out_dir, key, resume, log)
     if setup is None:
         setup = measure_setup(target, drafters, tree_specs, rules, prompt_info, cost_sizes, context, max_nodes, log)
@@ -364,7 +367,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "settings": {"prompts": len(prompts), "repeats": repeats, "max_new_tokens": max(budgets),
                          "temperature": temperature, "top_p": top_p, "seed": seed, "bootstrap": dict(bootstrap or {}),
                          "end_token_ids": sorted(eos_token_id) if eos_token_id else None,
-                         "context_tokens": context, "held_out": held_out},
+                         "context_tokens": context, "held_out": held_out, "compile": bool(compile)},
             "prompt_info": prompt_info,
             "prompt_of_run": list(prompt_of_run),
             "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
@@ -384,7 +387,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     peer_count = 3 + len({c["drafter"] for c in planned}) + (assistant is not None) if peers else 0
     progress = Progress((len(configs) + 1 + peer_count) * len(order), len(order),
                         sum(map(len, restored.values())), log)
-    common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id}
+    common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id,
+              "compile": compile}
     # every run journaled as it finishes (a resume measures only what is missing), and results.json saved after
     # every prompt run (atomically): report=PATH renders a killed run as a partial one
     rows, prompt_of_run = measure_by_budget(

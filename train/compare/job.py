@@ -157,6 +157,7 @@ def check_config(cfg) -> None:
     config_checks.integer(cfg.get("threads"), "threads", optional=True)
     config_checks.integer(cfg.get("seed") or 0, "seed", 0)
     config_checks.boolean(cfg.get("peers", True), "peers")
+    config_checks.boolean(cfg.get("compile", False), "compile")
     config_checks.boolean(cfg.get("skip_unshipped", False), "skip_unshipped")
     check_baselines(cfg)
     config_checks.boolean(cfg.get("resume", False), "resume")
@@ -414,7 +415,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
                             prompt_info=[p.describe() for p in prompts], held_out=held_out_note,
                             batch_sizes=cfg.get("batch_sizes"), batches=cfg.get("batches", 3),
                             batch_cost_sizes=tuple(cfg.get("batch_cost_sizes") or (1, 2, 4, 8, 16, 32)),
-                            resume=resume, journal_config=journal_config(cfg))
+                            resume=resume, journal_config=journal_config(cfg), compile=bool(cfg.get("compile")))
     logger.finish()
     return result
 
