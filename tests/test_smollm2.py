@@ -232,6 +232,7 @@ DYNAMIC8 = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
     shipped("eagle3", Tree.chain(3), "chain3"), shipped("eagle3", DYNAMIC8, "dynamic8"),
     shipped("eagle", Tree.chain(3), "chain3"), shipped("eagle", DYNAMIC8, "dynamic8"),
     shipped("medusa", Tree.chain(3), "chain3"), shipped("medusa", Tree.full(2, 2), "full2x2"),
+    shipped("draft", Tree.chain(3), "chain3"),
 ])
 def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
     """Each drafter shipped for SmolLM2 reproduces transformers' greedy answer to a chat prompt, token for token,
