@@ -8,7 +8,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict, predict_generation
+from treespec.autotree import (
+    CostModel,
+    EngineCost,
+    choose_tree,
+    cost_at,
+    measure_cost_curve,
+    predict,
+    predict_generation,
+)
 from treespec.bench import Config, measure
 from treespec.heads import DraftModel, PromptLookup, registry
 from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
@@ -98,19 +106,27 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     assert saved["skipped"] == [{"config": "prompt_lookup | accuracy 3", "drafter": "prompt_lookup",
                                  "tree": "accuracy 3", "reason": "prompt_lookup has no measured accuracies"}]
     assert set(saved["accuracy"]) == {"draft", "eagle"}
-    # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost
+    # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost,
+    # and the engine's own cost per step: one cost model, kept in results.json
     after = {int(n): t for n, t in saved["cost_curves_after_drafting"]["eagle"].items()}
     assert set(saved["cost_curves_after_drafting"]) == {"eagle"} and set(after) == {1, 2, 4}
+    costs = CostModel.from_record(saved["cost_models"]["eagle"])
+    engine = EngineCost.from_record(saved["engine"])
+    assert costs.curve == after and costs.draft_cost_per_depth == drafters[2].draft_cost_per_depth
+    assert costs.baseline == saved["cost_curve"]["1"] and costs.engine == engine
     record = next(r for r in saved["records"] if r["config"] == "eagle | chain γ=2")
-    expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], after, drafters[2].draft_cost_per_depth,
-                       baseline=saved["cost_curve"]["1"])
+    expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], costs)
     assert record["predicted_decode_speedup"] == pytest.approx(expected.speedup)
+    assert expected.vanilla == pytest.approx(saved["cost_curve"]["1"] + engine.vanilla)
+    assert expected.step_cost == pytest.approx(cost_at(after, 3) + 2 * drafters[2].draft_cost_per_depth
+                                               + engine.fixed + 3 * engine.per_node)
+    assert record["predicted_step_ms"] == pytest.approx(1e3 * expected.step_cost)
     # the prediction beside a measured speedup is of whole generations: the prefill at each prompt's length
     # (interpolated on the measured prefill curve) and its generation length (6 tokens: no end tokens here), which
     # speculation does not shorten: it pulls the prediction towards 1
     prefill = {int(n): t for n, t in saved["prefill_curve"].items()}
     assert set(prefill) == {10}
-    whole = predict_generation(expected, 10, 6, prefill, saved["cost_curve"]["1"])
+    whole = predict_generation(expected, 10, 6, prefill)
     assert record["predicted_speedup"] == pytest.approx(whole) and abs(whole - 1) < abs(expected.speedup - 1)
     # every configuration's tree is saved, the best one as best_tree.json, and results.md says how to use it
     for rec in saved["records"][1:]:
@@ -125,6 +141,13 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     md = (tmp_path / "results.md").read_text()
     assert "nan" not in md.lower() and "## Summary" in md and stamp["target"]["weights_sha1"][:12] in md
     assert "partial run" not in md and "| draft ms/depth | c |" in md
+    # predicted ÷ measured on every predicted row, and its median over them (scripts/prediction_error.py prints it)
+    rows_md = {line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| eagle | ")}
+    ratio = record["predicted_speedup"] / record["speedup"]
+    assert "| pred ÷ meas |" in md and f"| {ratio:.2f} |" in rows_md["chain γ=2"]
+    assert float(next(r for r in rows if r["config"] == "eagle | chain γ=2")["predicted_over_measured"]) == \
+        pytest.approx(ratio)
+    assert "median |predicted ÷ measured − 1| = " in md
     assert "## By category" in md and "| all speedup | all τ |" in md and "best_tree.json" in md
     assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
     for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
@@ -155,6 +178,14 @@ def test_tiny_comparison_across_batch_sizes(tmp_path):
                for r in section["records"])
     auto = [r for r in section["records"] if r["config"] == "draft | auto"]
     assert all(0 <= r["nodes"] <= 4 for r in auto)  # chosen per batch size; 0 is the empty tree (vanilla)
+    # chosen per batch size from that size's curve, drafting costs and engine cost (one CostModel)
+    assert set(section["engines"]) == {"1", "2"}
+    for r in auto:
+        size = str(r["batch_size"])
+        fixed, per_depth = section["draft_costs"]["draft"][size]
+        costs = CostModel({int(n): t for n, t in section["cost_curves"][size].items()}, fixed, per_depth,
+                          engine=EngineCost.from_record(section["engines"][size]))
+        assert len(choose_tree(drafters[0].accuracy, costs, max_nodes=4)[0].tree) == r["nodes"]
     assert {s["config"] for s in section["skipped"]} == {"prompt_lookup | auto"}  # no accuracies to grow from
     md = (tmp_path / "batch.md").read_text()
     assert "| B | drafter | best tree |" in md and "Where speculation stops paying" in md and "nan" not in md.lower()

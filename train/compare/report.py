@@ -21,6 +21,7 @@ from pathlib import Path
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
+from treespec.train.compare.prediction_error import ratio, summary_line
 from treespec.train.compare.results_file import load_result, save_result
 from treespec.train.compare.specbench import csv_rows as specbench_rows
 from treespec.train.compare.specbench import markdown as specbench_markdown
@@ -177,7 +178,7 @@ def summary_records(a: dict) -> list[dict]:
 
 def grid_table(a: dict) -> tuple[list[str], list[list]]:
     header = ["drafter", "tree", "nodes", "depth", f"τ ({level_text(a)} CI)", "predicted τ", "tokens/s",
-              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "walk ms/pass",
+              f"speedup ({level_text(a)} CI)", "predicted speedup", "pred ÷ meas", "engine overhead", "walk ms/pass",
               "draft ms/depth", "c",
               "vs the run's best"]
     rows = []
@@ -187,7 +188,8 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
                      with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
-                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("walk_ms_per_pass"), ".2f"),
+                     num(ratio(c)), DASH if missing(overhead) else f"{100 * overhead:.1f}%",
+                     num(c.get("walk_ms_per_pass"), ".2f"),
                      num(c.get("draft_ms_per_depth")),
                      num(c.get("c")), VERDICT.get(c.get("verdict"), DASH)])
     return header, rows
@@ -328,6 +330,10 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
     lines += [""] + specbench if specbench else []
     lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
+    predictions = summary_line(result["records"])
+    if predictions:
+        lines += ["", predictions + " \"pred ÷ meas\": the predicted speedup of whole generations (the cost model: "
+                  "target pass, drafting and the engine's own work per step, prefill included) ÷ the measured one."]
     if result.get("skipped"):
         lines += ["", "Not measured (the drafter cannot fill the tree): "
                   + "; ".join(f"{k['config']} ({k['reason']})" for k in result["skipped"]) + "."]
@@ -349,7 +355,8 @@ def csv_rows(a: dict) -> list[dict]:
                     "depth": c["depth"], "tau": tau.value, "tau_lo": tau.lo, "tau_hi": tau.hi,
                     "predicted_tau": c["predicted_tau"], "tokens_per_s": c["tokens_per_s"], "speedup": sp.value,
                     "speedup_lo": sp.lo, "speedup_hi": sp.hi, "predicted_speedup": c["predicted_speedup"],
-                    "target_passes": c["target_passes"], "new_tokens": c["new_tokens"],
+                    "predicted_over_measured": ratio(c), "target_passes": c["target_passes"],
+                    "new_tokens": c["new_tokens"],
                     "overhead_fraction": c.get("overhead_fraction"),
                     "draft_ms_per_depth": c.get("draft_ms_per_depth"), "c": c.get("c"), "vs_best": c.get("verdict")})
     return out
