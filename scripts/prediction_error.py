@@ -1,13 +1,13 @@
 """How well a comparison run's predictions matched what it measured: predicted ÷ measured speedup per
 configuration, the median |predicted ÷ measured − 1| and where tree=auto landed against the best
-(train/compare/prediction_error.py).
+(train/compare/predictions.py).
 
     python scripts/prediction_error.py runs/compare/<run>          # a run folder, or its results.json
 """
 
 import argparse
 
-from treespec.train.compare.prediction_error import text
+from treespec.train.compare.predictions import text
 from treespec.train.compare.results_file import load_result
 
 

@@ -29,33 +29,46 @@ ACC = [[0.8, 0.1], [0.7, 0.1], [0.6], [0.5], [0.4]]
 
 
 def test_fit_recovers_a_line_and_refuses_a_falling_one():
-    e = fit_engine(1.5e-3, 1.0e-3, [(3, 2e-3 + 3 * 1e-5), (9, 2e-3 + 9 * 1e-5), (31, 2e-3 + 31 * 1e-5)])
+    e = fit_engine(0.5e-3, [(3, 2e-3 + 3 * 1e-5), (9, 2e-3 + 9 * 1e-5), (31, 2e-3 + 31 * 1e-5)])
     assert e.vanilla == pytest.approx(0.5e-3) and e.fixed == pytest.approx(2e-3) and e.per_node == pytest.approx(1e-5)
-    flat = fit_engine(1e-3, 1e-3, [(3, 4e-3), (31, 2e-3)])  # a bigger tree never costs the loop less: noise
+    flat = fit_engine(0.0, [(3, 4e-3), (31, 2e-3)])  # a bigger tree never costs the loop less: noise
     assert flat.per_node == 0.0 and flat.fixed == pytest.approx(3e-3) and flat.vanilla == 0.0
-    assert fit_engine(1e-3, 1e-3, [(9, 2e-3)]) == EngineCost(0.0, 2e-3, 0.0)
+    assert fit_engine(0.0, [(9, 2e-3)]) == EngineCost(0.0, 2e-3, 0.0)
     with pytest.raises(ValueError, match="at least one"):
-        fit_engine(1e-3, 1e-3, [])
+        fit_engine(0.0, [])
 
 
-def test_calibration_from_fake_step_times(monkeypatch):
-    """measure_engine_cost's arithmetic: step times made of the curve's T(N) plus a known engine cost come back as
-    that engine cost; vanilla and every tree are timed in interleaved rounds after an untimed one."""
+def test_calibration_from_fake_timers(monkeypatch):
+    """measure_engine_cost's arithmetic: each round's steps minus the pass alone timed right before them, the median
+    over rounds, a line through the tree sizes. The machine's speed changes between rounds (every time doubles in
+    round 2) and one round's steps hold a slow outlier: the engine cost comes back as the one put in all the same;
+    vanilla and every tree are timed in interleaved rounds after an untimed one."""
     calls = []
+    sizes = [None] + [t.num_nodes for t in engine_cost.CALIBRATION_TREES]
+    speed = lambda: 2.0 if len(calls) // (2 * len(sizes)) == 2 else 1.0  # round 2 (of 0..3) runs slow
 
-    def fake(target, prompt, steps, tree=None, drafter=None):
-        calls.append((None if tree is None else tree.num_nodes, steps))
+    def fake_pass(target, nodes, past_len, batch=1, repeats=8):
+        alone = speed() * cost_at(CURVE, nodes)
+        calls.append(("pass", nodes))
+        return alone
+
+    def fake_steps(target, prompt, steps, tree=None, drafter=None):
         if tree is None:
-            return [cost_at(CURVE, 1) + 0.4e-3] * (steps - 1)
-        assert isinstance(drafter, PlaceholderDrafter) and drafter.default_tree == tree
-        return [cost_at(CURVE, tree.num_nodes) + 1.5e-3 + 2e-5 * tree.num_nodes] * (steps - 1)
+            times = [speed() * (cost_at(CURVE, 1) + 0.4e-3)] * (steps - 1)
+        else:
+            assert isinstance(drafter, PlaceholderDrafter) and drafter.default_tree == tree
+            times = [speed() * (cost_at(CURVE, tree.num_nodes) + 1.5e-3 + 2e-5 * tree.num_nodes)] * (steps - 1)
+        calls.append(("steps", None if tree is None else tree.num_nodes, steps))
+        return times[:-1] + [1.0]  # one step caught a slow spell: the median ignores it
 
-    monkeypatch.setattr(engine_cost, "step_times", fake)
-    e = measure_engine_cost(tiny_llama(seed=0), CURVE, past_len=16, steps=6, repeats=2)
+    monkeypatch.setattr(engine_cost, "pass_time", fake_pass)
+    monkeypatch.setattr(engine_cost, "step_times", fake_steps)
+    e = measure_engine_cost(tiny_llama(seed=0), past_len=16, steps=6, repeats=3)
     assert e.vanilla == pytest.approx(0.4e-3) and e.fixed == pytest.approx(1.5e-3)
     assert e.per_node == pytest.approx(2e-5)
-    sizes = [None] + [t.num_nodes for t in engine_cost.CALIBRATION_TREES]
-    assert calls == [(n, 3) for n in sizes] + [(n, 6) for n in sizes] * 2
+    rounds = [[("pass", n or 1), ("steps", n, count)] for n in sizes for count in [3]] + \
+        [[("pass", n or 1), ("steps", n, 6)] for _ in range(3) for n in sizes]
+    assert calls == [c for pair in rounds for c in pair]
 
 
 def test_step_clock_times_every_step_and_the_placeholder_is_lossless():

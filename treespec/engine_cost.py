@@ -9,10 +9,12 @@ How it is measured: generate() decodes a random prompt of the curve's context le
 (vanilla) and once per calibration tree with ``PlaceholderDrafter``, which proposes that tree's shape with one
 placeholder token everywhere and runs no model. A ``StepClock`` observer notes when each step's walk starts
 (every step, plain or speculative, walks once), so consecutive starts are one whole step apart: no prefill, no
-warm-up and no end-of-budget step is mixed in, and the median over steps stands up to a busy machine. A step's
-time minus the curve's T(N) is the engine's cost at N nodes (what a pass inside decoding costs beyond the
-curve's pass is part of it, which is what a prediction must add); ``fit_engine`` puts a line through the tree
-sizes: ``fixed + per_node · N``, and vanilla's own value beside it.
+warm-up and no end-of-budget step is mixed in, and the median over steps stands up to a busy machine. Right
+before each such generation the target's pass over the same N tokens is timed alone (``pass_time``, as the cost
+curve times it); the step's median minus that pass is the engine's cost at N nodes, so a machine that speeds up
+or slows down between the curve and the calibration moves neither. What a pass inside decoding costs beyond the
+pass alone is part of it, which is what a prediction must add. ``fit_engine`` puts a line through the tree sizes,
+``fixed + per_node · N``, and keeps vanilla's own value beside it; each size's value is the median over rounds.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from contextlib import contextmanager
 
 import torch
 
-from treespec.autotree import EngineCost, cost_at
+from treespec.autotree import EngineCost
 from treespec.drafter import Drafter, Proposals
 from treespec.generate import generate
 from treespec.inputs import max_positions
-from treespec.timing import WALK, StepTimer
+from treespec.timing import WALK, StepTimer, forward_time
 from treespec.tree import Tree
 
 #: the trees the engine is timed on: N = 3, 9, 31 and 73 nodes (root included), chains and branching trees
@@ -79,11 +81,11 @@ def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = Non
     return clock.step_seconds()[: steps - 1]
 
 
-def fit_engine(vanilla_step: float, one_token: float, points: list[tuple[int, float]]) -> EngineCost:
-    """The EngineCost of measured steps: ``vanilla_step`` (a vanilla step's seconds) beyond ``one_token`` (the
-    curve's T(1)), and ``points`` (tree nodes N, a speculative step's seconds beyond the curve's T(N)) fitted by
-    least squares as fixed + per_node · N. A slope below 0 is noise (a bigger tree never costs the loop less):
-    then a flat line through their mean."""
+def fit_engine(vanilla: float, points: list[tuple[int, float]]) -> EngineCost:
+    """The EngineCost of measured steps: ``vanilla`` (a vanilla step's seconds beyond its pass) and ``points`` (tree
+    nodes N, a speculative step's seconds beyond its pass over N tokens) fitted by least squares as fixed +
+    per_node · N. A slope below 0 is noise (a bigger tree never costs the loop less): then a flat line through their
+    mean."""
     if not points:
         raise ValueError("fit_engine needs at least one (tree nodes, seconds) point")
     xs, ys = [float(n) for n, _ in points], [float(s) for _, s in points]
@@ -91,13 +93,21 @@ def fit_engine(vanilla_step: float, one_token: float, points: list[tuple[int, fl
     spread = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread > 0 else 0.0
     slope = max(0.0, slope)
-    return EngineCost(vanilla=vanilla_step - one_token, fixed=mean_y - slope * mean_x, per_node=slope)
+    return EngineCost(vanilla=vanilla, fixed=mean_y - slope * mean_x, per_node=slope)
+
+
+def pass_time(target, nodes: int, past_len: int, batch: int = 1, repeats: int = 8) -> float:
+    """Median seconds of the target's pass alone over ``nodes`` tokens per row after ``past_len`` cached ones (the
+    cost curve's timing, ``autotree.measure_cost_curve``)."""
+    return forward_time(target, n_tokens=nodes, past_len=past_len, repeats=repeats, batch=batch)
 
 
 def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
                    batch: int = 1, seed: int = 0) -> tuple[list[float], dict[Tree, list[float]]]:
-    """(vanilla's step seconds, {tree: its step seconds}) over ``repeats`` rounds, vanilla and every tree
-    interleaved in each, after one untimed round (lazy initialisation), on a random [batch, past_len] prompt."""
+    """(vanilla's engine seconds per step, {tree: its engine seconds per step}), one value per round: the median
+    step minus the pass alone timed right before it (module docstring). ``repeats`` rounds, vanilla and every
+    tree interleaved in each, after one untimed round (lazy initialisation), on a random [batch, past_len]
+    prompt."""
     vocab = target.get_output_embeddings().weight.shape[0]
     limit = max_positions(target.config)  # the prompt, the budget and the deepest tree must fit
     if limit is not None:
@@ -105,24 +115,24 @@ def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int
     prompt = torch.randint(0, vocab, (batch, past_len), generator=torch.Generator().manual_seed(seed))
     prompt = prompt.to(target.device)
     token = int(prompt[0, 0])  # a placeholder the target rarely continues with after itself
-    drafters = {tree: PlaceholderDrafter(tree, token) for tree in trees}
-    vanilla, by_tree = [], {tree: [] for tree in trees}
+    configs = [(None, None)] + [(tree, PlaceholderDrafter(tree, token)) for tree in trees]
+    samples = {tree: [] for tree, _ in configs}
     for round_ in range(repeats + 1):
-        keep = round_ > 0
-        times = step_times(target, prompt, steps if keep else 3)
-        vanilla += times if keep else []
-        for tree, drafter in drafters.items():
-            times = step_times(target, prompt, steps if keep else 3, tree, drafter)
-            by_tree[tree] += times if keep else []
-    return vanilla, by_tree
+        for tree, drafter in configs:
+            nodes = 1 if tree is None else tree.num_nodes
+            alone = pass_time(target, nodes, past_len, batch)
+            times = step_times(target, prompt, steps if round_ else 3, tree, drafter)
+            if round_ and times:
+                samples[tree].append(statistics.median(times) - alone)
+    vanilla = samples.pop(None)
+    return vanilla, samples
 
 
-def measure_engine_cost(target, curve: dict[int, float], *, past_len: int = 256, trees=CALIBRATION_TREES,
-                        steps: int = 16, repeats: int = 3, batch: int = 1, seed: int = 0) -> EngineCost:
-    """The engine's cost per step on ``target`` (module docstring), beyond ``curve`` (the target's cost curve alone,
-    measured at ``past_len`` cached tokens over ``batch`` rows, as ``autotree.measure_cost_curve`` measures it)."""
+def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
+                        batch: int = 1, seed: int = 0) -> EngineCost:
+    """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
+    beyond the target's pass as ``autotree.measure_cost_curve`` times it."""
     vanilla, by_tree = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
                                       batch=batch, seed=seed)
-    points = [(tree.num_nodes, statistics.median(times) - cost_at(curve, tree.num_nodes))
-              for tree, times in by_tree.items() if times]
-    return fit_engine(statistics.median(vanilla), cost_at(curve, 1), points)
+    points = [(tree.num_nodes, statistics.median(values)) for tree, values in by_tree.items() if values]
+    return fit_engine(statistics.median(vanilla), points)

@@ -95,7 +95,7 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
         log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
         curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
         out["cost_curves"][str(size)] = curve
-        engine = measure_engine_cost(target, curve, past_len=past_len, batch=size, steps=8, repeats=2)
+        engine = measure_engine_cost(target, past_len=past_len, batch=size, steps=8, repeats=2)
         out["engines"][str(size)] = engine.record()
         target_step = forward_step(target, 1, past_len, batch=size)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}

@@ -244,7 +244,7 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
             log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
                                                            curves[d.name].items()))
     # the loop's own work around each pass (walk, compaction, masks, Python), timed in the loop at this context
-    engine = measure_engine_cost(target, curve, past_len=context)
+    engine = measure_engine_cost(target, past_len=context)
     log(f"engine, beyond the curve's pass: {1e3 * engine.vanilla:.2f} ms per vanilla step, {1e3 * engine.fixed:.2f} ms "
         f"+ {1e3 * engine.per_node:.3f} ms per tree node per speculative step")
     costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}

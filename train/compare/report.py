@@ -21,7 +21,7 @@ from pathlib import Path
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
-from treespec.train.compare.prediction_error import ratio, summary_line
+from treespec.train.compare.predictions import ratio, summary_line
 from treespec.train.compare.results_file import load_result, save_result
 from treespec.train.compare.specbench import csv_rows as specbench_rows
 from treespec.train.compare.specbench import markdown as specbench_markdown
