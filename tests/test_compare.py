@@ -8,6 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from treespec import generate
 from treespec.autotree import (
     CostModel,
     EngineCost,
@@ -18,7 +19,7 @@ from treespec.autotree import (
     predict_generation,
 )
 from treespec.bench import Config, measure
-from treespec.heads import DraftModel, PromptLookup, registry
+from treespec.heads import DraftModel, PromptLookup, load_profile, registry
 from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
@@ -352,3 +353,31 @@ def test_sampled_chains_are_predicted_per_rule(tmp_path):
     assert rows["draft | full 2×2 | traversal"]["predicted_tau"] is None
     assert any("accuracy trees grow top-k ranks" in s["reason"] for s in result["skipped"])
     assert result["chain_tau"]["draft"]["drafts"] == chain.drafts
+    # generate()'s auto, with the profile the run kept, chooses under each rule the chain the run chose
+    profile = load_profile(tmp_path / result["profiles"]["draft"])
+    for rule in ("rejection", "block", "traversal"):
+        out = generate(target, prompts[0], drafter=drafter, tree={"kind": "auto"}, profile=profile, max_new_tokens=6,
+                       temperature=1.0, acceptance=rule, generator=torch.Generator().manual_seed(0))
+        assert out.tree == build_tree(rows[f"draft | auto | {rule}"]["tree_spec"])
+
+
+def test_generate_auto_chooses_the_comparisons_tree(tmp_path):
+    """The run keeps each drafter's cost model and accuracies (profiles/<drafter>/): generate(tree=auto) with them
+    picks the tree the run's auto picked, from the same numbers, and results.md says how."""
+    target = tiny_llama(seed=0)
+    draft = perturbed(target, 0.05)
+    windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    accuracy = draft_model_accuracy(target, draft, windows, depth=3, top_k=3)
+    drafters = [DrafterSpec("draft", DraftModel(draft), accuracy, draft_cost_per_depth=1e-4, draft_cost_fixed=2e-4)]
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(0))]
+    result = run_comparison(target, drafters, [{"kind": "auto", "max_nodes": 8}], prompts, max_new_tokens=6,
+                            cost_sizes=(1, 2, 4, 8), peers=False, out_dir=tmp_path, log=lambda *_: None)
+    folder = tmp_path / result["profiles"]["draft"]
+    profile = load_profile(folder)
+    assert profile.accuracy == accuracy and profile.costs == CostModel.from_record(result["cost_models"]["draft"])
+    assert profile.costs.draft_cost_fixed == 2e-4 and profile.costs.engine == EngineCost.from_record(result["engine"])
+    out = generate(target, prompts[0], drafter=DraftModel(draft), tree={"kind": "auto", "max_nodes": 8},
+                   profile=profile, max_new_tokens=6)
+    auto = next(r for r in result["records"] if r["config"] == "draft | auto")
+    assert out.tree == build_tree(auto["tree_spec"]) == choose_tree(accuracy, profile.costs, max_nodes=8)[0].tree
+    assert f'load_profile("{folder.as_posix()}")' in (tmp_path / "results.md").read_text()

@@ -49,6 +49,7 @@ from treespec.generate import GenerationResult
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.journal import open_journal
 from treespec.train.compare.passes import measure_by_budget, measuring_order
+from treespec.train.compare.profile_folders import write_profiles
 from treespec.train.compare.progress import Progress
 from treespec.train.compare.report import write_outputs
 from treespec.train.compare.results_file import save_result
@@ -342,6 +343,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         setup = measure_setup(target, drafters, tree_specs, rules, prompt_info, cost_sizes, context, max_nodes, log)
         journal.start(key, setup)
     log(f"every run is kept in {journal.path} as it finishes: resume=true run_dir={out_dir} continues a killed run")
+    # each drafter's measurements, for generate(tree={"kind": "auto"}, profile=load_profile(folder)) to choose as here
+    profiles = write_profiles(out_dir, drafters, setup.get("cost_models"), context_tokens=context)
     curve, curves, prefill = setup["cost_curve"], setup["cost_curves_after_drafting"], setup["prefill_curve"]
     meta, skipped, planned = setup["meta"], setup["skipped"], setup["configs"]
     by_drafter = {d.name: d for d in drafters}
@@ -384,7 +387,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "prompt_info": prompt_info,
             "prompt_of_run": list(prompt_of_run),
             "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
-            "engine": setup.get("engine"), "cost_models": setup.get("cost_models"),
+            "engine": setup.get("engine"), "cost_models": setup.get("cost_models"), "profiles": profiles,
             "records": records, "skipped": skipped,
             "best": best_of(rows),
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
