@@ -315,7 +315,7 @@ def workload_prompts(cfg, target, tokenizer, log=print):
             return None
         made = continuation_windows(target, template, workload.held_out, new_tokens=int(w.get("held_out_tokens", 128)),
                                     lead=LEAD, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                                    max_prompt_tokens=w.get("max_prompt_tokens"))
+                                    max_prompt_tokens=w.get("max_prompt_tokens"), log=log)
         return [x.to(device) for x in made] or None
 
     if w.source == "reference":
