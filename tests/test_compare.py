@@ -380,4 +380,9 @@ def test_generate_auto_chooses_the_comparisons_tree(tmp_path):
                    profile=profile, max_new_tokens=6)
     auto = next(r for r in result["records"] if r["config"] == "draft | auto")
     assert out.tree == build_tree(auto["tree_spec"]) == choose_tree(accuracy, profile.costs, max_nodes=8)[0].tree
-    assert f'load_profile("{folder.as_posix()}")' in (tmp_path / "results.md").read_text()
+    md = (tmp_path / "results.md").read_text()
+    assert f'load_profile("{folder.as_posix()}")' in md
+    tree = out.tree  # the tables say what auto chose
+    label = "none" if not len(tree) else f"chain γ={tree.depth}" if tree.is_chain else \
+        f"{len(tree)} nodes, depth {tree.depth}"
+    assert f"| draft | auto → {label} |" in md

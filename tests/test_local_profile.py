@@ -140,3 +140,41 @@ def test_chain_tau_files_round_trip_and_bad_ones_are_named(tmp_path):
     with pytest.raises(ValueError, match="chain τ file .*sampling, tau, stderr and drafts"):
         chain_tau.read_chain_tau(tmp_path)
     assert Tree.chain(0) == build_tree({"kind": "chain", "depth": 0})
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa", "medusa2"])
+def test_every_shipped_drafter_chooses_auto(name, tmp_path, monkeypatch):
+    """generate(tree=auto) with a shipped drafter and load_profile(its source, target): its cost curve measured
+    here (faked: a curve shipped from another machine is not used), its shipped accuracies; the tree it reports
+    is the one the profile's cost model chooses, and greedy output stays the target's."""
+    from treespec import reference
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    calls = counting(monkeypatch, local_profile, "measure_cost_model", FAKE)
+    target = reference.load_model(reference.MODELS_DIR / "medusa2" / "target")[0] if name == "medusa2" else \
+        reference.load("target")[0]
+    profile = load_profile(f"reference:{name}", target, log=lambda *_: None)
+    assert len(calls) == 1 and profile.costs == FAKE and profile.accuracy
+    prompt = torch.tensor([reference.load("target")[1]("def fibonacci(n):\n").input_ids])
+    out = generate(target, prompt, drafter=load(f"reference:{name}", target), tree={"kind": "auto", "max_nodes": 8},
+                   profile=profile, max_new_tokens=8)
+    assert out.tree == auto_chooser(FAKE)(profile.accuracy, 8) and len(out.tree) > 0
+    assert torch.equal(out.sequences, generate(target, prompt, max_new_tokens=8).sequences)
+
+
+def test_a_shipped_drafter_sampling_under_block_measures_its_chain_tau(tmp_path, monkeypatch):
+    """The issue's case: a shipped EAGLE loaded with candidates="sample", tree=auto at T = 1 under block
+    verification: its chain τ is measured on first use, and auto picks a chain block verifies."""
+    from treespec import reference
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    counting(monkeypatch, local_profile, "measure_cost_model", FAKE)
+    target, tokenizer = reference.load("target")
+    prompt = tokenizer("import os\n", return_tensors="pt").input_ids
+    profile = load_profile("reference:eagle", target, log=lambda *_: None)
+    out = generate(target, prompt, drafter=load("reference:eagle", target, candidates="sample"),
+                   tree={"kind": "auto"}, profile=profile, max_new_tokens=8, temperature=1.0, acceptance="block",
+                   generator=torch.Generator().manual_seed(0))
+    held = profile.chain_tau_at(Sampling(1.0))
+    assert out.tree.is_chain and out.tree == auto_chooser(FAKE)(held.source("block"), 64)
+    assert held.drafts > 0 and held.tau["block"][0] == 1.0

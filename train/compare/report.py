@@ -103,12 +103,24 @@ def label_variants(result: dict, configs, measured) -> None:
     rules = {c.get("acceptance") or "rejection" for c in measured}
     modes = {candidates_of(c) for c in measured}
     for c in configs:
-        parts = [c["tree"]]
+        parts = [chosen(c)]
         if c["config"] != "vanilla" and len(rules) > 1:
             parts.append(c.get("acceptance") or "rejection")
         if c["config"] != "vanilla" and len(modes) > 1:
             parts.append(f"{candidates_of(c)} candidates")
         c["shown"] = ", ".join(parts)
+
+
+def chosen(c: dict) -> str:
+    """A configuration's tree label; an ``auto`` one says what it chose: "auto → chain γ=4", "auto → 12 nodes,
+    depth 5", "auto → none" (no drafting)."""
+    spec = c.get("tree_spec")
+    if c.get("tree") != "auto" or not isinstance(spec, dict) or spec.get("kind") not in ("paths", "chain"):
+        return c["tree"]
+    tree = build_tree(spec)
+    if not len(tree):
+        return "auto → none"
+    return "auto → " + (f"chain γ={tree.depth}" if tree.is_chain else f"{len(tree)} nodes, depth {tree.depth}")
 
 
 VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"}
