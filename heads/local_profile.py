@@ -47,14 +47,16 @@ def about(target, drafter_key: str, past_len: int = PAST_LEN) -> dict:
             "drafter": drafter_key, "past_len": past_len}
 
 
-def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES) -> CostModel:
-    """``drafter``'s cost model on ``target`` on this device (module docstring)."""
-    curve = measure_cost_curve(target, sizes, past_len=past_len)
+def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES,
+                       engine_rounds: int = 3) -> CostModel:
+    """``drafter``'s cost model on ``target`` on this device (module docstring): the curves at ``sizes`` tree tokens,
+    the engine's cost in ``engine_rounds`` rounds."""
+    curve = measure_cost_curve(target, tuple(sizes), past_len=past_len)
     step = drafting_step(drafter)
-    after = measure_cost_curve(target, sizes, past_len=past_len, before=step) if step is not None else curve
+    after = measure_cost_curve(target, tuple(sizes), past_len=past_len, before=step) if step is not None else curve
     drafter.reset()
     fixed, per_depth = drafting_costs(drafter, forward_step(target, 1, past_len))
-    engine = measure_engine_cost(target, past_len=past_len)
+    engine = measure_engine_cost(target, past_len=past_len, repeats=engine_rounds)
     return CostModel(after, fixed, per_depth, cost_at(curve, 1), engine)
 
 

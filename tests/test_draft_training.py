@@ -114,9 +114,9 @@ def test_bad_draft_configs_are_refused_before_any_model_loads(override, message)
 
 def test_a_run_exports_a_model_folder_that_loads_and_decodes_losslessly_and_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
-    # the export's cost curves at three sizes, briefly timed: most of a run's time otherwise
+    # the export's cost curves (three sizes: heads_cfg) briefly timed: most of a run's time otherwise
     monkeypatch.setattr(local_profile, "measure_cost_curve", lambda model, sizes, past_len, before=None:
-                        measure_cost_curve(model, (1, 2, 4), past_len=8, repeats=2, before=before))
+                        measure_cost_curve(model, sizes, past_len=8, repeats=2, before=before))
     target_dir = tiny_chat_target(tmp_path / "target")
     source = write_jsonl(tmp_path / "chat.jsonl", conversations(40))
     common = [*TINY_DRAFT, "trainer.max_steps=8", "optim.lr=1e-2", "eval.expected_tau=null"]

@@ -334,8 +334,10 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
         rows.append(("target", target_lines(result.eval_metrics, summary, target_name)))
     # beside the accuracies, this machine's cost model (and the chain τ of sampled candidates), measured as
     # load_profile and the comparison measure them: what generate(tree={"kind": "auto"}) chooses with
+    measured = cfg.eval.get("profile") or {}
     costs = save_profile(cfg.export_dir, decoder, registry.get(d.name).loads_as, recipe.module, recipe.drafter(),
-                         data.val_windows, eval_temperature=cfg.eval.get("temperature", 0.0), seed=cfg.seed)
+                         data.val_windows, eval_temperature=cfg.eval.get("temperature", 0.0), seed=cfg.seed,
+                         **{k: v for k, v in measured.items() if k in ("cost_sizes", "engine_rounds", "chain_windows")})
     summary.update(final_metrics)
     probe_acc = probe.last() if probe is not None else None
     tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None

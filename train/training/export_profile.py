@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from treespec.autotree import COST_CURVE_FILE, write_cost_record
+from treespec.autotree import COST_CURVE_FILE, DEFAULT_SIZES, write_cost_record
 from treespec.chain_tau import DEPTH, measure_chain_tau, save_chain_tau
 from treespec.heads import registry
 from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
@@ -24,7 +24,7 @@ from treespec.sampling import Sampling
 from treespec.train.training.data import own_continuations
 
 LEAD = 16        # prompt tokens kept before each continuation (as the comparison measures chain τ)
-WINDOWS = 8      # held-out windows continued for chain τ
+WINDOWS = 8      # held-out windows continued for chain τ (default)
 NEW_TOKENS = 64  # tokens the target writes after each
 
 
@@ -35,12 +35,15 @@ def chain_samplings(eval_temperature: float) -> list[Sampling]:
 
 
 def save_profile(folder, target, kind_name: str, module, drafter, windows: torch.Tensor, *,
-                 eval_temperature: float = 0.0, seed: int = 0, log=print) -> dict:
+                 eval_temperature: float = 0.0, seed: int = 0, cost_sizes=DEFAULT_SIZES, engine_rounds: int = 3,
+                 chain_windows: int = WINDOWS, log=print) -> dict:
     """Write cost_curve.json and (for a kind that samples candidates) chain_tau.json into ``folder`` (module
     docstring); returns the cost record. ``drafter``: the trained module as its top-k Drafter; ``windows`` [n, S]:
-    held-out token windows."""
+    held-out token windows, the first ``chain_windows`` continued for chain τ; ``cost_sizes`` and ``engine_rounds``
+    as ``heads.local_profile.measure_cost_model`` takes them (conf/train_heads.yaml's eval.profile)."""
     folder = Path(folder)
-    record = measure_cost_model(target, drafter).record(**about(target, files_fingerprint(folder)))
+    costs = measure_cost_model(target, drafter, sizes=cost_sizes, engine_rounds=engine_rounds)
+    record = costs.record(**about(target, files_fingerprint(folder)))
     write_cost_record(folder / COST_CURVE_FILE, record)
     kind = registry.get(kind_name)
     if "sample" not in kind.candidate_modes or windows is None or windows.shape[1] < 2:
@@ -50,9 +53,9 @@ def save_profile(folder, target, kind_name: str, module, drafter, windows: torch
     context = min(64, windows.shape[1] - 1)
     measured = []
     for sampling in chain_samplings(eval_temperature):
-        text = own_continuations(target, windows[:WINDOWS].to(target.device), context=context, new_tokens=NEW_TOKENS,
-                                 lead=min(LEAD, context), temperature=sampling.temperature, top_p=sampling.top_p,
-                                 seed=seed)
+        text = own_continuations(target, windows[:chain_windows].to(target.device), context=context,
+                                 new_tokens=NEW_TOKENS, lead=min(LEAD, context), temperature=sampling.temperature,
+                                 top_p=sampling.top_p, seed=seed)
         measured.append(measure_chain_tau(target, sampler, text, depth=depth, sampling=sampling,
                                           lead=min(LEAD, context), generator=torch.Generator().manual_seed(seed)))
         log(f"chain τ of sampled candidates at T={sampling.temperature}, γ = 0..{depth}: " + "; ".join(
