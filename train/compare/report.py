@@ -159,11 +159,11 @@ def vanilla_spread(result: dict, a: dict) -> dict | None:
 def summary_table(a: dict) -> tuple[list[str], list[list]]:
     peer_names = [p["name"] for p in a["peers"]]
     header = ["drafter", "best tree", "nodes", f"τ ({level_text(a)} CI)", f"speedup ({level_text(a)} CI)",
-              "predicted speedup", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
+              "predicted speedup", "pred ÷ meas", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
     rows = []
     for drafter, c in a["bests"].items():
         rows.append([drafter, c["shown"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
-                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(c.get("c"))]
+                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(ratio(c)), num(c.get("c"))]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
                     + [VERDICT.get(c["verdict"], DASH)])
     return header, rows
@@ -178,6 +178,7 @@ def summary_records(a: dict) -> list[dict]:
             e = c[f"{key}_est"]
             row.update({key: e.value, f"{key}_lo": e.lo, f"{key}_hi": e.hi})
         row["predicted_speedup"] = c["predicted_speedup"]
+        row["predicted_over_measured"] = ratio(c)
         row["c"] = c.get("c")
         for p in a["peers"]:
             e = p["ratios"].get(drafter) or Estimate(math.nan)
