@@ -36,6 +36,8 @@ def test_fit_recovers_a_line_and_refuses_a_falling_one():
     assert fit_engine(0.0, [(9, 2e-3)]) == EngineCost(0.0, 2e-3, 0.0)
     with pytest.raises(ValueError, match="at least one"):
         fit_engine(0.0, [])
+    with pytest.raises(ValueError, match="steps >= 2"):
+        measure_engine_cost(tiny_llama(seed=0), steps=1)
 
 
 def test_calibration_from_fake_timers(monkeypatch):

@@ -131,6 +131,30 @@ def test_sampled_candidates_measure_their_chain_tau_once(eagle_folder, monkeypat
                     max_new_tokens=4).tree == auto_chooser(FAKE)(ACC, 4)
 
 
+def test_cache_keys_follow_the_weights_and_the_machine(eagle_folder):
+    """A target is known by its weights, a drafter by its files' bytes, a machine by its device and threads: each
+    change is another key (another measurement), the same ones the same key."""
+    target, folder = eagle_folder
+    key = local_profile.files_fingerprint(folder)
+    assert fingerprint(target) == fingerprint(tiny_llama(seed=0)) != fingerprint(tiny_llama(seed=1))
+    changed = tiny_llama(seed=0)
+    with torch.no_grad():
+        changed.model.norm.weight[0] += 1.0
+    assert fingerprint(changed) != fingerprint(target)
+    weights = next(folder.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert local_profile.files_fingerprint(folder) != key
+    threads = torch.get_num_threads()
+    try:
+        mine = machine("cpu")
+        torch.set_num_threads(threads + 1)
+        assert machine("cpu") != mine and machine("cpu")["threads"] == threads + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_chain_tau_files_round_trip_and_bad_ones_are_named(tmp_path):
     m = chain_tau.ChainTau(Sampling(0.7, 0.9), {"rejection": [1.0, 1.5], "block": [1.0, 1.6]},
                            {"rejection": [0.0, 0.1], "block": [0.0, 0.1]}, 12)

@@ -132,6 +132,9 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
                         batch: int = 1, seed: int = 0) -> EngineCost:
     """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
     beyond the target's pass as ``autotree.measure_cost_curve`` times it."""
+    if steps < 2 or repeats < 1 or not trees:
+        raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
+                         f"steps={steps}, repeats={repeats}, {len(trees)} trees")
     vanilla, by_tree = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
                                       batch=batch, seed=seed)
     points = [(tree.num_nodes, statistics.median(values)) for tree, values in by_tree.items() if values]

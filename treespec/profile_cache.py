@@ -23,6 +23,7 @@ from treespec.gguf_models import cache_root
 from treespec.io import atomic_write_json, read_json
 
 FORMAT = 1  # bump when what a cached record means changes: older entries are then measured again
+WHAT = {"cost_model": "cost model on this machine", "chain_tau": "chain τ at this sampling"}  # for the log line
 
 
 def fingerprint(*modules) -> str:
@@ -76,7 +77,7 @@ def cached(kind: str, name: str, measure: Callable[[], dict], log=print) -> dict
     path = entry(kind, name)
     if path.is_file():
         return read_json(path, f"cached {kind} record", dict)
-    log(f"measuring this drafter's {kind.replace('_', ' ')} once on this machine (cached in {path.parent})")
+    log(f"measuring this drafter's {WHAT.get(kind, kind)} once (cached in {path.parent})")
     record = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record, indent=1)
