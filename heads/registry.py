@@ -8,6 +8,7 @@ conf/drafter/<name>.yaml describes each one's settings once. Adding a kind: its 
     drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
     drafter = load("/path/to/any/checkpoint", target)              # the "auto" kind: treespec.heads.load
     profile = load_profile("/path/to/any/checkpoint")              # its measurements (treespec/profile.py)
+    profile = load_profile("reference:eagle", target)              # what lacks on this machine measured (cached)
 """
 
 from __future__ import annotations
@@ -15,8 +16,20 @@ from __future__ import annotations
 from torch import nn
 
 from treespec.autotree import read_cost_curve
+from treespec.chain_tau import read_chain_tau
 from treespec.drafter import CANDIDATE_MODES, Drafter
-from treespec.heads import draft_model, eagle, eagle3, lookahead, medusa, prompt_lookup, recycling, rest, suffix
+from treespec.heads import (
+    draft_model,
+    eagle,
+    eagle3,
+    local_profile,
+    lookahead,
+    medusa,
+    prompt_lookup,
+    recycling,
+    rest,
+    suffix,
+)
 from treespec.heads.accuracy import read_accuracy
 from treespec.heads.detect import Found, formats, resolve_source
 from treespec.heads.detect import detect as detect_in
@@ -130,9 +143,19 @@ def load(source, target, *, format: str = "auto", aux_layers=None, written_by: s
     return AUTO.make(module, candidates)
 
 
-def load_profile(source) -> DrafterProfile:
-    """What a drafter's folder holds beside its weights: its measured accuracies (head_accuracy.json) and this
-    device's cost curve (cost_curve.json), so that generate(..., profile=) can grow ``{"kind": "accuracy"}`` and
-    ``{"kind": "auto"}`` trees for it (treespec.tree_spec). Either may be missing (None)."""
+def load_profile(source, target=None, *, log=print) -> DrafterProfile:
+    """What a drafter's folder holds beside its weights, so that generate(..., profile=) can grow
+    ``{"kind": "accuracy"}`` and ``{"kind": "auto"}`` trees for it (treespec.tree_spec): its measured accuracies
+    (head_accuracy.json), its cost curve (cost_curve.json) and its chain τ of sampled candidates (chain_tau.json).
+    Any may be missing (None).
+
+    With its ``target``, what is missing on this machine is measured once on first use and cached
+    (heads/local_profile.py): the cost curve, when the folder holds none measured here for this target (the
+    shipped drafters' are not), now; a chain τ at a sampling it lacks, when "auto" first needs it."""
     folder = resolve_source(source)
-    return DrafterProfile.from_cost_curve(read_accuracy(folder), read_cost_curve(folder))
+    accuracy, chains = read_accuracy(folder), read_chain_tau(folder) or None
+    if target is None:
+        return DrafterProfile.from_cost_curve(accuracy, read_cost_curve(folder), chains)
+    record = local_profile.cost_record(target, load(folder, target), folder, log)
+    measure = local_profile.chain_tau_measurer(target, folder, log)
+    return DrafterProfile.from_cost_curve(accuracy, record, chains, measure)

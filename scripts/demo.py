@@ -2,6 +2,7 @@
 
     python scripts/demo.py                       # greedy, 6 prompts, 96 new tokens each
     python scripts/demo.py --temperature 1.0     # lossless sampling
+    python scripts/demo.py --auto                # also tree=auto with the shipped EAGLE: which tree it chose
 """
 
 import argparse
@@ -10,7 +11,7 @@ import torch
 
 from treespec import Tree, generate, reference
 from treespec.bench import Config, markdown_table, measure
-from treespec.heads import DraftModel, PromptLookup
+from treespec.heads import DraftModel, PromptLookup, load, load_profile
 
 
 def main() -> None:
@@ -21,6 +22,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--auto", action="store_true", help="also decode with the shipped EAGLE and tree=auto (its "
+                        "cost curve is measured on this machine once, then cached) and print the tree it chose")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,6 +50,11 @@ def main() -> None:
                    temperature=args.temperature, top_p=args.top_p)
     print("\nprompt tail + continuation (speculative):\n" + "-" * 60)
     print(tokenizer.decode(out.sequences[0, -48 - 32 :]))
+    if args.auto:
+        out = generate(target, prompts[0], drafter=load("reference:eagle", target), tree={"kind": "auto"},
+                       profile=load_profile("reference:eagle", target), max_new_tokens=48,
+                       temperature=args.temperature, top_p=args.top_p)
+        print(f"\ntree=auto with the shipped EAGLE chose {out.tree!r} (τ {out.mean_accept_length:.2f})")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
 
 For another target than the code reference (``--target smollm2``), the drafter goes to treespec/models/<target>/
 <name>, and keeps the head_accuracy.json its export measured on the run's held-out conversations (the stdlib
-windows are not its workload). ``--cost-curve`` re-measures cost_curve.json (the target's pass per tree size and the
-drafter's own drafting cost) on this machine, as training does at its end: do it on an idle machine.
+windows are not its workload). ``--cost-curve`` re-measures cost_curve.json (the target's pass per tree size, the
+drafter's own drafting cost and the engine's cost per step) on this machine, as training does at its end: do it on an
+idle machine. Elsewhere ``heads.load_profile(folder, target)`` measures its own once (a curve is per machine).
 
 A Medusa-2 run's heads are measured against its own fine-tuned target (``<name>/target``), the one they pair with.
 """
@@ -27,10 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from treespec import reference
-from treespec.autotree import measure_cost_curve, save_cost_curve
+from treespec.autotree import COST_CURVE_FILE, write_cost_record
 from treespec.heads import registry
 from treespec.heads.accuracy import write_accuracy
-from treespec.heads.kind import drafting_costs
+from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
 from treespec.train.training.data import held_out_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +76,10 @@ def main() -> None:
     target, tokenizer = reference.load_model(out / "target") if joint else reference.load(args.target)
     kind = "medusa" if joint else args.name
     if args.cost_curve:
-        from treespec.timing import forward_step
-        fixed, per_depth = drafting_costs(registry.load(out, target), forward_step(target, 1))
-        save_cost_curve(out, measure_cost_curve(target), device="cpu", draft_cost_fixed=fixed,
-                        draft_cost_per_depth=per_depth)
-        print(f"{out}/cost_curve.json: drafting {fixed * 1e3:.2f} ms per step + {per_depth * 1e3:.2f} ms per depth")
+        costs = measure_cost_model(target, registry.load(out, target))
+        write_cost_record(out / COST_CURVE_FILE, costs.record(**about(target, files_fingerprint(out))))
+        print(f"{out}/cost_curve.json: drafting {costs.draft_cost_fixed * 1e3:.2f} ms per step + "
+              f"{costs.draft_cost_per_depth * 1e3:.2f} ms per depth; engine {costs.engine}")
     if not reference_target:
         return
     windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")

@@ -8,9 +8,18 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from treespec.autotree import choose_tree, cost_at, measure_cost_curve, predict, predict_generation
+from treespec import generate
+from treespec.autotree import (
+    CostModel,
+    EngineCost,
+    choose_tree,
+    cost_at,
+    measure_cost_curve,
+    predict,
+    predict_generation,
+)
 from treespec.bench import Config, measure
-from treespec.heads import DraftModel, PromptLookup, registry
+from treespec.heads import DraftModel, PromptLookup, load_profile, registry
 from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
@@ -98,19 +107,27 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     assert saved["skipped"] == [{"config": "prompt_lookup | accuracy 3", "drafter": "prompt_lookup",
                                  "tree": "accuracy 3", "reason": "prompt_lookup has no measured accuracies"}]
     assert set(saved["accuracy"]) == {"draft", "eagle"}
-    # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost
+    # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost,
+    # and the engine's own cost per step: one cost model, kept in results.json
     after = {int(n): t for n, t in saved["cost_curves_after_drafting"]["eagle"].items()}
     assert set(saved["cost_curves_after_drafting"]) == {"eagle"} and set(after) == {1, 2, 4}
+    costs = CostModel.from_record(saved["cost_models"]["eagle"])
+    engine = EngineCost.from_record(saved["engine"])
+    assert costs.curve == after and costs.draft_cost_per_depth == drafters[2].draft_cost_per_depth
+    assert costs.baseline == saved["cost_curve"]["1"] and costs.engine == engine
     record = next(r for r in saved["records"] if r["config"] == "eagle | chain γ=2")
-    expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], after, drafters[2].draft_cost_per_depth,
-                       baseline=saved["cost_curve"]["1"])
+    expected = predict(Tree.chain(2), saved["accuracy"]["eagle"], costs)
     assert record["predicted_decode_speedup"] == pytest.approx(expected.speedup)
+    assert expected.vanilla == pytest.approx(saved["cost_curve"]["1"] + engine.vanilla)
+    assert expected.step_cost == pytest.approx(cost_at(after, 3) + 2 * drafters[2].draft_cost_per_depth
+                                               + engine.fixed + 3 * engine.per_node)
+    assert record["predicted_step_ms"] == pytest.approx(1e3 * expected.step_cost)
     # the prediction beside a measured speedup is of whole generations: the prefill at each prompt's length
     # (interpolated on the measured prefill curve) and its generation length (6 tokens: no end tokens here), which
     # speculation does not shorten: it pulls the prediction towards 1
     prefill = {int(n): t for n, t in saved["prefill_curve"].items()}
     assert set(prefill) == {10}
-    whole = predict_generation(expected, 10, 6, prefill, saved["cost_curve"]["1"])
+    whole = predict_generation(expected, 10, 6, prefill)
     assert record["predicted_speedup"] == pytest.approx(whole) and abs(whole - 1) < abs(expected.speedup - 1)
     # every configuration's tree is saved, the best one as best_tree.json, and results.md says how to use it
     for rec in saved["records"][1:]:
@@ -125,6 +142,13 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     md = (tmp_path / "results.md").read_text()
     assert "nan" not in md.lower() and "## Summary" in md and stamp["target"]["weights_sha1"][:12] in md
     assert "partial run" not in md and "| draft ms/depth | c |" in md
+    # predicted ÷ measured on every predicted row, and its median over them (scripts/prediction_error.py prints it)
+    rows_md = {line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| eagle | ")}
+    ratio = record["predicted_speedup"] / record["speedup"]
+    assert "| pred ÷ meas |" in md and f"| {ratio:.2f} |" in rows_md["chain γ=2"]
+    assert float(next(r for r in rows if r["config"] == "eagle | chain γ=2")["predicted_over_measured"]) == \
+        pytest.approx(ratio)
+    assert "median |predicted ÷ measured − 1| = " in md
     assert "## By category" in md and "| all speedup | all τ |" in md and "best_tree.json" in md
     assert wandb_run_contains(tmp_path, "accept_length/draft | chain")
     for key in ("compare/summary", "compare/results", "compare/peers", "compare/speedup_vs_nodes",
@@ -155,6 +179,14 @@ def test_tiny_comparison_across_batch_sizes(tmp_path):
                for r in section["records"])
     auto = [r for r in section["records"] if r["config"] == "draft | auto"]
     assert all(0 <= r["nodes"] <= 4 for r in auto)  # chosen per batch size; 0 is the empty tree (vanilla)
+    # chosen per batch size from that size's curve, drafting costs and engine cost (one CostModel)
+    assert set(section["engines"]) == {"1", "2"}
+    for r in auto:
+        size = str(r["batch_size"])
+        fixed, per_depth = section["draft_costs"]["draft"][size]
+        costs = CostModel({int(n): t for n, t in section["cost_curves"][size].items()}, fixed, per_depth,
+                          engine=EngineCost.from_record(section["engines"][size]))
+        assert len(choose_tree(drafters[0].accuracy, costs, max_nodes=4)[0].tree) == r["nodes"]
     assert {s["config"] for s in section["skipped"]} == {"prompt_lookup | auto"}  # no accuracies to grow from
     md = (tmp_path / "batch.md").read_text()
     assert "| B | drafter | best tree |" in md and "Where speculation stops paying" in md and "nan" not in md.lower()
@@ -321,3 +353,36 @@ def test_sampled_chains_are_predicted_per_rule(tmp_path):
     assert rows["draft | full 2×2 | traversal"]["predicted_tau"] is None
     assert any("accuracy trees grow top-k ranks" in s["reason"] for s in result["skipped"])
     assert result["chain_tau"]["draft"]["drafts"] == chain.drafts
+    # generate()'s auto, with the profile the run kept, chooses under each rule the chain the run chose
+    profile = load_profile(tmp_path / result["profiles"]["draft"])
+    for rule in ("rejection", "block", "traversal"):
+        out = generate(target, prompts[0], drafter=drafter, tree={"kind": "auto"}, profile=profile, max_new_tokens=6,
+                       temperature=1.0, acceptance=rule, generator=torch.Generator().manual_seed(0))
+        assert out.tree == build_tree(rows[f"draft | auto | {rule}"]["tree_spec"])
+
+
+def test_generate_auto_chooses_the_comparisons_tree(tmp_path):
+    """The run keeps each drafter's cost model and accuracies (profiles/<drafter>/): generate(tree=auto) with them
+    picks the tree the run's auto picked, from the same numbers, and results.md says how."""
+    target = tiny_llama(seed=0)
+    draft = perturbed(target, 0.05)
+    windows = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    accuracy = draft_model_accuracy(target, draft, windows, depth=3, top_k=3)
+    drafters = [DrafterSpec("draft", DraftModel(draft), accuracy, draft_cost_per_depth=1e-4, draft_cost_fixed=2e-4)]
+    prompts = [torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(0))]
+    result = run_comparison(target, drafters, [{"kind": "auto", "max_nodes": 8}], prompts, max_new_tokens=6,
+                            cost_sizes=(1, 2, 4, 8), peers=False, out_dir=tmp_path, log=lambda *_: None)
+    folder = tmp_path / result["profiles"]["draft"]
+    profile = load_profile(folder)
+    assert profile.accuracy == accuracy and profile.costs == CostModel.from_record(result["cost_models"]["draft"])
+    assert profile.costs.draft_cost_fixed == 2e-4 and profile.costs.engine == EngineCost.from_record(result["engine"])
+    out = generate(target, prompts[0], drafter=DraftModel(draft), tree={"kind": "auto", "max_nodes": 8},
+                   profile=profile, max_new_tokens=6)
+    auto = next(r for r in result["records"] if r["config"] == "draft | auto")
+    assert out.tree == build_tree(auto["tree_spec"]) == choose_tree(accuracy, profile.costs, max_nodes=8)[0].tree
+    md = (tmp_path / "results.md").read_text()
+    assert f'load_profile("{folder.as_posix()}")' in md
+    tree = out.tree  # the tables say what auto chose
+    label = "none" if not len(tree) else f"chain γ={tree.depth}" if tree.is_chain else \
+        f"{len(tree)} nodes, depth {tree.depth}"
+    assert f"| draft | auto → {label} |" in md

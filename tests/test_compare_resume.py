@@ -258,6 +258,16 @@ def test_progress_says_what_is_left():
     assert progress_module.duration(3725) == "1 h 02 min" and progress_module.duration(190) == "3 min 10 s"
 
 
+def test_a_phase_before_the_runs_counts_down():
+    lines, now = [], iter([0.0, 4.0, 6.0, 30.0])
+    c = progress_module.Countdown("greedy answers", 3, log=lines.append, clock=lambda: next(now))
+    c("81: 6 tokens")
+    c()
+    c("82 turn 2: skipped")
+    assert lines == ["  greedy answers [1/3] · 81: 6 tokens · about 8 s left",
+                     "  greedy answers [2/3] · about 3 s left", "  greedy answers [3/3] · 82 turn 2: skipped · done"]
+
+
 def test_threads_default_to_the_idle_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(progress_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)

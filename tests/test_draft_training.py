@@ -13,11 +13,13 @@ from transformers import LlamaForCausalLM
 
 from treespec import Tree, generate
 from treespec.autotree import measure_cost_curve
-from treespec.heads import load
+from treespec.chain_tau import DEPTH
+from treespec.heads import load, load_profile, local_profile
 from treespec.heads.draft_model.network import draft_config, new_draft_model, principal_embedding
 from treespec.heads.draft_model.objective import draft_loss
 from treespec.heads.registry import detect
 from treespec.reference import load_model
+from treespec.sampling import Sampling
 from treespec.train.training import drafter_job as train_heads
 
 from .helpers import (
@@ -111,9 +113,10 @@ def test_bad_draft_configs_are_refused_before_any_model_loads(override, message)
 
 
 def test_a_run_exports_a_model_folder_that_loads_and_decodes_losslessly_and_resumes_exactly(tmp_path, monkeypatch):
-    # the export's cost curve at three sizes, briefly timed: most of a run's time otherwise
-    monkeypatch.setattr(train_heads, "measure_cost_curve",
-                        lambda model: measure_cost_curve(model, (1, 2, 4), past_len=8, repeats=2))
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path / "cache"))
+    # the export's cost curves (three sizes: heads_cfg) briefly timed: most of a run's time otherwise
+    monkeypatch.setattr(local_profile, "measure_cost_curve", lambda model, sizes, past_len, before=None:
+                        measure_cost_curve(model, sizes, past_len=8, repeats=2, before=before))
     target_dir = tiny_chat_target(tmp_path / "target")
     source = write_jsonl(tmp_path / "chat.jsonl", conversations(40))
     common = [*TINY_DRAFT, "trainer.max_steps=8", "optim.lr=1e-2", "eval.expected_tau=null"]
@@ -126,8 +129,15 @@ def test_a_run_exports_a_model_folder_that_loads_and_decodes_losslessly_and_resu
 
     final = tmp_path / "b" / "final"
     assert detect(final).format == "transformers"
-    assert {"config.json", "tokenizer_config.json", "head_accuracy.json", "cost_curve.json"} <= \
+    assert {"config.json", "tokenizer_config.json", "head_accuracy.json", "cost_curve.json", "chain_tau.json"} <= \
         {p.name for p in final.iterdir()}
+    # its cost model and its sampled chains' τ, for tree=auto: load_profile on this machine reads them as they are
+    target, _ = load_model(target_dir)
+    monkeypatch.setattr(local_profile, "measure_cost_model", lambda *a, **k: pytest.fail("measured again"))
+    profile = load_profile(final, target, log=lambda *_: None)
+    assert profile.costs.draft_cost_per_depth > 0 and set(profile.costs.curve) == {1, 2, 4}
+    assert [m.sampling for m in profile.chain_taus()] == [Sampling(1.0)]
+    assert all(len(t) == DEPTH + 1 for t in profile.chain_taus()[0].tau.values())  # γ = 0..8
     accuracy = json.loads((final / "head_accuracy.json").read_text())
     assert len(accuracy) == 2 and whole["depth1_top1"] == pytest.approx(accuracy[0][0])
     assert "a draft model is a transformers model folder already" in whole["export_formats"]["vllm"]

@@ -250,6 +250,31 @@ def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
     assert out.target_passes < 24  # it drafted something that was accepted
 
 
+@needs_smollm2
+@needs_shipped_eagle3
+def test_shipped_eagle3_chooses_auto_with_a_curve_measured_here(smollm2, tmp_path, monkeypatch):
+    """Its shipped cost_curve.json was measured on another machine: load_profile(source, target) measures one here
+    (faked: its timing is not what is tested) and generate(tree=auto) chooses from it, losslessly."""
+    from treespec.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve
+    from treespec.heads import load, load_profile, local_profile
+    from treespec.profile_cache import measured_here
+
+    model, tokenizer = smollm2
+    assert not measured_here(read_cost_curve(reference.MODELS_DIR / "smollm2" / "eagle3"), model)
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    fake = CostModel({1: 0.02, 8: 0.021, 64: 0.03}, 1e-3, 1e-3, 0.02, EngineCost(1e-3, 2e-3, 1e-5))
+    calls = []
+    monkeypatch.setattr(local_profile, "measure_cost_model", lambda *a, **k: calls.append(a) or fake)
+    profile = load_profile("reference:smollm2/eagle3", model, log=lambda *_: None)
+    assert len(calls) == 1 and profile.costs == fake
+    ids = chat_ids(tokenizer, "Name three colours.")
+    out = generate(model, ids, drafter=load("reference:smollm2/eagle3", model), tree={"kind": "auto", "max_nodes": 8},
+                   profile=profile, max_new_tokens=12, eos_token_id=tokenizer.eos_token_id)
+    assert out.tree == auto_chooser(fake)(profile.accuracy, 8) and len(out.tree) > 0
+    vanilla = generate(model, ids, max_new_tokens=12, eos_token_id=tokenizer.eos_token_id)
+    assert torch.equal(out.sequences, vanilla.sequences)
+
+
 @pytest.mark.slow
 @needs_smollm2
 @needs_shipped_eagle3

@@ -82,11 +82,15 @@ def test_auto_under_block_verification_chooses_among_chains(tmp_path):
     chain = build_tree({"kind": "auto", "max_nodes": 8}, profile=profile, acceptance="block")
     assert chain.is_chain and len(chain) == 3
     target = tiny_llama(seed=0)
-    drafter = DraftModel(tiny_llama(seed=1), candidates="sample")
-    out = generate(target, torch.tensor([[3, 7, 1, 9]]), drafter=drafter, tree={"kind": "auto", "max_nodes": 8},
-                   profile=profile, max_new_tokens=6, temperature=1.0, acceptance="block",
-                   generator=torch.Generator().manual_seed(0))
-    assert out.new_tokens == 6
+    out = generate(target, torch.tensor([[3, 7, 1, 9]]), drafter=DraftModel(tiny_llama(seed=1)),
+                   tree={"kind": "auto", "max_nodes": 8}, profile=profile, max_new_tokens=6, temperature=1.0,
+                   acceptance="block", generator=torch.Generator().manual_seed(0))
+    assert out.new_tokens == 6 and out.tree.is_chain and len(out.tree) == 3
+    # sampled candidates are predicted from their chain τ, which this profile neither holds nor can measure
+    with pytest.raises(ValueError, match="chain τ at T=1.0.*no chain_tau.json"):
+        generate(target, torch.tensor([[3, 7, 1, 9]]), drafter=DraftModel(tiny_llama(seed=1), candidates="sample"),
+                 tree={"kind": "auto", "max_nodes": 8}, profile=profile, max_new_tokens=6, temperature=1.0,
+                 acceptance="block")
 
 
 def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
@@ -115,7 +119,7 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     out = generate(target, prompt, drafter=drafter, tree={"kind": "accuracy", "nodes": 4}, profile=profile,
                    max_new_tokens=8)
     assert torch.equal(out.sequences, vanilla.sequences)
-    with pytest.raises(ValueError, match=r"needs this device's cost curve.*save_cost_curve"):
+    with pytest.raises(ValueError, match=r"needs this device's cost curve.*load_profile\(source, target\)"):
         generate(target, prompt, drafter=drafter, tree={"kind": "auto"}, profile=profile, max_new_tokens=8)
     save_cost_curve(tmp_path, measure_cost_curve(target, (1, 2, 4, 8), past_len=8, repeats=2))
     profile = load_profile(tmp_path)

@@ -350,15 +350,21 @@ def test_the_second_turn_holds_the_targets_own_first_answer():
     template = PromptTemplate(tokenizer, "auto")
     item = Item("81", "writing", ("Write a haiku.", "Now make it rhyme."))
     model = chat_target()
-    prompts = timed_prompts(model, template, [item], lambda c: 6, log=lambda *_: None)
+    lines = []
+    prompts = timed_prompts(model, template, [item], lambda c: 6, log=lines.append)
     assert [(p.id, p.turn) for p in prompts] == [("81", 1), ("81/turn 2", 2)]
+    # a progress line after each greedy answer (a workload's answers take minutes on a bigger target)
+    answered = [line for line in lines if "greedy answers (what later turns hold) [" in line]
+    assert [line.split(" · ")[0].split("[")[1] for line in answered] == ["1/2]", "2/2]"]
+    assert answered[0].split(" · ")[1] == f"81: {prompts[0].answer_tokens} tokens"
     first = generate(model, prompts[0].ids, max_new_tokens=6, eos_token_id=template.end_ids)
     answer = template.answer_text(first.sequences[0, prompts[0].ids.shape[1]:])
     assert answer and prompts[0].answer_tokens == first.new_tokens
     second = tokenizer.decode(prompts[1].ids[0])
     assert second.startswith(tokenizer.decode(prompts[0].ids[0])) and f"assistant\n{answer}<|im_end|>" in second
     assert second.endswith("Now make it rhyme.<|im_end|>\n<|im_start|>assistant\n")
-    windows = continuation_windows(model, template, [item], new_tokens=6, lead=4)
+    windows = continuation_windows(model, template, [item], new_tokens=6, lead=4, log=lines.append)
+    assert "held-out prompts (for accuracies) [1/1]" in lines[-1]
     assert len(windows) == 1 and torch.equal(windows[0][0, 4:], first.sequences[0, prompts[0].ids.shape[1]:])
 
 

@@ -19,12 +19,19 @@ A whole generation also pays the prefill, which speculation does not shorten: ``
 turns a per-step prediction into the speedup of one prompt's generation (its prompt length, its number
 of new tokens), which is what a measured speedup is. The cost curve a drafter's "auto" tree is chosen
 with in generate() is saved beside the drafter (``save_cost_curve``, cost_curve.json).
+
+A step costs more than its target pass and its drafting calls: the engine walks the logits, compacts the cache,
+builds the masks and runs its Python around them (``EngineCost``, measured in the loop itself by
+treespec/engine_cost.py). ``CostModel`` holds every term, one object for generate()'s "auto" and the comparison:
+
+    step(tree)  = T(N) + draft_fixed + depth · draft_per_depth + engine_fixed + engine_per_node · N
+    vanilla     = T(1) + engine_vanilla                                     (N: tree nodes, root included)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -88,8 +95,75 @@ def cost_at(curve: dict[int, float], n: int) -> float:
 class Prediction:
     tree: Tree
     tau: float              # predicted tokens per verification pass
-    step_cost: float        # predicted seconds per step (target verify + drafting)
+    step_cost: float        # predicted seconds per step (target verify + drafting + engine)
     speedup: float          # predicted tokens/s over vanilla decoding
+    vanilla: float = math.nan  # predicted seconds per vanilla token (its target pass + the engine's step)
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """Seconds a decoding step spends beyond its target pass (as the cost curve times it) and its timed drafting
+    calls: the walk, the cache compaction, the masks, the Python around them. A vanilla step pays ``vanilla``, a
+    speculative step over N tree nodes (root included) ``fixed + per_node · N``. Measured in the decoding loop
+    itself (treespec/engine_cost.py), so it also holds what a pass inside decoding costs beyond the curve's."""
+
+    vanilla: float = 0.0
+    fixed: float = 0.0
+    per_node: float = 0.0
+
+    def step(self, nodes: int) -> float:
+        return self.fixed + self.per_node * nodes
+
+    def record(self) -> dict:
+        return {"engine_vanilla": float(self.vanilla), "engine_fixed": float(self.fixed),
+                "engine_per_node": float(self.per_node)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> EngineCost:
+        """From a cost curve record; a record written before the engine was measured has none (zeros)."""
+        return cls(*(float(record.get(k) or 0.0) for k in ("engine_vanilla", "engine_fixed", "engine_per_node")))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Every term of a step's predicted cost (module docstring): the target's ``curve`` {tree nodes: seconds} (timed
+    after the drafter's calls where it drafts), the drafting costs, ``baseline`` (the target's one-token forward
+    alone, vanilla's pass; None: the curve's) and the ``engine``."""
+
+    curve: dict[int, float]
+    draft_cost_fixed: float = 0.0
+    draft_cost_per_depth: float = 0.0
+    baseline: float | None = None
+    engine: EngineCost = field(default_factory=EngineCost)
+
+    def vanilla(self) -> float:
+        """Seconds per token of vanilla decoding."""
+        return (cost_at(self.curve, 1) if self.baseline is None else self.baseline) + self.engine.vanilla
+
+    def step(self, tree: Tree) -> float:
+        """Seconds of one speculative step verifying ``tree``."""
+        return (cost_at(self.curve, tree.num_nodes) + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
+                + self.engine.step(tree.num_nodes))
+
+    @classmethod
+    def from_record(cls, record: dict) -> CostModel:
+        """The cost model a ``cost_curve_record`` (cost_curve.json) holds."""
+        return cls({int(n): float(t) for n, t in record["curve"].items()}, float(record.get("draft_cost_fixed") or 0.0),
+                   float(record.get("draft_cost_per_depth") or 0.0), record.get("baseline"),
+                   EngineCost.from_record(record))
+
+    def record(self, **about) -> dict:
+        return cost_curve_record(self.curve, draft_cost_fixed=self.draft_cost_fixed,
+                                 draft_cost_per_depth=self.draft_cost_per_depth, baseline=self.baseline,
+                                 engine=self.engine, **about)
+
+
+def cost_model(curve, draft_cost_per_depth: float = 0.0, draft_cost_fixed: float = 0.0, baseline: float | None = None,
+               engine: EngineCost | None = None) -> CostModel:
+    """``curve`` as is when it is a CostModel, else the CostModel of these terms."""
+    if isinstance(curve, CostModel):
+        return curve
+    return CostModel(curve, draft_cost_fixed, draft_cost_per_depth, baseline, engine or EngineCost())
 
 
 class RankAccuracy:
@@ -151,27 +225,31 @@ def chains_only(accuracy) -> RankAccuracy | ChainTable:
         else source
 
 
-def predict(tree: Tree, accuracy, curve: dict[int, float], draft_cost_per_depth: float = 0.0,
-            draft_cost_fixed: float = 0.0, baseline: float | None = None) -> Prediction:
+def predict(tree: Tree, accuracy, curve: dict[int, float] | CostModel, draft_cost_per_depth: float = 0.0,
+            draft_cost_fixed: float = 0.0, baseline: float | None = None, engine: EngineCost | None = None
+            ) -> Prediction:
     """Predicted τ and speedup of ``tree``. ``accuracy``: rank accuracies acc[d][r], or a ``tau_source`` (a
-    ``ChainTable`` for sampled chains). Drafting costs ``draft_cost_fixed`` + depth × per-depth seconds
-    (a draft model runs one forward per depth; Medusa heads one call in all). ``baseline``: seconds per token
-    of vanilla decoding (default the curve's one-token cost; pass the target-alone cost when ``curve`` was
-    timed between drafting calls)."""
-    baseline = cost_at(curve, 1) if baseline is None else baseline
+    ``ChainTable`` for sampled chains). ``curve``: a ``CostModel``, or the target's curve with the other terms
+    (``cost_model``): drafting costs ``draft_cost_fixed`` + depth × per-depth seconds (a draft model runs one
+    forward per depth; Medusa heads one call in all), ``baseline`` the target's one-token forward alone (default
+    the curve's one-token cost; pass it when ``curve`` was timed between drafting calls), ``engine`` the loop's own
+    cost per step (none: zeros)."""
+    costs = cost_model(curve, draft_cost_per_depth, draft_cost_fixed, baseline, engine)
+    vanilla = costs.vanilla()
     if not len(tree):  # no candidates: nothing is drafted, so this is vanilla decoding
-        return Prediction(tree, 1.0, baseline, 1.0)
+        return Prediction(tree, 1.0, vanilla, 1.0, vanilla)
     tau = tau_source(accuracy).tau(tree)
-    step = cost_at(curve, tree.num_nodes) + draft_cost_fixed + tree.depth * draft_cost_per_depth
-    return Prediction(tree, tau, step, tau * baseline / step)
+    step = costs.step(tree)
+    return Prediction(tree, tau, step, tau * vanilla / step, vanilla)
 
 
 def predict_generation(pred: Prediction, prompt_tokens: int, new_tokens: int, prefill_curve: dict[int, float] | None,
-                       baseline: float) -> float:
+                       baseline: float | None = None) -> float:
     """Predicted speedup of one whole generation: the prefill (``cost_at(prefill_curve, prompt_tokens)``; none
     without a curve) commits the first token in both cases, then vanilla decoding pays ``baseline`` per token
-    and speculation ``pred.step_cost`` per pass of ``pred.tau`` tokens. Short answers after long prompts gain
-    little, whatever the per-step speedup."""
+    (default ``pred.vanilla``: its pass and the engine's step) and speculation ``pred.step_cost`` per pass of
+    ``pred.tau`` tokens. Short answers after long prompts gain little, whatever the per-step speedup."""
+    baseline = pred.vanilla if baseline is None else baseline
     prefill = cost_at(prefill_curve, prompt_tokens) if prefill_curve else 0.0
     rest = max(0, new_tokens - 1)
     vanilla = prefill + rest * baseline
@@ -179,25 +257,28 @@ def predict_generation(pred: Prediction, prompt_tokens: int, new_tokens: int, pr
     return vanilla / speculative if speculative > 0 else 1.0
 
 
-def choose_tree(accuracy, curve: dict[int, float], *, max_nodes: int = 64, draft_cost_per_depth: float = 0.0,
-                draft_cost_fixed: float = 0.0, baseline: float | None = None) -> tuple[Prediction, list[Prediction]]:
+def choose_tree(accuracy, curve: dict[int, float] | CostModel, *, max_nodes: int = 64,
+                draft_cost_per_depth: float = 0.0, draft_cost_fixed: float = 0.0, baseline: float | None = None,
+                engine: EngineCost | None = None) -> tuple[Prediction, list[Prediction]]:
     """The candidate tree with the highest predicted speedup, and all candidates' predictions. ``accuracy``:
     rank accuracies (the accuracy-grown trees, budgets 0..max_nodes) or a ``tau_source`` (a ``ChainTable``:
-    chains γ = 0..D). Budget 0 / γ = 0 is no speculation at all: when no tree is predicted to beat vanilla
-    decoding (a drafter that rarely agrees with the target at this temperature), "auto" does not draft."""
+    chains γ = 0..D); the costs as ``predict`` takes them. Budget 0 / γ = 0 is no speculation at all: when no
+    tree is predicted to beat vanilla decoding (a drafter that rarely agrees with the target at this
+    temperature), "auto" does not draft."""
     source = tau_source(accuracy)
-    preds = [predict(tree, source, curve, draft_cost_per_depth, draft_cost_fixed, baseline)
-             for tree in source.trees(max_nodes)]
+    costs = cost_model(curve, draft_cost_per_depth, draft_cost_fixed, baseline, engine)
+    preds = [predict(tree, source, costs) for tree in source.trees(max_nodes)]
     return max(preds, key=lambda p: p.speedup), preds
 
 
-def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
-                 baseline: float | None = None):
+def auto_chooser(curve: dict[int, float] | CostModel, draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
+                 baseline: float | None = None, engine: EngineCost | None = None):
     """The ``choose(accuracy, max_nodes) -> Tree`` that tree_spec.build_tree needs for kind "auto" (``accuracy``:
-    rank accuracies or a ``tau_source``, see ``choose_tree``)."""
+    rank accuracies or a ``tau_source``, see ``choose_tree``; the costs a CostModel or its terms)."""
+    costs = cost_model(curve, draft_cost_per_depth, draft_cost_fixed, baseline, engine)
+
     def choose(accuracy, max_nodes: int) -> Tree:
-        best, _ = choose_tree(accuracy, curve, max_nodes=max_nodes, draft_cost_per_depth=draft_cost_per_depth,
-                              draft_cost_fixed=draft_cost_fixed, baseline=baseline)
+        best, _ = choose_tree(accuracy, costs, max_nodes=max_nodes)
         return best.tree
 
     return choose
@@ -205,33 +286,46 @@ def auto_chooser(curve: dict[int, float], draft_cost_fixed: float = 0.0, draft_c
 
 # -- a saved cost curve (what "auto" chooses with in generate()) ------------------------------------------------
 def cost_curve_record(curve: dict[int, float], *, draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
-                      baseline: float | None = None, **about) -> dict:
+                      baseline: float | None = None, engine: EngineCost | None = None, **about) -> dict:
     """What cost_curve.json holds: the curve {tree tokens: seconds}, the drafting costs (seconds per
-    proposal, per depth), vanilla's seconds per token (None: the curve's one-token cost), and ``about`` (device,
-    context length) for the reader."""
+    proposal, per depth), the target's one-token forward alone (None: the curve's one-token cost), the engine's
+    cost per step (``EngineCost.record``: engine_vanilla, engine_fixed, engine_per_node), and ``about`` (device,
+    machine, context length) for the reader."""
     return {"curve": {int(n): float(t) for n, t in curve.items()}, "draft_cost_fixed": float(draft_cost_fixed),
-            "draft_cost_per_depth": float(draft_cost_per_depth), "baseline": baseline, **about}
+            "draft_cost_per_depth": float(draft_cost_per_depth), "baseline": baseline,
+            **(engine or EngineCost()).record(), **about}
 
 
 def save_cost_curve(folder, curve: dict[int, float], **kwargs) -> Path:
     """Write ``cost_curve_record(curve, **kwargs)`` to ``folder/cost_curve.json`` (beside a drafter's weights)."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    return atomic_write_json(Path(folder) / COST_CURVE_FILE, cost_curve_record(curve, **kwargs), indent=1)
+    return write_cost_record(Path(folder) / COST_CURVE_FILE, cost_curve_record(curve, **kwargs))
+
+
+def write_cost_record(path, record: dict) -> Path:
+    """``record`` (a ``cost_curve_record``) as JSON at ``path``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(Path(path), record, indent=1)
 
 
 def read_cost_curve(folder) -> dict | None:
     """The record ``save_cost_curve`` wrote in ``folder``, or None when it holds none."""
-    path = Path(folder) / COST_CURVE_FILE
+    return read_cost_record(Path(folder) / COST_CURVE_FILE)
+
+
+def read_cost_record(path) -> dict | None:
+    """The ``cost_curve_record`` at ``path`` (fields it lacks, e.g. the engine's in an older file, as zeros), or
+    None when there is no file."""
+    path = Path(path)
     if not path.is_file():
         return None
     data = read_json(path, "cost curve file")
     if not (isinstance(data, dict) and isinstance(data.get("curve"), dict) and data["curve"]):
         raise ValueError(f"cost curve file {path} must hold {{\"curve\": {{tree tokens: seconds}}, ...}}")
-    return cost_curve_record({int(n): t for n, t in data["curve"].items()},
-                             **{k: v for k, v in data.items() if k != "curve"})
+    engine = EngineCost.from_record(data)
+    return cost_curve_record({int(n): t for n, t in data["curve"].items()}, engine=engine,
+                             **{k: v for k, v in data.items() if k != "curve" and k not in engine.record()})
 
 
 def saved_chooser(record: dict):
-    """``auto_chooser`` from a ``cost_curve_record``."""
-    return auto_chooser(record["curve"], record.get("draft_cost_fixed", 0.0), record.get("draft_cost_per_depth", 0.0),
-                        record.get("baseline"))
+    """``auto_chooser`` of the ``CostModel`` a ``cost_curve_record`` holds."""
+    return auto_chooser(CostModel.from_record(record))

@@ -22,12 +22,17 @@ point mass Q_i = δ_{x_{i+1}}, their exact law given the context (treespec/walke
 ``measure_chain_tau`` drafts those chains through the public Drafter interface (any drafter: draft model,
 EAGLE, EAGLE-3), runs the target once over each, and returns τ = 1 + E[accepted] per rule and γ with its
 standard error across contexts. Branching trees under traversal verification have no such closed form here.
+
+A measurement is kept beside a trained drafter (``save_chain_tau``: chain_tau.json, one entry per sampling), or
+measured on first use on the target's own sampled continuations of the prompt being decoded
+(``measure_on_prompt``; heads.load_profile caches it, treespec/profile_cache.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -35,12 +40,16 @@ from transformers import DynamicCache
 from treespec.autotree import ChainTable
 from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, in_use, stack_features
+from treespec.generate import generate
+from treespec.io import atomic_write_json, read_json
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
 from treespec.walker_traversal import EMPTY_MASS
 
 #: the rules with a closed form on chains, and the table each reads ("traversal" is "block" on a chain)
 CHAIN_RULES = {"rejection": "rejection", "block": "block", "traversal": "block"}
+CHAIN_TAU_FILE = "chain_tau.json"
+DEPTH = 8  # the deepest chain measured (tree=auto chooses γ = 0..this)
 
 
 def chain_ratios(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -176,3 +185,57 @@ def measure_chain_tau(target, drafter: Drafter, windows, *, depth: int, sampling
     if not parts:
         raise ValueError("no held-out window to draft chains on")
     return ChainTau.pooled(parts)
+
+
+# -- kept and measured on first use ----------------------------------------------------------------------------
+def record(measured: ChainTau, **about) -> dict:
+    """``measured`` as JSON: its sampling, τ and standard errors per rule, drafts, and ``about``."""
+    return {"sampling": asdict(measured.sampling), "tau": measured.tau, "stderr": measured.stderr,
+            "drafts": measured.drafts, **about}
+
+
+def from_record(data: dict) -> ChainTau:
+    try:
+        return ChainTau(Sampling(**data["sampling"]), {r: [float(t) for t in v] for r, v in data["tau"].items()},
+                        {r: [float(t) for t in v] for r, v in data["stderr"].items()}, int(data["drafts"]))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"a chain τ record holds sampling, tau, stderr and drafts ({type(err).__name__}: {err})") \
+            from None
+
+
+def save_chain_tau(folder, measured: list[ChainTau], **about) -> Path:
+    """Write ``measured`` (one per sampling) to ``folder``/chain_tau.json, beside a drafter's weights."""
+    return atomic_write_json(Path(folder) / CHAIN_TAU_FILE, {"measurements": [record(m, **about) for m in measured]},
+                             indent=1)
+
+
+def read_chain_tau(folder) -> list[ChainTau]:
+    """The measurements ``save_chain_tau`` wrote in ``folder`` (none: [])."""
+    path = Path(folder) / CHAIN_TAU_FILE
+    if not path.is_file():
+        return []
+    data = read_json(path, "chain τ file", dict)
+    try:
+        return [from_record(m) for m in data["measurements"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"chain τ file {path}: {err}") from None
+
+
+def at_sampling(measured: list[ChainTau], sampling: Sampling) -> ChainTau | None:
+    """The measurement at ``sampling`` (τ depends on the temperature and top-p), or None."""
+    return next((m for m in measured if m.sampling == sampling), None)
+
+
+def measure_on_prompt(target, drafter: Drafter, prompt: torch.Tensor, sampling: Sampling, *, depth: int = DEPTH,
+                      continuations: int = 4, new_tokens: int = 48, seed: int = 0) -> ChainTau:
+    """Each rule's chain τ on the target's own continuations of ``prompt`` [1, P]: ``continuations`` of
+    ``new_tokens`` sampled at ``sampling`` (what verification sees after it), each cut at a few lengths; chains
+    γ = 0..``depth`` (no deeper than the drafter fills)."""
+    if sampling.greedy:
+        raise ValueError("chain τ is for sampled candidates: measure it at a temperature above 0")
+    depth = min(depth, drafter.max_tree_depth or depth)
+    gen = torch.Generator().manual_seed(seed)
+    windows = [generate(target, prompt, max_new_tokens=new_tokens, temperature=sampling.temperature,
+                        top_p=sampling.top_p, generator=gen).sequences for _ in range(continuations)]
+    return measure_chain_tau(target, drafter, windows, depth=depth, sampling=sampling, lead=prompt.shape[1],
+                             generator=gen)

@@ -242,14 +242,17 @@ def check_target(target) -> None:
                              f"{windows[0]}: load the target with attn_implementation='sdpa'")
 
 
-def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None) -> Tree | DynamicTree:
+def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None,
+               prompt=None) -> Tree | DynamicTree:
     if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):
-        # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling)
+        # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling; a chain τ
+        # it lacks is measured on the first prompt where it can)
         tree = build_tree(tree, profile=profile, candidates=getattr(drafter, "candidates", "topk"),
-                          acceptance=acceptance, sampling=sampling, default=getattr(drafter, "default_tree", None))
+                          acceptance=acceptance, sampling=sampling, default=getattr(drafter, "default_tree", None),
+                          drafter=drafter, prompt=prompt)
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if drafter is None:
@@ -305,7 +308,8 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()
     if profile is not None and not isinstance(profile, DrafterProfile):
         raise ValueError(f"profile must be a treespec.profile.DrafterProfile or None, got {type(profile).__name__}")
-    tree = check_tree(tree, drafter, acceptance, sampling, profile)
+    first = given[:1] if mask is None else given[:1, mask[0].bool()]  # [1, P]: the first prompt, without padding
+    tree = check_tree(tree, drafter, acceptance, sampling, profile, first.to(target.device))
     check_target(target)
     compile_with = compile_options(compile, target)
     check_batch(target, drafter, given.shape[0])

@@ -66,7 +66,8 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
 
 
 def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str = "topk",
-               acceptance: str = "rejection", sampling=None, default=None) -> Tree | DynamicTree:
+               acceptance: str = "rejection", sampling=None, default=None, drafter=None,
+               prompt=None) -> Tree | DynamicTree:
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
@@ -74,13 +75,16 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
     max_nodes) -> Tree`` picks the "auto" tree (it needs the device's cost curve, see
     treespec.autotree.auto_chooser). Without them, a ``profile``'s are used (``DrafterProfile.tau_source``: its
     measured chain τ under ``acceptance`` at ``sampling`` when the drafter samples its ``candidates``, else its
-    ``accuracy``; and its ``tree_chooser``). ``default``: the drafter's ``default_tree``, for kind "default"."""
+    ``accuracy``; and its ``tree_chooser``); a chain τ the profile lacks at that sampling is measured on ``drafter``
+    and ``prompt`` [1, P] where the profile can (``DrafterProfile.measure_chain_tau``). ``default``: the drafter's
+    ``default_tree``, for kind "default"."""
     if isinstance(spec, (Tree, DynamicTree)):
         return spec
     spec = _normalized(spec)
     kind = spec["kind"]
     if profile is not None and kind in NEEDS_ACCURACY:
-        accuracy = accuracy if accuracy is not None else profile.tau_source(kind, candidates, acceptance, sampling)
+        accuracy = accuracy if accuracy is not None else \
+            profile.tau_source(kind, candidates, acceptance, sampling, drafter, prompt)
         choose = choose if choose is not None else profile.tree_chooser
     try:
         if kind == "chain":
@@ -102,9 +106,9 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
         if kind == "accuracy":
             return grow_tree(accuracy, _int(spec["nodes"]))
         if choose is None:
-            raise ValueError("needs this device's cost curve to choose from: save one beside the drafter "
-                             "(treespec.autotree.save_cost_curve(folder, measure_cost_curve(target))) or give the "
-                             "profile tree_chooser=treespec.autotree.auto_chooser(measure_cost_curve(target))")
+            raise ValueError("needs this device's cost curve to choose from: load the profile with its target, "
+                             "treespec.heads.load_profile(source, target), which measures one on first use, or give "
+                             "the profile tree_chooser=treespec.autotree.auto_chooser(measure_cost_curve(target))")
         if acceptance in CHAIN_RULES:  # never a tree its rule refuses
             accuracy = chains_only(accuracy)
         return choose(accuracy, _int(spec["max_nodes"]))

@@ -89,4 +89,5 @@ def heads_cfg(tmp: Path, target: Path, source: Path, *overrides, drafter: str = 
         f"data.cache_dir={tmp.parent / 'cache'}", "logger=none", "trainer.seq_len=96", "trainer.batch_size=4",
         "trainer.max_steps=3", "trainer.eval_every=2", "trainer.eval_windows=4", "trainer.ckpt_every=2",
         "trainer.log_every=1", "trainer.progress=false", "optim.warmup_steps=1", "optim.lr=1e-3",
-        "eval.prompts=1", "eval.max_new_tokens=4", *depth, *overrides])
+        "eval.prompts=1", "eval.max_new_tokens=4", "eval.profile.cost_sizes=[1,2,4]", "eval.profile.engine_rounds=1",
+        "eval.profile.chain_windows=2", *depth, *overrides])

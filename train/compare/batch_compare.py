@@ -10,7 +10,8 @@ generate (each the median over batches of the per-batch ratio; intervals over ba
 and τ over every row's verification passes.
 
 ``tree=auto`` is chosen anew at each B: the target's cost curve is measured over B × N tokens (N tree tokens
-per row, ``cost_sizes``), the drafter's drafting cost at B rows, and autotree picks the accuracy-grown tree
+per row, ``cost_sizes``), the drafter's drafting cost and the engine's cost per step (treespec/engine_cost.py) at
+B rows, and autotree picks the accuracy-grown tree
 with the best predicted tokens/s, or the empty tree (vanilla decoding) where none is predicted to pay: from
 that B on, speculation stops paying on this device. The per-B curves are the target's alone (the B = 1 grid
 also times them after each drafter's drafting, which would multiply this part's cost by the drafters).
@@ -26,9 +27,10 @@ from collections.abc import Callable
 
 import torch
 
-from treespec.autotree import cost_at, measure_cost_curve, predict
+from treespec.autotree import measure_cost_curve, predict
 from treespec.bench import Config, measure, own_copy
 from treespec.compat import NO_EOS
+from treespec.engine_cost import measure_engine_cost
 from treespec.heads.kind import drafting_costs
 from treespec.inputs import left_padded
 from treespec.result import GenerationResult, RowResult
@@ -81,32 +83,35 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
                     top_p: float = 1.0, eos_token_id=None, cost_sizes=(1, 2, 4, 8, 16, 32), past_len: int = 256,
                     pad_token_id: int = 0, seed: int = 0, log=print) -> dict:
     """Measure every drafter × tree at every batch size (module docstring) → results.json's "batch" section:
-    {batch_sizes, batches, cost_curves {B: {N: s}}, draft_costs {drafter: {B: [fixed, per depth]}}, records}.
+    {batch_sizes, batches, cost_curves {B: {N: s}}, engines {B: EngineCost.record()}, draft_costs {drafter: {B:
+    [fixed, per depth]}}, records}.
 
     ``drafters``: the comparison's DrafterSpecs (train/compare/job.py); ``specs``: (label, tree spec) pairs;
-    ``resolve(spec, drafter_spec, curve, baseline)`` → (tree, None) or (None, why not), as the comparison
-    resolves trees (``tree=auto`` from ``curve`` and the DrafterSpec's drafting costs, here those at B rows)."""
+    ``resolve(spec, drafter_spec, costs)`` → (tree, None) or (None, why not), as the comparison resolves trees
+    (``tree=auto`` from ``costs``, the CostModel at B rows)."""
     out = {"batch_sizes": list(batch_sizes), "batches": batches, "max_new_tokens": max_new_tokens,
-           "cost_curves": {}, "draft_costs": {}, "records": [], "skipped": []}
+           "cost_curves": {}, "engines": {}, "draft_costs": {}, "records": [], "skipped": []}
     for size in batch_sizes:
         log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
         curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
         out["cost_curves"][str(size)] = curve
-        baseline = cost_at(curve, 1)  # a vanilla step at this batch size
+        engine = measure_engine_cost(target, past_len=past_len, batch=size, steps=8, repeats=2)
+        out["engines"][str(size)] = engine.record()
         target_step = forward_step(target, 1, past_len, batch=size)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
         for d in drafters:
             fixed, per_depth = drafting_costs(d.drafter, target_step, size)
             out["draft_costs"].setdefault(d.name, {})[str(size)] = [fixed, per_depth]
             at_size = dataclasses.replace(d, draft_cost_fixed=fixed, draft_cost_per_depth=per_depth)
+            costs = at_size.cost_model(curve, engine=engine)  # a vanilla step: the curve's T(1) and the engine's
             for label, spec in specs:
-                tree, reason = resolve(spec, at_size, curve, baseline)
+                tree, reason = resolve(spec, at_size, costs)
                 name = f"{d.name} | {label}"
                 if tree is None:
                     out["skipped"].append({"batch_size": size, "config": name, "reason": reason})
                     continue
                 configs.append(Config(name, own_copy(d.drafter), tree))
-                pred = predict(tree, d.accuracy, curve, per_depth, fixed, baseline=baseline) \
+                pred = predict(tree, d.accuracy, costs) \
                     if d.accuracy is not None and isinstance(tree, Tree) else None
                 meta[name] = {"drafter": d.name, "tree": label, "nodes": len(tree),
                               "predicted_speedup": pred.speedup if pred else None}

@@ -238,4 +238,20 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
             f"drafter = {make}",
             f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
-            + (f", eos_token_id={stop})" if stop else ")"), "```"]
+            + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder)
+
+
+def auto_lines(result: dict, folder=None) -> list[str]:
+    """How generate()'s tree=auto chooses the tree this run's auto chose: with the drafter's profile folder."""
+    chosen = {r["drafter"]: r for r in result["records"] if r.get("tree") == "auto" and r.get("tree_spec")}
+    profiles = {d: p for d, p in (result.get("profiles") or {}).items() if d in chosen}
+    if not profiles:
+        return []
+    drafter, path = next(iter(profiles.items()))
+    return ["", "`tree={\"kind\": \"auto\"}` chooses the same trees in `generate()` from this run's measurements (its "
+            "cost model and accuracies, kept under `profiles/`): " + "; ".join(
+                f"{d}'s auto: {chosen[d]['nodes']} nodes, depth {chosen[d]['depth']}" for d in profiles) + ".", "",
+            "```python", "from treespec.heads import load_profile", "",
+            f'profile = load_profile("{(shown_path(folder or ".") / path).as_posix()}")',
+            'out = generate(target, input_ids, drafter=drafter, tree={"kind": "auto"}, profile=profile, ...)',
+            "out.tree  # the tree auto chose", "```"]

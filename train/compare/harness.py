@@ -30,8 +30,11 @@ from pathlib import Path
 import torch
 
 from treespec.autotree import (
+    CostModel,
+    EngineCost,
     auto_chooser,
     cost_at,
+    cost_model,
     measure_cost_curve,
     measure_prefill_curve,
     predict,
@@ -41,10 +44,12 @@ from treespec.autotree import (
 from treespec.bench import Config, Row, own_copy
 from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.engine_cost import measure_engine_cost
 from treespec.generate import GenerationResult
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.journal import open_journal
 from treespec.train.compare.passes import measure_by_budget, measuring_order
+from treespec.train.compare.profile_folders import write_profiles
 from treespec.train.compare.progress import Progress
 from treespec.train.compare.report import write_outputs
 from treespec.train.compare.results_file import save_result
@@ -73,6 +78,11 @@ class DrafterSpec:
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
         (None where no closed form exists: typical acceptance), else the top-k rank accuracies."""
         return self.chain_tau.source(rule) if self.chain_tau is not None else self.accuracy
+
+    def cost_model(self, curve: dict[int, float], baseline: float | None = None,
+                   engine: EngineCost | None = None) -> CostModel:
+        """Its steps' cost model on ``curve`` (the target's, timed after its drafting calls where it drafts)."""
+        return cost_model(curve, self.draft_cost_per_depth, self.draft_cost_fixed, baseline, engine)
 
 
 def expand_specs(specs) -> list[dict]:
@@ -106,11 +116,11 @@ def tree_file(config: str) -> str:
     return "trees/" + re.sub(r"[^A-Za-z0-9._=-]+", "_", config.replace(" | ", "__")).strip("_") + ".json"
 
 
-def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes: int, baseline: float | None = None,
-                 rule: str = "rejection"):
+def resolve_tree(spec: dict, d: DrafterSpec, costs: CostModel | dict[int, float], max_nodes: int,
+                 baseline: float | None = None, rule: str = "rejection"):
     """The tree this drafter verifies for ``spec`` under acceptance ``rule``, or (None, reason) when it cannot fill
-    it. ``curve``: the drafter's cost curve; ``baseline``: vanilla's seconds per token (default the curve's
-    one-token cost)."""
+    it. ``costs``: the drafter's CostModel, or its cost curve (with its drafting costs, ``baseline`` the vanilla
+    pass's seconds, default the curve's one-token cost, and no engine term)."""
     source = d.tau_source(rule)
     if spec.get("kind") in NEEDS_ACCURACY and source is None:
         return None, f"{d.name} has no measured accuracies" + (f" (no closed-form τ for {rule})" if d.chain_tau else "")
@@ -118,8 +128,9 @@ def resolve_tree(spec: dict, d: DrafterSpec, curve: dict[int, float], max_nodes:
         return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
+    costs = costs if isinstance(costs, CostModel) else d.cost_model(costs, baseline)
     tree = build_tree(spec, accuracy=source, acceptance=rule, default=d.drafter.default_tree,
-                      choose=auto_chooser(curve, d.draft_cost_fixed, d.draft_cost_per_depth, baseline))
+                      choose=auto_chooser(costs))
     if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
         return None, f"{d.name} cannot grow dynamic trees"
     if not isinstance(tree, Tree) and d.drafter.candidates in SAMPLED_CANDIDATES:
@@ -226,19 +237,24 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
     log("prefill: " + ", ".join(f"{n} tokens: {1e3 * t:.1f} ms" for n, t in prefill.items()))
     # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
     # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
-    curves, baseline = {}, cost_at(curve, 1)  # vanilla's seconds per token: the target alone
+    curves, baseline = {}, cost_at(curve, 1)  # vanilla's pass: the target alone
     for d in drafters:
         if d.drafting_step is not None:
             curves[d.name] = measure_cost_curve(target, cost_sizes, past_len=context, before=d.drafting_step())
             d.drafter.reset()
             log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
                                                            curves[d.name].items()))
+    # the loop's own work around each pass (walk, compaction, masks, Python), timed in the loop at this context
+    engine = measure_engine_cost(target, past_len=context)
+    log(f"engine, beyond the curve's pass: {1e3 * engine.vanilla:.2f} ms per vanilla step, {1e3 * engine.fixed:.2f} ms "
+        f"+ {1e3 * engine.per_node:.3f} ms per tree node per speculative step")
+    costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}
     configs, meta, skipped, seen = [], {}, [], {}
     # each drafter's own trees (DrafterSpec.trees, e.g. Spec-Bench's one per method), else the run's
     planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs)
                for rule in rules]
     for d, spec, rule in planned:
-        tree, reason = resolve_tree(spec, d, curves.get(d.name, curve), max_nodes, baseline=baseline, rule=rule)
+        tree, reason = resolve_tree(spec, d, costs[d.name], max_nodes, rule=rule)
         name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
         if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
             tree, reason = None, "block verification verifies chains"
@@ -253,22 +269,23 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
                         "same_as": same_as if same_as != name else None})
         # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
         source = d.tau_source(rule)
-        pred = predict(tree, source, curves.get(d.name, curve), d.draft_cost_per_depth, d.draft_cost_fixed,
-                       baseline=baseline) \
+        pred = predict(tree, source, costs[d.name]) \
             if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None
         # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
-        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill,
-                                                     baseline) for p in prompt_info) if pred else None
+        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill)
+                                  for p in prompt_info) if pred else None
         meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                       "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
                       "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
                       "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
+                      "predicted_step_ms": 1e3 * pred.step_cost if pred else None,
                       "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name),
                       **({"same_tree_as": same_as} if same_as != name else {})}
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
     return {"cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill, "configs": configs,
-            "meta": meta, "skipped": skipped}
+            "meta": meta, "skipped": skipped, "engine": engine.record(),
+            "cost_models": {name: c.record() for name, c in costs.items()}}
 
 
 def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], prompts: list[torch.Tensor], *,
@@ -329,6 +346,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         setup = measure_setup(target, drafters, tree_specs, rules, prompt_info, cost_sizes, context, max_nodes, log)
         journal.start(key, setup)
     log(f"every run is kept in {journal.path} as it finishes: resume=true run_dir={out_dir} continues a killed run")
+    # each drafter's measurements, for generate(tree={"kind": "auto"}, profile=load_profile(folder)) to choose as here
+    profiles = write_profiles(out_dir, drafters, setup.get("cost_models"), context_tokens=context)
     curve, curves, prefill = setup["cost_curve"], setup["cost_curves_after_drafting"], setup["prefill_curve"]
     meta, skipped, planned = setup["meta"], setup["skipped"], setup["configs"]
     by_drafter = {d.name: d for d in drafters}
@@ -371,6 +390,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "prompt_info": prompt_info,
             "prompt_of_run": list(prompt_of_run),
             "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
+            "engine": setup.get("engine"), "cost_models": setup.get("cost_models"), "profiles": profiles,
             "records": records, "skipped": skipped,
             "best": best_of(rows),
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
@@ -425,7 +445,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     if batch_sizes:
         result["batch"] = run_batch_sizes(
             target, drafters, [(spec_label(spec), spec) for spec in expand_specs(tree_specs)], prompts,
-            resolve=lambda spec, d, c, base: resolve_tree(spec, d, c, max_nodes, baseline=base),
+            resolve=lambda spec, d, costs: resolve_tree(spec, d, costs, max_nodes),
             batch_sizes=batch_sizes, batches=batches, max_new_tokens=max(budgets), temperature=temperature,
             top_p=top_p, eos_token_id=eos_token_id, cost_sizes=batch_cost_sizes, past_len=context, seed=seed, log=log)
     result["wall_s"] = time.perf_counter() - started

@@ -115,7 +115,7 @@ def check_workload(cfg) -> None:
         config_checks.integer(n, "workload.per_category" + (f".{key}" if key else ""), optional=True)
     config_checks.integer(w.get("max_prompt_tokens"), "workload.max_prompt_tokens", optional=True)
     config_checks.integer(w.get("held_out", 0), "workload.held_out", 0)
-    config_checks.integer(w.get("held_out_tokens", 128), "workload.held_out_tokens")
+    config_checks.integer(w.get("held_out_tokens"), "workload.held_out_tokens", optional=True)
     config_checks.integer(w.get("seed", 0), "workload.seed", 0)
     budgets = w.get("max_new_tokens")
     if budgets is not None and not OmegaConf.is_dict(budgets):
@@ -300,23 +300,26 @@ def workload_prompts(cfg, target, tokenizer, log=print):
                             cut_to_fit=w.source == "reference", log=log)
     seed = int(cfg.get("seed") or 0)
     device = target.device
+    # accuracies at the positions decoding verifies: acceptance rises along a generation (the target's own text
+    # grows more predictable), so continuations longer than the answers over-predict τ (docs/results.md)
+    new_tokens = int(w.get("held_out_tokens") or max(p.max_new_tokens for p in prompts))
 
     @functools.cache
     def windows():  # made once, only if a drafter needs them
-        if w.source == "reference":  # [held_out, 144] windows of the stdlib corpus's validation split
+        if w.source == "reference":  # [held_out, 16 + new_tokens] windows of the stdlib corpus's validation split
             held_out = held_out_windows(tokenizer, 256, int(w.held_out), cfg.paths.data)
             shared = overlaps([p.ids.cpu() for p in prompts], [held_out])
             if shared:
                 log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
-            return own_continuations(target, held_out, temperature=cfg.temperature, top_p=cfg.top_p,
-                                     seed=seed).to(device)
+            return own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, seed=seed).to(device)
         if not workload.held_out:
             log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
                 "accuracy or auto trees and no predictions")
             return None
-        made = continuation_windows(target, template, workload.held_out, new_tokens=int(w.get("held_out_tokens", 128)),
+        made = continuation_windows(target, template, workload.held_out, new_tokens=new_tokens,
                                     lead=LEAD, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                                    max_prompt_tokens=w.get("max_prompt_tokens"))
+                                    max_prompt_tokens=w.get("max_prompt_tokens"), log=log)
         return [x.to(device) for x in made] or None
 
     if w.source == "reference":

@@ -1,5 +1,6 @@
 """What a user watching a comparison sees, and what it runs with: the threads default on a shared machine and the
-progress line (runs done of all, which prompt run, the time left).
+progress lines (runs done of all, which prompt run, the time left; ``Countdown`` for the phases before the runs:
+the target's greedy answers of a workload's earlier turns, its held-out continuations).
 
 Threads: torch starts one thread per core. On cores that other processes keep busy those threads wait for each
 other at every operation, and a forward slows several-fold. So ``threads: null`` takes the cores that the load
@@ -72,3 +73,19 @@ class Progress:
         else:
             eta = f"about {duration((now - self.first) / (self.fresh - 1) * left)} left" if left else "the last run"
         self.log(f"  [{self.done}/{self.total}] {name} · prompt run {run + 1}/{self.runs} · {eta}")
+
+
+class Countdown:
+    """The line logged after each item of a phase that precedes the timed runs: "  <what> [done/total] · <note> ·
+    about T left", the time left extrapolated from the items done so far."""
+
+    def __init__(self, what: str, total: int, log=print, clock=time.perf_counter):
+        self.what, self.total, self.log, self.clock = what, total, log, clock
+        self.done, self.start = 0, clock()
+
+    def __call__(self, note: str = "") -> None:
+        self.done += 1
+        left = max(0, self.total - self.done)
+        spent = self.clock() - self.start
+        eta = f"about {duration(spent / self.done * left)} left" if left else "done"
+        self.log(f"  {self.what} [{self.done}/{self.total}]" + (f" · {note}" if note else "") + f" · {eta}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
+from treespec.train.compare.predictions import ratio, summary_line
 from treespec.train.compare.results_file import load_result, save_result
 from treespec.train.compare.specbench import csv_rows as specbench_rows
 from treespec.train.compare.specbench import markdown as specbench_markdown
@@ -102,12 +103,24 @@ def label_variants(result: dict, configs, measured) -> None:
     rules = {c.get("acceptance") or "rejection" for c in measured}
     modes = {candidates_of(c) for c in measured}
     for c in configs:
-        parts = [c["tree"]]
+        parts = [chosen(c)]
         if c["config"] != "vanilla" and len(rules) > 1:
             parts.append(c.get("acceptance") or "rejection")
         if c["config"] != "vanilla" and len(modes) > 1:
             parts.append(f"{candidates_of(c)} candidates")
         c["shown"] = ", ".join(parts)
+
+
+def chosen(c: dict) -> str:
+    """A configuration's tree label; an ``auto`` one says what it chose: "auto → chain γ=4", "auto → 12 nodes,
+    depth 5", "auto → none" (no drafting)."""
+    spec = c.get("tree_spec")
+    if c.get("tree") != "auto" or not isinstance(spec, dict) or spec.get("kind") not in ("paths", "chain"):
+        return c["tree"]
+    tree = build_tree(spec)
+    if not len(tree):
+        return "auto → none"
+    return "auto → " + (f"chain γ={tree.depth}" if tree.is_chain else f"{len(tree)} nodes, depth {tree.depth}")
 
 
 VERDICT = {"best": "**best**", "indistinguishable": "≈ best", "below": "below"}
@@ -146,11 +159,11 @@ def vanilla_spread(result: dict, a: dict) -> dict | None:
 def summary_table(a: dict) -> tuple[list[str], list[list]]:
     peer_names = [p["name"] for p in a["peers"]]
     header = ["drafter", "best tree", "nodes", f"τ ({level_text(a)} CI)", f"speedup ({level_text(a)} CI)",
-              "predicted speedup", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
+              "predicted speedup", "pred ÷ meas", "c"] + [f"vs {n}" for n in peer_names] + ["vs the run's best"]
     rows = []
     for drafter, c in a["bests"].items():
         rows.append([drafter, c["shown"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
-                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(c.get("c"))]
+                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(ratio(c)), num(c.get("c"))]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
                     + [VERDICT.get(c["verdict"], DASH)])
     return header, rows
@@ -165,6 +178,7 @@ def summary_records(a: dict) -> list[dict]:
             e = c[f"{key}_est"]
             row.update({key: e.value, f"{key}_lo": e.lo, f"{key}_hi": e.hi})
         row["predicted_speedup"] = c["predicted_speedup"]
+        row["predicted_over_measured"] = ratio(c)
         row["c"] = c.get("c")
         for p in a["peers"]:
             e = p["ratios"].get(drafter) or Estimate(math.nan)
@@ -177,7 +191,7 @@ def summary_records(a: dict) -> list[dict]:
 
 def grid_table(a: dict) -> tuple[list[str], list[list]]:
     header = ["drafter", "tree", "nodes", "depth", f"τ ({level_text(a)} CI)", "predicted τ", "tokens/s",
-              f"speedup ({level_text(a)} CI)", "predicted speedup", "engine overhead", "walk ms/pass",
+              f"speedup ({level_text(a)} CI)", "predicted speedup", "pred ÷ meas", "engine overhead", "walk ms/pass",
               "draft ms/depth", "c",
               "vs the run's best"]
     rows = []
@@ -187,7 +201,8 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
                      with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
-                     DASH if missing(overhead) else f"{100 * overhead:.1f}%", num(c.get("walk_ms_per_pass"), ".2f"),
+                     num(ratio(c)), DASH if missing(overhead) else f"{100 * overhead:.1f}%",
+                     num(c.get("walk_ms_per_pass"), ".2f"),
                      num(c.get("draft_ms_per_depth")),
                      num(c.get("c")), VERDICT.get(c.get("verdict"), DASH)])
     return header, rows
@@ -328,6 +343,10 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
     lines += [""] + specbench if specbench else []
     lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
+    predictions = summary_line(result["records"])
+    if predictions:
+        lines += ["", predictions + " \"pred ÷ meas\": the predicted speedup of whole generations (the cost model: "
+                  "target pass, drafting and the engine's own work per step, prefill included) ÷ the measured one."]
     if result.get("skipped"):
         lines += ["", "Not measured (the drafter cannot fill the tree): "
                   + "; ".join(f"{k['config']} ({k['reason']})" for k in result["skipped"]) + "."]
@@ -349,7 +368,8 @@ def csv_rows(a: dict) -> list[dict]:
                     "depth": c["depth"], "tau": tau.value, "tau_lo": tau.lo, "tau_hi": tau.hi,
                     "predicted_tau": c["predicted_tau"], "tokens_per_s": c["tokens_per_s"], "speedup": sp.value,
                     "speedup_lo": sp.lo, "speedup_hi": sp.hi, "predicted_speedup": c["predicted_speedup"],
-                    "target_passes": c["target_passes"], "new_tokens": c["new_tokens"],
+                    "predicted_over_measured": ratio(c), "target_passes": c["target_passes"],
+                    "new_tokens": c["new_tokens"],
                     "overhead_fraction": c.get("overhead_fraction"),
                     "draft_ms_per_depth": c.get("draft_ms_per_depth"), "c": c.get("c"), "vs_best": c.get("verdict")})
     return out

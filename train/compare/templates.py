@@ -30,6 +30,7 @@ import torch
 
 from treespec.generate import generate
 from treespec.inputs import max_positions
+from treespec.train.compare.progress import Countdown
 from treespec.train.compare.workload import Item
 from treespec.train.training.chat import TEMPLATES, ChatRenderer
 
@@ -182,6 +183,8 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
     out = []
     device = target.device
     positions = max_positions(target.config)  # a small target's context can be shorter than a prompt + answer
+    # the target answers every turn greedily before anything is timed: minutes on a bigger target, so say how far
+    progress = Countdown("the target's greedy answers (what later turns hold)", sum(len(i.turns) for i in items), log)
     for item in items:
         answers: list[str] = []
         budget = int(max_new_tokens_of(item.category))
@@ -197,12 +200,15 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
             if reason is not None:
                 if skipped is not None:
                     skipped[reason] += len(item.turns) - turn + 1
+                for later in range(turn, len(item.turns) + 1):
+                    progress(f"{item.id} turn {later}: skipped ({reason})")
                 break
             greedy = generate(target, ids.to(device), max_new_tokens=budget, eos_token_id=template.end_ids or None)
             new = greedy.sequences[0, ids.shape[1]:].cpu()
             answers.append(template.answer_text(new))
             out.append(TimedPrompt(ids.to(device), item.id if turn == 1 else f"{item.id}/turn {turn}", item.category,
                                    turn, budget, answer_tokens=int(new.numel())))
+            progress(f"{out[-1].id}: {int(new.numel())} tokens")
     log(f"workload: {len(out)} timed prompts from {len(items)} items, each turn's prompt holding the target's own "
         "greedy answers to the turns before it")
     if not out:
@@ -213,20 +219,23 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
 
 def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128, lead: int = 16,
                      temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                     max_prompt_tokens: int | None = None) -> list[torch.Tensor]:
+                     max_prompt_tokens: int | None = None, log=print) -> list[torch.Tensor]:
     """[1, lead + n] windows: the last ``lead`` tokens of each held-out item's first-turn prompt and the target's
     own continuation (up to ``new_tokens``, stopping at an end token; sampled at ``temperature``/``top_p``).
     Windows whose continuation has fewer than 2 tokens, and over-long prompts, are left out."""
     windows = []
+    progress = Countdown("the target's continuations of the held-out prompts (for accuracies)", len(items), log)
     for i, item in enumerate(items):
         ids = template.ids(template.messages(item, 1, []))
         if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens:
+            progress(f"{item.id}: skipped (over max_prompt_tokens)")
             continue
         gen = torch.Generator().manual_seed(seed + i)
         out = generate(target, ids.to(target.device), max_new_tokens=new_tokens, temperature=temperature, top_p=top_p,
                        eos_token_id=template.end_ids or None, generator=gen)
         if out.new_tokens >= 2:
             windows.append(out.sequences[:, max(0, ids.shape[1] - lead):].cpu())
+        progress(f"{item.id}: {out.new_tokens} tokens")
     return windows
 
 

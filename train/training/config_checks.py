@@ -186,3 +186,9 @@ def check_eval(e) -> None:
     for key in ("prompts", "prompt_tokens", "max_new_tokens"):
         integer(e.get(key), f"eval.{key}")
     number(e.get("temperature"), "eval.temperature", 0)
+    profile = e.get("profile") or {}
+    integers(profile.get("cost_sizes", [1]), "eval.profile.cost_sizes")
+    if min(profile.get("cost_sizes", [1])) < 1:
+        raise ValueError(f"eval.profile.cost_sizes must be tree sizes >= 1, got {list(profile.get('cost_sizes'))}")
+    for key in ("engine_rounds", "chain_windows"):
+        integer(profile.get(key, 1), f"eval.profile.{key}")

@@ -21,19 +21,18 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
+from treespec.autotree import saved_chooser
 from treespec.bench import Config, Row, measure
 from treespec.heads import registry
 from treespec.heads.export import formats as export_formats
-from treespec.heads.kind import drafting_costs
 from treespec.heads.objective import TARGET_FOLDER
 from treespec.io import single_run, weights_digest
 from treespec.reference import load_model
-from treespec.timing import forward_step
 from treespec.train.training import config_checks, distributed, expected_tau, run_summary
 from treespec.train.training.chat import SampleBatches, Samples, prepare_chat
 from treespec.train.training.data import TokenBatches, eval_windows, prepare_tokens, self_distill
 from treespec.train.training.distributed import record
+from treespec.train.training.export_profile import save_profile
 from treespec.train.training.exportable import check_export_names, check_export_targets
 from treespec.train.training.features import FeatureBatches, FeatureStore, WindowSamples, prepare, split_layers
 from treespec.train.training.lm_job import fingerprint
@@ -182,12 +181,12 @@ def _first(samples, n: int):
     return samples.input_ids[:end], samples.loss_mask[:end], samples.offsets[: n + 1], samples.prompt_lens[:n]
 
 
-def decoding_eval(cfg, target, recipe, accuracy, prompts, tree16=None) -> tuple[dict, Row, object, Row | None]:
-    """Decode held-out prompts with the trained drafter on the evaluation tree, against vanilla, and on
-    ``tree16`` when given (the expected τ's 16-node accuracy tree) → (metrics, the drafter's row, the tree,
-    tree16's row or None)."""
+def decoding_eval(cfg, target, recipe, accuracy, prompts, tree16=None, choose=None
+                  ) -> tuple[dict, Row, object, Row | None]:
+    """Decode held-out prompts with the trained drafter on the evaluation tree (an "auto" one chosen by ``choose``,
+    the saved cost model's chooser), against vanilla, and on ``tree16`` when given (the expected τ's 16-node
+    accuracy tree) → (metrics, the drafter's row, the tree, tree16's row or None)."""
     e, spec, name = cfg.eval, eval_tree_spec(cfg), cfg.drafter.name
-    choose = auto_chooser(measure_cost_curve(target)) if spec.get("kind") == "auto" else None
     tree = build_tree(spec, accuracy=accuracy, choose=choose)
     configs = [Config(name, recipe.drafter(), tree)]
     if tree16 is not None:
@@ -333,15 +332,17 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
         decoder, target_name = recipe.target.eval(), f"{cfg.export_dir}/{TARGET_FOLDER}"
         tokenizer.save_pretrained(target_name)  # the folder loads as a target on its own
         rows.append(("target", target_lines(result.eval_metrics, summary, target_name)))
-    # beside the accuracies, this device's cost curve and the drafter's own drafting cost, timed as decoding sees
-    # it (after a target pass): load_profile's chooser for generate(tree={"kind": "auto"}), as the comparison's
-    fixed, per_depth = drafting_costs(recipe.drafter(), forward_step(decoder, 1))
-    save_cost_curve(cfg.export_dir, measure_cost_curve(decoder), device=str(decoder.device), draft_cost_fixed=fixed,
-                    draft_cost_per_depth=per_depth)
+    # beside the accuracies, this machine's cost model (and the chain τ of sampled candidates), measured as
+    # load_profile and the comparison measure them: what generate(tree={"kind": "auto"}) chooses with
+    measured = cfg.eval.get("profile") or {}
+    costs = save_profile(cfg.export_dir, decoder, registry.get(d.name).loads_as, recipe.module, recipe.drafter(),
+                         data.val_windows, eval_temperature=cfg.eval.get("temperature", 0.0), seed=cfg.seed,
+                         **{k: v for k, v in measured.items() if k in ("cost_sizes", "engine_rounds", "chain_windows")})
     summary.update(final_metrics)
     probe_acc = probe.last() if probe is not None else None
     tree16 = expected_tau.accuracy_tree(probe_acc) if probe_acc is not None else None
-    eval_metrics, row, tree, row16 = decoding_eval(cfg, decoder, recipe, accuracy, data.prompts, tree16)
+    eval_metrics, row, tree, row16 = decoding_eval(cfg, decoder, recipe, accuracy, data.prompts, tree16,
+                                                   saved_chooser(costs))
     summary.update(eval_metrics)
     log_accept_lengths(logger, row, step)
     logger.log({**eval_metrics, **{f"export/{k}": v for k, v in final_metrics.items()}}, step=step)

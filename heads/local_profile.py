@@ -1,0 +1,86 @@
+"""A drafter's profile on this machine: what ``heads.load_profile(source, target)`` measures once on first use
+when the drafter's folder holds none measured here, and caches (treespec/profile_cache.py).
+
+- The cost model (treespec.autotree.CostModel), measured as the comparison measures it: the target's cost curve
+  alone (vanilla's pass), again with every forward right after one of the drafter's drafting calls (its weights
+  push the target's out of the caches), the drafting costs (heads/kind.py), and the engine's cost per step
+  (treespec/engine_cost.py). A folder's own cost_curve.json is used instead when it was measured on this machine
+  for this target and these weights (training writes one: train/training/drafter_job.py); the shipped drafters'
+  were not, so theirs are measured here.
+- The chain τ of sampled candidates at a sampling the folder's chain_tau.json lacks, on the target's own
+  continuations of the first prompt decoded at it (treespec.chain_tau.measure_on_prompt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from treespec import chain_tau
+from treespec.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_curve, read_cost_curve
+from treespec.engine_cost import measure_engine_cost
+from treespec.heads.kind import drafting_costs, drafting_step
+from treespec.profile_cache import cached, cost_key, fingerprint, key, machine, measured_here
+from treespec.timing import forward_step
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+PAST_LEN = 256  # cached tokens the cost curve is timed after (the comparison times at its prompts' context)
+
+
+def files_fingerprint(folder) -> str:
+    """sha1 of a drafter folder's weight files (names and bytes): what its measurements are keyed by, whoever
+    loads it."""
+    digest = hashlib.sha1()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def about(target, drafter_key: str, past_len: int = PAST_LEN) -> dict:
+    """What a cost record says it was measured for: the device and machine, the target, the drafter's weights."""
+    return {"device": str(target.device), "machine": machine(target.device), "target": fingerprint(target),
+            "drafter": drafter_key, "past_len": past_len}
+
+
+def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES,
+                       engine_rounds: int = 3) -> CostModel:
+    """``drafter``'s cost model on ``target`` on this device (module docstring): the curves at ``sizes`` tree tokens,
+    the engine's cost in ``engine_rounds`` rounds."""
+    curve = measure_cost_curve(target, tuple(sizes), past_len=past_len)
+    step = drafting_step(drafter)
+    after = measure_cost_curve(target, tuple(sizes), past_len=past_len, before=step) if step is not None else curve
+    drafter.reset()
+    fixed, per_depth = drafting_costs(drafter, forward_step(target, 1, past_len))
+    engine = measure_engine_cost(target, past_len=past_len, repeats=engine_rounds)
+    return CostModel(after, fixed, per_depth, cost_at(curve, 1), engine)
+
+
+def cost_record(target, drafter, folder, log=print) -> dict:
+    """This machine's cost record of ``drafter`` (loaded from ``folder``) on ``target``: the folder's when it was
+    measured here for these models, else the cache's, else measured now and cached."""
+    drafter_key = files_fingerprint(folder)
+    saved = read_cost_curve(folder)
+    if measured_here(saved, target) and saved.get("drafter") == drafter_key:
+        return saved
+    return cached("cost_model", cost_key(target, drafter_key),
+                  lambda: measure_cost_model(target, drafter).record(**about(target, drafter_key)), log)
+
+
+def chain_tau_measurer(target, folder, log=print) -> Callable:
+    """``DrafterProfile.measure_chain_tau`` for the drafter in ``folder`` on ``target``: a chain τ at a new
+    sampling, measured on the first prompt decoded at it and cached per target, drafter and sampling."""
+    drafter_key = files_fingerprint(folder)
+
+    def measure(drafter, sampling, prompt):
+        name = key(target=fingerprint(target), drafter=drafter_key, sampling=dataclasses.asdict(sampling),
+                   depth=chain_tau.DEPTH)
+        return chain_tau.from_record(cached(
+            "chain_tau", name, lambda: chain_tau.record(chain_tau.measure_on_prompt(target, drafter, prompt, sampling),
+                                                        target=fingerprint(target), drafter=drafter_key), log))
+
+    return measure

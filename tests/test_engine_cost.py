@@ -1,0 +1,128 @@
+"""The engine's own cost per step (treespec/engine_cost.py) and the cost model that carries it (autotree.CostModel):
+the calibration's arithmetic on fake step times, the step clock's counts on real decoding, and the records
+(cost_curve.json) with and without the engine's fields. No speed is asserted: timings are only ever fed in."""
+
+import json
+
+import pytest
+import torch
+
+from treespec import engine_cost, generate
+from treespec.autotree import (
+    CostModel,
+    EngineCost,
+    auto_chooser,
+    choose_tree,
+    cost_at,
+    predict,
+    read_cost_curve,
+    save_cost_curve,
+    saved_chooser,
+)
+from treespec.engine_cost import PlaceholderDrafter, StepClock, fit_engine, measure_engine_cost, step_times
+from treespec.tree import Tree
+
+from .helpers import tiny_llama
+
+CURVE = {1: 1.0e-3, 4: 1.2e-3, 16: 2.0e-3, 64: 5.0e-3, 128: 9.0e-3}
+ACC = [[0.8, 0.1], [0.7, 0.1], [0.6], [0.5], [0.4]]
+
+
+def test_fit_recovers_a_line_and_refuses_a_falling_one():
+    e = fit_engine(0.5e-3, [(3, 2e-3 + 3 * 1e-5), (9, 2e-3 + 9 * 1e-5), (31, 2e-3 + 31 * 1e-5)])
+    assert e.vanilla == pytest.approx(0.5e-3) and e.fixed == pytest.approx(2e-3) and e.per_node == pytest.approx(1e-5)
+    flat = fit_engine(0.0, [(3, 4e-3), (31, 2e-3)])  # a bigger tree never costs the loop less: noise
+    assert flat.per_node == 0.0 and flat.fixed == pytest.approx(3e-3) and flat.vanilla == 0.0
+    assert fit_engine(0.0, [(9, 2e-3)]) == EngineCost(0.0, 2e-3, 0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_engine(0.0, [])
+    with pytest.raises(ValueError, match="steps >= 2"):
+        measure_engine_cost(tiny_llama(seed=0), steps=1)
+
+
+def test_calibration_from_fake_timers(monkeypatch):
+    """measure_engine_cost's arithmetic: each round's steps minus the pass alone timed right before them, the median
+    over rounds, a line through the tree sizes. The machine's speed changes between rounds (every time doubles in
+    round 2) and one round's steps hold a slow outlier: the engine cost comes back as the one put in all the same;
+    vanilla and every tree are timed in interleaved rounds after an untimed one."""
+    calls = []
+    sizes = [None] + [t.num_nodes for t in engine_cost.CALIBRATION_TREES]
+    speed = lambda: 2.0 if len(calls) // (2 * len(sizes)) == 2 else 1.0  # round 2 (of 0..3) runs slow
+
+    def fake_pass(target, nodes, past_len, batch=1, repeats=8):
+        alone = speed() * cost_at(CURVE, nodes)
+        calls.append(("pass", nodes))
+        return alone
+
+    def fake_steps(target, prompt, steps, tree=None, drafter=None):
+        if tree is None:
+            times = [speed() * (cost_at(CURVE, 1) + 0.4e-3)] * (steps - 1)
+        else:
+            assert isinstance(drafter, PlaceholderDrafter) and drafter.default_tree == tree
+            times = [speed() * (cost_at(CURVE, tree.num_nodes) + 1.5e-3 + 2e-5 * tree.num_nodes)] * (steps - 1)
+        calls.append(("steps", None if tree is None else tree.num_nodes, steps))
+        return times[:-1] + [1.0]  # one step caught a slow spell: the median ignores it
+
+    monkeypatch.setattr(engine_cost, "pass_time", fake_pass)
+    monkeypatch.setattr(engine_cost, "step_times", fake_steps)
+    e = measure_engine_cost(tiny_llama(seed=0), past_len=16, steps=6, repeats=3)
+    assert e.vanilla == pytest.approx(0.4e-3) and e.fixed == pytest.approx(1.5e-3)
+    assert e.per_node == pytest.approx(2e-5)
+    rounds = [[("pass", n or 1), ("steps", n, count)] for n in sizes for count in [3]] + \
+        [[("pass", n or 1), ("steps", n, 6)] for _ in range(3) for n in sizes]
+    assert calls == [c for pair in rounds for c in pair]
+
+
+def test_step_clock_times_every_step_and_the_placeholder_is_lossless():
+    """One walk per step, plain or speculative: the clock holds one start per verification pass; a placeholder
+    tree verifies like any other (greedy output equals vanilla's)."""
+    target = tiny_llama(seed=0)
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    ticks = iter(range(1000))
+    clock = StepClock(synchronize=False, now=lambda: float(next(ticks)))
+    vanilla = generate(target, prompt, max_new_tokens=9, observer=clock)
+    assert len(clock.walk_starts) == vanilla.target_passes == 8 and clock.step_seconds() == [1.0] * 7
+    tree = Tree.full(2, 2)
+    clock = StepClock(synchronize=False)
+    out = generate(target, prompt, drafter=PlaceholderDrafter(tree, token=5), tree=tree, max_new_tokens=9,
+                   observer=clock)
+    assert torch.equal(out.sequences, vanilla.sequences)
+    assert len(clock.walk_starts) == out.target_passes and all(s >= 0 for s in clock.step_seconds())
+    assert len(step_times(target, prompt, 5, tree, PlaceholderDrafter(tree))) == 4
+    assert len(step_times(target, prompt.expand(2, -1), 5)) == 4  # a batch of rows too
+
+
+def test_the_engine_changes_predictions_and_the_choice():
+    """Vanilla pays the engine once per token, a tree once per τ tokens: a large per-step engine cost makes a deep
+    chain pay where the bare curve chose a shallow one; zero engine cost predicts as before."""
+    bare = CostModel(CURVE, draft_cost_per_depth=0.3e-3)
+    assert predict(Tree.chain(3), ACC, bare).speedup == \
+        pytest.approx(predict(Tree.chain(3), ACC, CURVE, draft_cost_per_depth=0.3e-3).speedup)
+    engine = EngineCost(vanilla=2e-3, fixed=2e-3, per_node=0.0)
+    heavy = CostModel(CURVE, draft_cost_per_depth=0.3e-3, engine=engine)
+    p = predict(Tree.chain(3), ACC, heavy)
+    assert p.vanilla == pytest.approx(3e-3)
+    assert p.step_cost == pytest.approx(cost_at(CURVE, 4) + 3 * 0.3e-3 + 2e-3)
+    assert p.speedup == pytest.approx(p.tau * 3e-3 / p.step_cost)
+    assert predict(Tree.chain(0), ACC, heavy).speedup == 1.0
+    chain_only = [[0.8], [0.7], [0.6], [0.5], [0.4]]
+    assert choose_tree(chain_only, heavy)[0].tree.depth > choose_tree(chain_only, bare)[0].tree.depth
+
+
+def test_cost_records_keep_the_engine_and_read_old_ones(tmp_path):
+    """cost_curve.json holds the engine's three terms; a file written before them reads with zeros; generate's
+    chooser (saved_chooser) and a CostModel built from the same numbers choose the same tree."""
+    engine = EngineCost(0.5e-3, 1.5e-3, 1e-5)
+    save_cost_curve(tmp_path, CURVE, draft_cost_fixed=0.2e-3, draft_cost_per_depth=0.3e-3, baseline=0.9e-3,
+                    engine=engine, device="cpu")
+    record = read_cost_curve(tmp_path)
+    costs = CostModel.from_record(record)
+    assert costs == CostModel(CURVE, 0.2e-3, 0.3e-3, 0.9e-3, engine) and record["device"] == "cpu"
+    assert CostModel.from_record(costs.record()) == costs
+    for max_nodes in (4, 16):
+        assert saved_chooser(record)(ACC, max_nodes) == choose_tree(ACC, costs, max_nodes=max_nodes)[0].tree
+        assert auto_chooser(costs)(ACC, max_nodes) == saved_chooser(record)(ACC, max_nodes)
+    old = {"curve": {str(n): t for n, t in CURVE.items()}, "draft_cost_fixed": 0.0, "draft_cost_per_depth": 1e-4,
+           "baseline": None, "device": "cpu"}
+    (tmp_path / "cost_curve.json").write_text(json.dumps(old))
+    assert CostModel.from_record(read_cost_curve(tmp_path)).engine == EngineCost()

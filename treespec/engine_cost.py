@@ -1,0 +1,141 @@
+"""The engine's own cost per decoding step (``autotree.EngineCost``), measured in the decoding loop itself.
+
+A step costs its target pass and its drafting calls, which the cost curve and the drafting costs time in
+isolation, and the work of the loop around them: the walk over the pass's logits, the cache compaction, the
+masks, the bookkeeping in Python. On a small, fast target that work is a large share of a step, and a cost model
+without it under-predicts what speculation gains (vanilla pays it once per token, a tree once per τ tokens).
+
+How it is measured: generate() decodes a random prompt of the curve's context length, once with no drafter
+(vanilla) and once per calibration tree with ``PlaceholderDrafter``, which proposes that tree's shape with one
+placeholder token everywhere and runs no model. A ``StepClock`` observer notes when each step's walk starts
+(every step, plain or speculative, walks once), so consecutive starts are one whole step apart: no prefill, no
+warm-up and no end-of-budget step is mixed in, and the median over steps stands up to a busy machine. Right
+before each such generation the target's pass over the same N tokens is timed alone (``pass_time``, as the cost
+curve times it); the step's median minus that pass is the engine's cost at N nodes, so a machine that speeds up
+or slows down between the curve and the calibration moves neither. What a pass inside decoding costs beyond the
+pass alone is part of it, which is what a prediction must add. ``fit_engine`` puts a line through the tree sizes,
+``fixed + per_node · N``, and keeps vanilla's own value beside it; each size's value is the median over rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+from treespec.autotree import EngineCost
+from treespec.drafter import Drafter, Proposals
+from treespec.generate import generate
+from treespec.inputs import max_positions
+from treespec.timing import WALK, StepTimer, forward_time
+from treespec.tree import Tree
+
+#: the trees the engine is timed on: N = 3, 9, 31 and 73 nodes (root included), chains and branching trees
+CALIBRATION_TREES = (Tree.chain(2), Tree.chain(8), Tree.full(2, 4), Tree.full(8, 2))
+
+
+class StepClock(StepTimer):
+    """A StepTimer that also notes the start of every walk (one per decoding step): ``step_seconds()`` are the
+    times between consecutive starts, each one whole step."""
+
+    def __init__(self, synchronize: bool = True, device=None, now: Callable[[], float] = time.perf_counter):
+        super().__init__(synchronize, device)
+        self.now, self.walk_starts = now, []
+
+    @contextmanager
+    def timing(self, part: str):
+        with super().timing(part):
+            if part == WALK:
+                self.walk_starts.append(self.now())
+            yield
+
+    def step_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self.walk_starts, self.walk_starts[1:], strict=False)]
+
+
+class PlaceholderDrafter(Drafter):
+    """Proposes ``tree``'s shape every step, every node the placeholder ``token``, with no model: a step of the
+    loop around a tree of that size, drafting excluded."""
+
+    def __init__(self, tree: Tree, token: int = 0):
+        self.default_tree, self.token, self._tokens = tree, token, {}
+
+    def propose(self, committed, feature, tree, sampling, generator=None) -> Proposals:
+        key = (len(committed.lengths), len(tree), committed.tokens.device)
+        if key not in self._tokens:  # made once: the drafting a real drafter does is not what is timed here
+            self._tokens[key] = torch.full(key[:2], self.token, dtype=torch.long, device=key[2])
+        return Proposals.shared(tree, self._tokens[key])
+
+
+def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = None, drafter: Drafter | None = None
+               ) -> list[float]:
+    """Seconds of each of the first ``steps`` − 1 whole steps of generate() on ``prompt`` [b, P] with ``drafter``
+    verifying ``tree`` (None: vanilla): the budget leaves the tree whole for every one of them (without
+    acceptance; with it, the same steps commit more)."""
+    clock = StepClock(synchronize=True, device=target.device)
+    depth = tree.depth if tree is not None else 0
+    generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=steps + depth + 1, observer=clock)
+    return clock.step_seconds()[: steps - 1]
+
+
+def fit_engine(vanilla: float, points: list[tuple[int, float]]) -> EngineCost:
+    """The EngineCost of measured steps: ``vanilla`` (a vanilla step's seconds beyond its pass) and ``points`` (tree
+    nodes N, a speculative step's seconds beyond its pass over N tokens) fitted by least squares as fixed +
+    per_node · N. A slope below 0 is noise (a bigger tree never costs the loop less): then a flat line through their
+    mean."""
+    if not points:
+        raise ValueError("fit_engine needs at least one (tree nodes, seconds) point")
+    xs, ys = [float(n) for n, _ in points], [float(s) for _, s in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread > 0 else 0.0
+    slope = max(0.0, slope)
+    return EngineCost(vanilla=vanilla, fixed=mean_y - slope * mean_x, per_node=slope)
+
+
+def pass_time(target, nodes: int, past_len: int, batch: int = 1, repeats: int = 8) -> float:
+    """Median seconds of the target's pass alone over ``nodes`` tokens per row after ``past_len`` cached ones (the
+    cost curve's timing, ``autotree.measure_cost_curve``)."""
+    return forward_time(target, n_tokens=nodes, past_len=past_len, repeats=repeats, batch=batch)
+
+
+def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
+                   batch: int = 1, seed: int = 0) -> tuple[list[float], dict[Tree, list[float]]]:
+    """(vanilla's engine seconds per step, {tree: its engine seconds per step}), one value per round: the median
+    step minus the pass alone timed right before it (module docstring). ``repeats`` rounds, vanilla and every
+    tree interleaved in each, after one untimed round (lazy initialisation), on a random [batch, past_len]
+    prompt."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    limit = max_positions(target.config)  # the prompt, the budget and the deepest tree must fit
+    if limit is not None:
+        past_len = max(1, min(past_len, limit - steps - max((t.depth for t in trees), default=0) - 2))
+    prompt = torch.randint(0, vocab, (batch, past_len), generator=torch.Generator().manual_seed(seed))
+    prompt = prompt.to(target.device)
+    token = int(prompt[0, 0])  # a placeholder the target rarely continues with after itself
+    configs = [(None, None)] + [(tree, PlaceholderDrafter(tree, token)) for tree in trees]
+    samples = {tree: [] for tree, _ in configs}
+    for round_ in range(repeats + 1):
+        for tree, drafter in configs:
+            nodes = 1 if tree is None else tree.num_nodes
+            alone = pass_time(target, nodes, past_len, batch)
+            times = step_times(target, prompt, steps if round_ else 3, tree, drafter)
+            if round_ and times:
+                samples[tree].append(statistics.median(times) - alone)
+    vanilla = samples.pop(None)
+    return vanilla, samples
+
+
+def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
+                        batch: int = 1, seed: int = 0) -> EngineCost:
+    """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
+    beyond the target's pass as ``autotree.measure_cost_curve`` times it."""
+    if steps < 2 or repeats < 1 or not trees:
+        raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
+                         f"steps={steps}, repeats={repeats}, {len(trees)} trees")
+    vanilla, by_tree = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
+                                      batch=batch, seed=seed)
+    points = [(tree.num_nodes, statistics.median(values)) for tree, values in by_tree.items() if values]
+    return fit_engine(statistics.median(vanilla), points)
