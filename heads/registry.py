@@ -16,7 +16,7 @@ from torch import nn
 
 from treespec.autotree import read_cost_curve
 from treespec.drafter import CANDIDATE_MODES, Drafter
-from treespec.heads import draft_model, eagle, eagle3, lookahead, medusa, prompt_lookup, recycling, rest, suffix
+from treespec.heads import draft_model, eagle, eagle3, hydra, lookahead, medusa, prompt_lookup, recycling, rest, suffix
 from treespec.heads.accuracy import read_accuracy
 from treespec.heads.detect import Found, formats, resolve_source
 from treespec.heads.detect import detect as detect_in
@@ -35,6 +35,7 @@ KINDS: tuple[DrafterKind, ...] = (
     lookahead.KIND,
     medusa.KIND,
     medusa.MEDUSA2,
+    hydra.KIND,
     eagle.KIND,
     eagle3.KIND,
 )
