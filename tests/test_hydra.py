@@ -205,12 +205,12 @@ def test_training_resumes_exactly_and_learns(tmp_path, monkeypatch):
 
     target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
     common = ["debug=tiny_heads", "drafter=hydra", f"target={target_dir}", cache, "drafter.prefix_attention=true",
-              "drafter.distill=true", "drafter.num_layers=2", "drafter.num_heads=3", "trainer.max_steps=30",
+              "drafter.distill=true", "drafter.num_layers=2", "drafter.num_heads=3", "trainer.max_steps=20",
               "tree=chain", "tree.depth=3", "logger=none", "eval.expected_tau=null"]
-    drafter_job.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=12"]))
+    drafter_job.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=8"]))
     resumed = drafter_job.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
     whole = drafter_job.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}"]))
-    assert whole["steps"] == resumed["steps"] == 30
+    assert whole["steps"] == resumed["steps"] == 20
     a, b = (load_file(tmp_path / r / "final" / "hydra.safetensors") for r in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(k.startswith("prefix.") for k in a) and not torch.all(a["prefix_gate"] == 0)  # the layer trained
