@@ -1,7 +1,7 @@
 """Drafters: everything that proposes a candidate token tree for the target to verify.
 
 One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, rest, lookahead, medusa,
-eagle, eagle3), each holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py``
+hydra, eagle, eagle3), each holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py``
 (the core's ``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its training loss,
 a ``Recipe``: heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its ``DrafterKind``:
 heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft vocabularies, lean
@@ -18,6 +18,7 @@ from treespec.heads.draft_model import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.export import export
+from treespec.heads.hydra import Hydra, HydraHeads
 from treespec.heads.lookahead import Lookahead
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.heads.prompt_lookup import PromptLookup
@@ -27,5 +28,5 @@ from treespec.heads.rest import Rest
 from treespec.heads.suffix import SuffixDecoding
 
 __all__ = ["Drafter", "Proposal", "Combined", "DraftModel", "PromptLookup", "TokenRecycling", "SuffixDecoding",
-           "Rest", "Lookahead", "Medusa", "MedusaHeads", "Eagle", "EagleModel", "Eagle3", "Eagle3Model", "load",
-           "load_profile", "export"]
+           "Rest", "Lookahead", "Medusa", "MedusaHeads", "Hydra", "HydraHeads", "Eagle", "EagleModel", "Eagle3",
+           "Eagle3Model", "load", "load_profile", "export"]

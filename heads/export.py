@@ -40,8 +40,9 @@ FOREIGN = ("*.safetensors", "*.bin", "*.pt", "*.index.json", "*_config.json")
 
 
 def module_of(drafter_or_module) -> nn.Module:
-    """The module inside a Drafter (Eagle / Eagle3: ``.model``; Medusa: ``.heads``), or the module itself."""
-    exportable = tuple(k.module_type for k in registry.KINDS if k.upstream_format)
+    """The module inside a Drafter (Eagle / Eagle3: ``.model``; Medusa, Hydra: ``.heads``), or the module itself. A
+    kind without an upstream layout (Hydra) is returned too: its ``to_upstream`` refuses every consumer."""
+    exportable = tuple(k.module_type for k in registry.KINDS if k.module_type is not None)
     names = ", ".join(t.__name__ for t in exportable)
     if isinstance(drafter_or_module, Drafter):
         for name in ("model", "heads"):

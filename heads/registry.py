@@ -22,6 +22,7 @@ from treespec.heads import (
     draft_model,
     eagle,
     eagle3,
+    hydra,
     local_profile,
     lookahead,
     medusa,
@@ -48,6 +49,7 @@ KINDS: tuple[DrafterKind, ...] = (
     lookahead.KIND,
     medusa.KIND,
     medusa.MEDUSA2,
+    hydra.KIND,
     eagle.KIND,
     eagle3.KIND,
 )

@@ -16,7 +16,9 @@ from treespec.host_reads import reads_per_step
 
 
 def cases(target, draft):
-    eagle, eagle3, medusa = (registry.build(k, target, f"reference:{k}") for k in ("eagle", "eagle3", "medusa"))
+    eagle, eagle3, medusa, hydra = (registry.build(k, target, f"reference:{k}")
+                                    for k in ("eagle", "eagle3", "medusa", "hydra"))
+    sampled_hydra = registry.build("hydra", target, "reference:hydra", candidates="sample")
     sampled_draft = DraftModel(draft, candidates="sample")
     return [
         ("vanilla", None, None), ("draft model", DraftModel(draft), Tree.chain(3)),
@@ -26,6 +28,8 @@ def cases(target, draft):
         ("EAGLE", eagle, Tree.chain(4)), ("EAGLE", eagle, Tree.full(2, 3)), ("EAGLE", eagle, DynamicTree(16, 5, 4)),
         ("EAGLE-3", eagle3, Tree.chain(4)), ("EAGLE-3", eagle3, DynamicTree(16, 5, 4)),
         ("Medusa", medusa, Tree.chain(3)), ("Medusa", medusa, Tree.full(2, 2)),
+        ("Hydra", hydra, Tree.chain(3)), ("Hydra", hydra, Tree.full(2, 3)),
+        ("Hydra, sampled candidates", sampled_hydra, Tree.full(2, 2)),
         ("prompt lookup", PromptLookup(), Tree.chain(4)), ("prompt lookup", PromptLookup(), Tree.full(2, 2)),
     ]
 

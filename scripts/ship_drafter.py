@@ -4,6 +4,7 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
 
     python scripts/ship_drafter.py medusa              # after scripts/train_heads.py drafter=medusa
     python scripts/ship_drafter.py eagle               # after scripts/train_heads.py experiment=reference_eagle
+    python scripts/ship_drafter.py hydra               # after scripts/train_heads.py experiment=reference_hydra
     python scripts/ship_drafter.py medusa --skip-copy  # re-measure the shipped drafter only
     python scripts/ship_drafter.py eagle3 --run-dir runs/eagle3_ttt7   # a run elsewhere (its run_dir=...)
     python scripts/ship_drafter.py medusa2    # Medusa-2: the heads and their fine-tuned target (stored in bf16)

@@ -11,10 +11,11 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.eagle import Eagle
 from treespec.heads.eagle3 import Eagle3
+from treespec.heads.hydra import Hydra
 from treespec.heads.medusa import Medusa
 from treespec.host_reads import HostReads, reads_per_step
 
-from .helpers import perturbed, random_eagle, random_eagle3, random_heads, tiny_llama
+from .helpers import perturbed, random_eagle, random_eagle3, random_heads, random_hydra, tiny_llama
 
 
 def test_the_counter_tells_device_reads_from_host_bookkeeping():
@@ -46,11 +47,15 @@ DRAFTERS = {
     "eagle": lambda t: Eagle(random_eagle(t)),
     "eagle3": lambda t: Eagle3(random_eagle3(t, draft_vocab=24)),
     "medusa": lambda t: Medusa(random_heads(t)),
+    "hydra": lambda t: Hydra(random_hydra(t)),
+    "hydra-prefix": lambda t: Hydra(random_hydra(t, prefix_attention=True)),  # its layer's cache, fed every step
+    "hydra-sampled": lambda t: Hydra(random_hydra(t), candidates="sample"),
     "prompt_lookup": lambda t: PromptLookup(max_ngram=2),
 }
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 3, 2)}
 CASES = [("vanilla", None)] + [(kind, tree) for kind in DRAFTERS for tree in TREES
-                               if not (tree == "dynamic" and kind in ("medusa", "prompt_lookup", "draft-sampled"))]
+                               if not (tree == "dynamic" and (kind in ("medusa", "prompt_lookup", "draft-sampled")
+                                                                       or kind.startswith("hydra")))]
 
 
 def bound(kind, tree) -> int:
@@ -74,7 +79,8 @@ def test_reads_per_step(target, kind, tree):
     assert greedy <= bound(kind, tree) and sampled <= bound(kind, tree), (greedy, sampled)
 
 
-@pytest.mark.parametrize("kind,tree", [("draft", "full"), ("eagle", "dynamic"), ("prompt_lookup", "chain")])
+@pytest.mark.parametrize("kind,tree", [("draft", "full"), ("eagle", "dynamic"), ("prompt_lookup", "chain"),
+                                       ("hydra-prefix", "full")])
 def test_reads_per_step_in_a_batch(target, kind, tree):
     """Rows of different lengths that accept different numbers of tokens and leave the batch at their budget: still
     one read a step for all of them."""

@@ -119,11 +119,11 @@ def test_shipped_eagle3_loads_and_decodes_losslessly(models):
 def test_load_reads_every_shipped_drafter_including_the_draft_model():
     """``treespec.heads.load`` detects each shipped folder's kind; the draft model is a transformers folder
     (format "transformers") and decodes losslessly once loaded so."""
-    from treespec.heads import Eagle, Eagle3, Medusa, load, registry
+    from treespec.heads import Eagle, Eagle3, Hydra, Medusa, load, registry
 
     target, tokenizer = reference.load("target")
     expected = {"draft": ("transformers", DraftModel), "eagle": ("treespec", Eagle), "eagle3": ("treespec", Eagle3),
-                "medusa": ("treespec", Medusa)}
+                "medusa": ("treespec", Medusa), "hydra": ("treespec", Hydra)}
     for name, (fmt, cls) in expected.items():
         assert registry.detect(reference.resolve(f"reference:{name}")).format == fmt
         assert type(load(f"reference:{name}", target)) is cls

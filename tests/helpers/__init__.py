@@ -20,6 +20,7 @@ from .models import (
     random_eagle,
     random_eagle3,
     random_heads,
+    random_hydra,
     tiny_llama,
     tiny_trained_target,
 )
@@ -56,7 +57,8 @@ __all__ = [
     "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",
-    "proposals_of", "random_eagle", "random_eagle3", "random_heads", "record_proposals", "recorded_run", "rnd",
+    "proposals_of", "random_eagle", "random_eagle3", "random_heads", "random_hydra", "record_proposals",
+    "recorded_run", "rnd",
     "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
     "synthesise",
     "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_trained_target",

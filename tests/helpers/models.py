@@ -9,6 +9,7 @@ import torch
 
 from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
+from treespec.heads.hydra import HydraHeads
 from treespec.heads.medusa import MedusaHeads
 from treespec.train.checks.lossless import hf_greedy, perturbed  # noqa: F401 - the suite's references, re-exported
 
@@ -72,4 +73,20 @@ def random_heads(target, num_heads=3, share=True, seed=0, scale=0.5):
     with torch.no_grad():
         for block in heads.blocks:
             block[0].linear.weight.normal_(0, scale)
+    return heads.eval()
+
+
+def random_hydra(target, num_heads=3, num_layers=1, prefix_attention=False, share=True, seed=0, scale=0.5):
+    """Hydra heads with random weights everywhere (their path columns, blocks and prefix gate too), so each node's
+    children depend on its path and are sometimes right, often wrong."""
+    torch.manual_seed(seed)
+    heads = HydraHeads(target, num_heads=num_heads, num_layers=num_layers, share_lm_head=share,
+                       prefix_attention=prefix_attention)
+    with torch.no_grad():
+        for head in heads.heads:
+            head.input.weight.add_(torch.randn_like(head.input.weight) * scale)  # the path columns matter
+            for block in head.blocks:
+                block.linear.weight.normal_(0, scale)
+        if heads.prefix_gate is not None:
+            heads.prefix_gate.fill_(1.0)
     return heads.eval()

@@ -18,6 +18,8 @@ IN_TRAINING_TOP1 = {
     "eagle3": ("eagle3_top1_0", "step 0, teacher forced on the validation windows, only positions whose target "
                                 "token is in the draft vocabulary, against the target's argmax over that vocabulary"),
     "medusa": ("depth1_top1", "head 1 on the target's hidden states of the validation windows"),
+    "hydra": ("depth1_top1", "head 1 on the target's hidden states of the validation windows, its path the window's "
+                             "next token"),
     "draft": ("top1", "the draft model's argmax against the target's, teacher forced on the validation data's scored "
                       "positions"),
 }
