@@ -17,6 +17,7 @@ from treespec.walker import Walk
 # budget. Set TREESPEC_LOSSLESS_RUNS=20000 for the full-strength test.
 VOCAB, NEW = 4, 3
 RUNS = int(os.environ.get("TREESPEC_LOSSLESS_RUNS", 3000))
+ROWS = 50  # prompts per generate() call: a batch of independent samples (sampled_counts)
 PROMPT = torch.tensor([[1, 3, 0, 1, 3]])
 
 
@@ -32,14 +33,19 @@ def exact_distribution(target, sampling: Sampling) -> np.ndarray:
 
 
 def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, seed: int = 0,
-                   acceptance: str = "rejection") -> np.ndarray:
-    """How often each 3-token continuation came out of generate(): array [V, V, V]."""
+                   acceptance: str = "rejection", rows: int = ROWS) -> np.ndarray:
+    """How often each 3-token continuation came out of generate(): array [V, V, V]. ``rows`` (> 1) decodes that
+    many copies of the prompt per call, a batch whose rows draw in turn from the one generator, so each row is an
+    independent sample (rows accept different lengths: the ragged-batch path, docs/batch.md); for a drafter
+    that drafts one prompt at a time, pass ``rows=1``. Batches divide the calls, and the suite's time, by ``rows``."""
     gen = torch.Generator().manual_seed(seed)
     counts = np.zeros((VOCAB,) * NEW)
-    for _ in range(runs):
-        out = generate(target, PROMPT, drafter=drafter, tree=tree, max_new_tokens=NEW, acceptance=acceptance,
+    for start in range(0, runs, rows):
+        batch = PROMPT.repeat(min(rows, runs - start), 1)  # [b, P]
+        out = generate(target, batch, drafter=drafter, tree=tree, max_new_tokens=NEW, acceptance=acceptance,
                        temperature=sampling.temperature, top_p=sampling.top_p, generator=gen)
-        counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
+        for row in out.sequences[:, PROMPT.shape[1]:].tolist():
+            counts[tuple(row)] += 1
     return counts
 
 
