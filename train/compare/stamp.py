@@ -20,6 +20,7 @@ import torch
 import transformers
 
 from treespec.io import file_digest, weights_digest
+from treespec.profile_cache import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -61,19 +62,9 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_info(device: torch.device | str = "cpu") -> dict:
     device = torch.device(device)
-    info = {"device": str(device), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+    info = {"device": str(device), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
