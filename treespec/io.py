@@ -186,6 +186,16 @@ def check_float_weights(weights: dict, module: torch.nn.Module, where: str) -> N
                          "tensors are not trained weights (a corrupt or wrongly converted file?)")
 
 
+def load_checked_weights(module: torch.nn.Module, weights: dict, where: str) -> None:
+    """``module.load_state_dict(weights)`` (copied into the module's device and dtype) after
+    ``check_float_weights``; missing, unexpected or mis-shaped tensors are a ValueError naming ``where``."""
+    check_float_weights(weights, module, where)
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as err:
+        raise ValueError(f"{where} do not fit the drafter: {err}") from None
+
+
 def weights_digest(module) -> str:
     """sha1 over every parameter and buffer of ``module`` (name, dtype, shape and bytes), in name order:
     equal digests mean equal weights, so a cache keyed by it is never served for other weights."""

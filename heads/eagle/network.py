@@ -40,7 +40,7 @@ from treespec.compat import cache_arg
 from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.layer_config import one_layer_config, set_full_attention
 from treespec.heads.lean import LeanProjection
-from treespec.io import check_float_weights
+from treespec.io import load_checked_weights
 
 VARIANTS = ("treespec", "upstream")
 
@@ -199,11 +199,7 @@ class EagleModel(nn.Module):
             raise ValueError(f"EAGLE config in {folder}: {err}") from None
         if variant != "treespec":  # an upstream checkpoint's biases are whatever it holds
             conform_linear_biases(model, weights)
-        check_float_weights(weights, model, f"EAGLE weights in {folder}")
-        try:
-            model.load_state_dict(weights)  # copied into our device and dtype
-        except RuntimeError as err:  # missing, unexpected or mis-shaped tensors
-            raise ValueError(f"EAGLE weights in {folder} do not fit the drafter: {err}") from None
+        load_checked_weights(model, weights, f"EAGLE weights in {folder}")
         return model.eval()
 
 

@@ -39,7 +39,7 @@ from treespec.heads.drafter_folder import (
     vocab_size_of,
 )
 from treespec.heads.layer_config import one_layer_config
-from treespec.io import check_float_weights
+from treespec.io import load_checked_weights
 
 
 class ResBlock(nn.Module):
@@ -161,11 +161,7 @@ class HydraHeads(nn.Module):
         check_config(config, folder)
         fits(config, target)
         heads = cls(target, **{k: config[k] for k in ("num_heads", "num_layers", "share_lm_head", "prefix_attention")})
-        check_float_weights(weights, heads, f"Hydra weights in {folder}")
-        try:
-            heads.load_state_dict(weights)  # copied into our device and dtype
-        except RuntimeError as err:  # missing, unexpected or mis-shaped tensors
-            raise ValueError(f"Hydra weights in {folder} do not match their config {config}: {err}") from None
+        load_checked_weights(heads, weights, f"Hydra weights in {folder} (config {config})")
         return heads.eval()
 
 

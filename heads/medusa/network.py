@@ -20,7 +20,7 @@ from torch import nn
 
 from treespec.heads.drafter_folder import check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.vocab import DraftVocab, ReducedHead
-from treespec.io import check_float_weights
+from treespec.io import load_checked_weights
 
 
 class ResBlock(nn.Module):
@@ -96,11 +96,7 @@ class MedusaHeads(nn.Module):
         check_config(config, folder)
         fits(config, target)
         heads = cls(**config, lm_head=target.get_output_embeddings())
-        check_float_weights(weights, heads, f"Medusa weights in {folder}")
-        try:
-            heads.load_state_dict(weights)
-        except RuntimeError as err:  # missing, unexpected or mis-shaped tensors
-            raise ValueError(f"Medusa weights in {folder} do not match their config {config}: {err}") from None
+        load_checked_weights(heads, weights, f"Medusa weights in {folder} (config {config})")
         return heads.to(device=target.device, dtype=target.dtype).eval()
 
 
