@@ -30,7 +30,7 @@ import torch
 from treespec.cascade import CASCADE_ATTENTION, check_cascade_target
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
-from treespec.layer_types import attention_layers, check_rollback, is_hybrid
+from treespec.layer_types import check_rollback, is_hybrid, sliding_window
 from treespec.profile import DrafterProfile
 from treespec.sampling import Sampling
 from treespec.static_pass import compile_options
@@ -236,10 +236,10 @@ def check_target(target) -> None:
         if is_hybrid(target.config):
             raise ValueError(f"{impl} is not verified on hybrid targets ({target.config.model_type}): load the target "
                              "with attn_implementation='sdpa'")
-        windows = [w for w in attention_layers(target.config) if w is not None]
-        if windows:
+        window = sliding_window(target.config)
+        if window is not None:
             raise ValueError(f"{impl} has no sliding windows and {target.config.model_type} has a window of "
-                             f"{windows[0]}: load the target with attn_implementation='sdpa'")
+                             f"{window}: load the target with attn_implementation='sdpa'")
 
 
 def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None,
@@ -275,10 +275,10 @@ def check_batch(target, drafter, batch_size: int) -> None:
     if is_hybrid(target.config):
         raise ValueError(f"a batch of {batch_size} prompts cannot be decoded on {target.config.model_type}'s "
                          "recurrent layers yet (treespec/recurrent.py verifies one row): call generate once per prompt")
-    windows = [w for w in attention_layers(target.config) if w is not None]
-    if windows:
+    window = sliding_window(target.config)
+    if window is not None:
         raise ValueError(f"a batch of {batch_size} prompts cannot be decoded on {target.config.model_type}'s "
-                         f"sliding-window layers (window {windows[0]}) yet: call generate once per prompt")
+                         f"sliding-window layers (window {window}) yet: call generate once per prompt")
     if drafter is not None:
         drafter.check_batch(batch_size)
 

@@ -58,6 +58,12 @@ def attention_layers(config) -> list[int | None]:
     return windows
 
 
+def sliding_window(config) -> int | None:
+    """The first sliding window among ``config``'s decoder layers (``attention_layers``), None when every layer
+    attends to the whole cache."""
+    return next((w for w in attention_layers(config) if w is not None), None)
+
+
 def is_hybrid(config) -> bool:
     """Whether ``config``'s decoder has recurrent layers (verified by treespec/recurrent.py)."""
     types, _ = layer_types_and_kwargs(config.get_text_config(decoder=True))

@@ -43,7 +43,7 @@ import torch
 
 from treespec.compat import cache_arg
 from treespec.drafter import stack_features
-from treespec.layer_types import attention_layers, is_hybrid
+from treespec.layer_types import is_hybrid, sliding_window
 
 #: attention implementations a static pass runs (the float additive mask of treespec/visibility.py)
 STATIC_ATTENTION = ("sdpa", "eager")
@@ -83,9 +83,9 @@ def static_refusal(model) -> str | None:
     over a preallocated cache and an attention that takes a float 4D mask."""
     if is_hybrid(model.config):
         return "its recurrent layers are verified path by path (treespec/recurrent.py), not by one masked pass"
-    windows = [w for w in attention_layers(model.config) if w is not None]
-    if windows:
-        return f"its sliding-window layers (window {windows[0]}) keep a cache of their own length"
+    window = sliding_window(model.config)
+    if window is not None:
+        return f"its sliding-window layers (window {window}) keep a cache of their own length"
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in STATIC_ATTENTION:
         return f"attention {impl!r} does not take the float 4D mask a static pass builds (use 'sdpa' or 'eager')"
