@@ -162,3 +162,21 @@ def test_timing_is_an_observer_that_alone_synchronises(target, drafts, prompt, m
     waits.clear()
     generate(target, prompt, observer=StepTimer(synchronize=False), **kwargs)
     assert waits == []
+
+
+def test_observer_charges_a_drafters_update_apart_from_its_proposals(target, prompt):
+    """A drafter updated from every verified pass (Token Recycling's matrix) is charged that update apart, as part
+    of its drafter time; a bench Row splits a pass's wall time into parts that add up to it."""
+    from treespec.bench import Measured, rows_of, step_parts
+    from treespec.heads import TokenRecycling
+    from treespec.timing import StepTimer
+
+    timed = generate(target, prompt, drafter=TokenRecycling(), tree=Tree.chain(3), max_new_tokens=24,
+                     observer=StepTimer(synchronize=False))
+    assert 0 < timed.update_time < timed.draft_time
+    vanilla = generate(target, prompt, max_new_tokens=24, observer=StepTimer(synchronize=False))
+    assert vanilla.update_time == 0.0
+    rows = rows_of({"vanilla": [Measured.of(vanilla)], "recycling": [Measured.of(timed)]})
+    parts = step_parts(rows[1])
+    assert parts["update"] > 0 and parts["draft"] > 0 and parts["target"] > 0
+    assert sum(parts.values()) == pytest.approx(1e3 * timed.wall_time / timed.target_passes, rel=1e-3)

@@ -69,6 +69,8 @@ def synthetic_result(seed: int = 0, prompts: int = 5, repeats: int = 2, commit: 
                 "speedup": sorted(ratios)[len(ratios) // 2], "target_passes": 12 * runs, "new_tokens": 16 * runs,
                 "overhead_fraction": None if tree.startswith("dynamic") else 0.03,
                 "draft_ms_per_depth": 0.5 * nodes, "c": 0.05 * nodes,
+                "step_ms": {"target": 8.0 + nodes / 4, "draft": 0.5 * depth, "update": 0.1, "walk": 0.3,
+                            "other": 1.0},
                 "runs": {"tokens_per_s": [100 * r for r in ratios], "speedup": ratios, "accept_lengths": lengths}})
     bests = {}
     for rec in records[1:]:
@@ -310,6 +312,28 @@ def test_tables_show_the_drafting_cost_with_dashes_where_it_does_not_apply(rende
         assert float(saved[rec["config"]]["draft_ms_per_depth"]) == pytest.approx(rec["draft_ms_per_depth"])
     summary = list(csv.DictReader(open(out / "summary.csv")))
     assert [float(r["c"]) for r in summary] == pytest.approx([c["c"] for c in a["bests"].values()])
+
+
+def test_time_per_pass_opens_up_each_best_configurations_pass(rendered):
+    """The "Time per pass" table: each drafter's best configuration, its parts in ms with their shares, summing to
+    the pass; a results.json without the split (older runs) renders no such section."""
+    result, a, out = rendered
+    md = (out / "results.md").read_text()
+    assert md.index("## Summary") < md.index("## Time per pass") < md.index("## All configurations")
+    header, rows = md_table_of(md, "Time per pass")
+    assert [row[0] for row in rows] == list(a["bests"])
+    for row in rows:
+        parts = a["bests"][row[0]]["step_ms"]
+        total = sum(parts.values())
+        assert row[header.index("ms per pass")] == f"{total:.2f}"
+        update = parts["update"]
+        assert row[header.index("index / state update")] == f"{update:.2f} ({100 * update / total:.0f}%)"
+        tau = float(row[header.index("τ")])
+        assert float(row[header.index("ms per token")]) == pytest.approx(total / tau, abs=0.01 + total * 0.01)
+    older = copy.deepcopy(result)
+    for rec in older["records"]:
+        rec.pop("step_ms", None)
+    assert "## Time per pass" not in report.markdown(older, report.analyse(older))
 
 
 def truncated(result: dict, k: int, prompt_of_run_too: bool = True) -> dict:

@@ -275,14 +275,34 @@ def test_shipped_eagle3_chooses_auto_with_a_curve_measured_here(smollm2, tmp_pat
     assert torch.equal(out.sequences, vanilla.sequences)
 
 
+def sampled(name: str, candidates: str, acceptance: str, tree, control: bool = False):
+    """One (shipped drafter, candidates, rule, tree) case at temperature 1, skipped without that drafter."""
+    label = f"{name}-{candidates}-{acceptance}" + ("-accept-everything" if control else "")
+    return pytest.param(name, candidates, acceptance, tree, control, id=label, marks=pytest.mark.skipif(
+        not (reference.MODELS_DIR / "smollm2" / name).is_dir(), reason=f"treespec/models/smollm2/{name} is not here"))
+
+
 @pytest.mark.slow
 @needs_smollm2
-@needs_shipped_eagle3
-@pytest.mark.parametrize("control", [False, True], ids=["rejection", "accept-everything"])
-def test_shipped_eagle3_samples_the_targets_distribution(smollm2, control, monkeypatch):
+@pytest.mark.parametrize("name, candidates, acceptance, tree, control", [
+    sampled("eagle3", "sample", "rejection", Tree.chain(2)),
+    sampled("eagle3", "sample", "rejection", Tree.chain(2), control=True),
+    sampled("eagle3", "sample", "block", Tree.chain(2)),
+    sampled("eagle3", "without_replacement", "rejection", Tree.full(2, 2)),
+    sampled("eagle3", "without_replacement", "traversal", Tree.full(2, 2)),
+    sampled("eagle", "sample", "rejection", Tree.chain(2)),
+    sampled("eagle", "without_replacement", "rejection", Tree.full(2, 2)),
+    sampled("medusa", "topk", "rejection", Tree.full(2, 2)),
+    sampled("medusa", "topk", "rejection", Tree.full(2, 2), control=True),
+    sampled("draft", "sample", "rejection", Tree.chain(2)),
+    sampled("draft", "sample", "block", Tree.chain(2)),
+])
+def test_shipped_drafter_samples_the_targets_distribution(smollm2, name, candidates, acceptance, tree, control,
+                                                           monkeypatch):
     """Temperature 1: the joint law of the first two new tokens (the second one speculated) matches the target's
-    p(t1)·p(t2 | t1) over the top-4 × top-4 pairs and the rest; accepting every draft (the negative control)
-    does not."""
+    p(t1)·p(t2 | t1) over the top-4 × top-4 pairs and the rest, for each shipped drafter, its candidate modes and
+    the acceptance rules; accepting every draft (the negative control) does not. 400 samples, drawn as 8
+    generate() calls of 50 rows each (independent rows of one batch)."""
     import importlib
 
     import numpy as np
@@ -305,11 +325,12 @@ def test_shipped_eagle3_samples_the_targets_distribution(smollm2, control, monke
     expected.append(1.0 - sum(expected))  # every other pair
     if control:
         monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
-    drafter = load("reference:smollm2/eagle3", model, candidates="sample")
-    counts, gen = np.zeros(len(expected)), torch.Generator().manual_seed(0)
-    for _ in range(400):
-        out = generate(model, ids, drafter=drafter, tree=Tree.chain(2), max_new_tokens=2, temperature=1.0,
-                       generator=gen)
-        counts[cells.get(tuple(out.sequences[0, ids.shape[1]:].tolist()), len(expected) - 1)] += 1
+    drafter = load(f"reference:smollm2/{name}", model, candidates=candidates)
+    counts, gen, rows = np.zeros(len(expected)), torch.Generator().manual_seed(0), 50
+    for _ in range(400 // rows):
+        out = generate(model, ids.repeat(rows, 1), drafter=drafter, tree=tree, max_new_tokens=2, temperature=1.0,
+                       acceptance=acceptance, generator=gen)
+        for row in out.sequences[:, ids.shape[1]:].tolist():
+            counts[cells.get(tuple(row), len(expected) - 1)] += 1
     p = chi2_pvalue(counts, np.array(expected))
     assert (p < 1e-3) if control else (p > 1e-3)

@@ -22,6 +22,8 @@ capacity the prompts need, so that no compilation (seconds to minutes) falls ins
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ class Measured(TimedRun):
     target_passes: int
     target_time: float = 0.0
     draft_time: float = 0.0
+    update_time: float = 0.0  # part of draft_time: the drafter updated from verified passes (observe_pass, accept)
     walk_time: float = 0.0
     vanilla_tokens_per_s: float | None = None  # the vanilla run this one's ratio is to, when it is not the
     #                                             prompt's own (a resumed prompt: module docstring)
@@ -72,7 +75,7 @@ class Measured(TimedRun):
         return cls(new_tokens=int(result.new_tokens), wall_time=float(result.wall_time),
                    accept_lengths=[int(n) for n in result.accept_lengths], target_passes=int(result.target_passes),
                    target_time=float(result.target_time), draft_time=float(result.draft_time),
-                   walk_time=float(result.walk_time))
+                   update_time=float(result.update_time), walk_time=float(result.walk_time))
 
 
 WARMUP_TOKENS = 8  # a warm-up generation's budget: a few steps of every configuration initialise what is lazy
@@ -95,6 +98,29 @@ class Row:
     prompt_new_tokens: list[int] = field(default_factory=list)      # tokens each prompt run generated
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
     walk_time_per_pass: float = float("nan")   # seconds in the walker (walker.py) per verification pass
+    # where a pass's wall time goes (prefill included, spread over the passes): the target's forwards, the drafter's
+    # updates from verified passes (part of draft_time_per_pass), and the whole wall time
+    target_time_per_pass: float = float("nan")
+    update_time_per_pass: float = float("nan")
+    wall_time_per_pass: float = float("nan")
+
+
+def _per_pass(outs: list[Measured], part: str) -> float:
+    """Seconds of that part (a Measured field) per verification pass, over every prompt run."""
+    return sum(getattr(o, part) for o in outs) / max(1, sum(o.target_passes for o in outs))
+
+
+def step_parts(row: Row) -> dict[str, float] | None:
+    """Milliseconds per verification pass by part (None for an untimed row, a peer's): the target's forwards, the
+    drafter proposing (retrieval, draft depths), the drafter updating from the pass (an index's update), the walker,
+    and the rest of the engine's host work (masks, cache compaction, Python); they sum to the pass's wall time."""
+    if math.isnan(row.wall_time_per_pass) or math.isnan(row.target_time_per_pass):
+        return None
+    propose = row.draft_time_per_pass - row.update_time_per_pass
+    parts = {"target": row.target_time_per_pass, "draft": propose, "update": row.update_time_per_pass,
+             "walk": row.walk_time_per_pass}
+    parts["other"] = row.wall_time_per_pass - sum(parts.values())
+    return {k: round(1e3 * v, 4) for k, v in parts.items()}
 
 
 def rows_of(results: dict[str, list[Measured]]) -> list[Row]:
@@ -106,6 +132,7 @@ def rows_of(results: dict[str, list[Measured]]) -> list[Row]:
         # the time split exists for treespec's own runs (an observer timed them); a peer's runs have none
         timed = bool(lengths) and any(o.target_time > 0 for o in outs)
         ratios = [o.tokens_per_s / (o.vanilla_tokens_per_s or b.tokens_per_s) for o, b in zip(outs, base, strict=True)]
+        per_pass = functools.partial(_per_pass, outs) if timed else lambda part: float("nan")
         rows.append(Row(
             name=name,
             tokens_per_s=statistics.median(o.tokens_per_s for o in outs),
@@ -120,10 +147,11 @@ def rows_of(results: dict[str, list[Measured]]) -> list[Row]:
             prompt_speedups=ratios,
             prompt_accept_lengths=[list(o.accept_lengths) for o in outs],
             prompt_new_tokens=[o.new_tokens for o in outs],
-            draft_time_per_pass=(sum(o.draft_time for o in outs) / max(1, sum(o.target_passes for o in outs))
-                                 if timed else float("nan")),
-            walk_time_per_pass=(sum(o.walk_time for o in outs) / max(1, sum(o.target_passes for o in outs))
-                                if timed else float("nan")),
+            draft_time_per_pass=per_pass("draft_time"),
+            walk_time_per_pass=per_pass("walk_time"),
+            target_time_per_pass=per_pass("target_time"),
+            update_time_per_pass=per_pass("update_time"),
+            wall_time_per_pass=per_pass("wall_time"),
         ))
     return rows
 

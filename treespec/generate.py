@@ -40,7 +40,7 @@ from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
 from treespec.static_pass import StaticPass, compiled_steps, static_capacity, target_body
-from treespec.timing import DRAFT, TARGET, WALK, StepTimer, clock, timed
+from treespec.timing import DRAFT, TARGET, UPDATE, WALK, StepTimer, clock, timed
 from treespec.tree import Tree
 from treespec.visibility import TreeAttention
 from treespec.walker import walk_rows
@@ -166,8 +166,9 @@ def generate(
     spent = {} if observer is None else observer.seconds
     return GenerationResult(sequences=sequences, prompt_length=inputs.given.shape[1],
                             accept_lengths=[n for row in rows for n in row.accept_lengths], wall_time=wall_time,
-                            target_time=spent.get(TARGET, 0.0), draft_time=spent.get(DRAFT, 0.0),
-                            walk_time=spent.get(WALK, 0.0), rows=rows,
+                            target_time=spent.get(TARGET, 0.0),
+                            draft_time=spent.get(DRAFT, 0.0) + spent.get(UPDATE, 0.0),
+                            update_time=spent.get(UPDATE, 0.0), walk_time=spent.get(WALK, 0.0), rows=rows,
                             passes=state.passes, tree=inputs.tree)
 
 
@@ -228,7 +229,7 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
         proposals = run.drafter.propose(state.committed, state.feature, tree, run.sampling, run.generator)
     rows, committed, features = target_pass(run, state, proposals)
     commit(run, state, rows, committed, features)
-    with timed(run.observer, DRAFT):
+    with timed(run.observer, UPDATE):
         run.drafter.accept([torch.tensor(row.path, dtype=torch.long) for row in rows], state.features)
 
 
@@ -258,7 +259,7 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals
     else:
         logits, features = forward(run, state.cache, tokens, **state.attention(proposals, state.slots))  # [b, N, V]
     if run.drafter is not None and run.drafter.observes_logits:  # every node's logits, rejected ones' too
-        with timed(run.observer, DRAFT):
+        with timed(run.observer, UPDATE):
             run.drafter.observe_pass(tokens, proposals.trees, logits)
     with timed(run.observer, WALK):
         # every row on the device, with its draws from the one generator; a q_draft holding NaN is flagged with it

@@ -47,6 +47,7 @@ class GenerationResult(TimedRun):
     wall_time: float = 0.0                           # seconds, prefill included
     target_time: float = 0.0                         # seconds inside target forwards (with an observer)
     draft_time: float = 0.0                          # seconds inside drafter calls (with an observer)
+    update_time: float = 0.0                         # of which updating it from verified passes (an index)
     walk_time: float = 0.0                           # seconds in the walker, part of overhead_time (observer)
     rows: list[RowResult] = field(default_factory=list)  # per row, in the prompts' order
     passes: int | None = None                        # batched verification passes (None: len(accept_lengths))

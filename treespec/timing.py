@@ -20,8 +20,9 @@ import torch
 from treespec.cache import TreeCache
 from treespec.compat import cache_arg
 
-TARGET, DRAFT, WALK = "target", "draft", "walk"  # the parts a StepTimer charges: target forwards, drafter
-#                                                   calls, the walker (walker.py) over a pass's logits
+# the parts a StepTimer charges: target forwards, drafter calls that propose a tree, drafter calls that update its
+# state from a verified pass (an index's update: observe_pass, accept), the walker (walker.py) over a pass's logits
+TARGET, DRAFT, UPDATE, WALK = "target", "draft", "update", "walk"
 
 
 def wait_for(device=None) -> None:
@@ -32,15 +33,15 @@ def wait_for(device=None) -> None:
 
 class StepTimer:
     """An observer of one generate() call (a fresh one per call: its totals add up): seconds inside the
-    target's forwards, the drafter's calls and the walker.
+    target's forwards, the drafter's calls (proposing, updating) and the walker.
 
-    generate() wraps each of those calls in ``timing(TARGET)`` or ``timing(DRAFT)`` and reads its wall clock
+    generate() wraps each of those calls in ``timing(TARGET)``, ``timing(DRAFT)``, ... and reads its wall clock
     from ``clock()``, only when given an observer. With ``synchronize`` each boundary first waits for the
     kernels queued on ``device`` (the target's), so each part is charged for its own kernels."""
 
     def __init__(self, synchronize: bool = True, device=None):
         self.synchronize, self.device = synchronize, device
-        self.seconds = {TARGET: 0.0, DRAFT: 0.0, WALK: 0.0}
+        self.seconds = {TARGET: 0.0, DRAFT: 0.0, UPDATE: 0.0, WALK: 0.0}
 
     def clock(self) -> float:
         if self.synchronize:

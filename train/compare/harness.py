@@ -41,7 +41,7 @@ from treespec.autotree import (
     predict_generation,
     tau_source,
 )
-from treespec.bench import Config, Row, own_copy
+from treespec.bench import Config, Row, own_copy, step_parts
 from treespec.compat import NO_EOS
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.engine_cost import measure_engine_cost
@@ -378,6 +378,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             rec["draft_ms_per_depth"] = _finite(1e3 * per_depth)
             rec["c"] = _finite(per_depth / curve[min(curve)])  # c = draft depth / target forward over one token
             rec["walk_ms_per_pass"] = _finite(1e3 * row.walk_time_per_pass)  # part of the engine overhead
+            rec["step_ms"] = step_parts(row)  # where a pass's time went
         return {
             "format": 3,
             "complete": False,       # true once every prompt run and the peers are measured

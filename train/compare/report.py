@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 
+from treespec.train.compare import time_split
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
@@ -261,6 +262,8 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     lines += [""] + category_markdown(result, a)
     specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
     lines += [""] + specbench if specbench else []
+    split = time_split.markdown(a)  # where each best configuration's pass time goes
+    lines += [""] + split if split else []
     lines += ["", "## All configurations", ""] + md_table(*grid_table(a))
     predictions = summary_line(result["records"])
     if predictions:
