@@ -152,7 +152,8 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
         width = packing(cfg)
         if width is not None:
             batches = PackedBatches(chat.train, width, t.batch_size, seed=cfg.seed, pad_id=pad)
-            check_packing(target, chat.train)  # attention must stay inside each conversation of a packed row
+            if not cfg.data.get("features"):  # the target runs packed rows: attention must stay inside each one
+                check_packing(target, chat.train)
             if progress:
                 print(batches.summary())
         else:
