@@ -281,6 +281,7 @@ class ChatData:
     rows: int = 0
     skipped: dict = field(default_factory=dict)  # reason → {"count", "examples": [[row, detail], ...]}
     truncated: dict = field(default_factory=dict)  # {"count", "tokens": cut in all, "max_length"} (overlong: truncate)
+    val_by_hash: bool = True  # False: none hashed into validation, so one train conversation was moved there
 
     def summary(self) -> str:
         n_skipped = sum(v["count"] for v in self.skipped.values())
@@ -330,12 +331,14 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
             truncated["count"] += 1
             truncated["tokens"] += cut
         (val if is_validation(conversation_key(messages), val_fraction) else train).append((ids, mask))
+    by_hash = True
     if not val and val_fraction > 0 and len(train) > 1:  # tiny sets: keep one conversation for validation
         val.append(train.pop())
+        by_hash = False
     if not train:
         raise ValueError(f"no usable conversation among {n} rows: " + ", ".join(
             f"{v['count']} {k}" for k, v in skipped.items()))
-    return ChatData(Samples.from_rows(train), Samples.from_rows(val), n, skipped, truncated)
+    return ChatData(Samples.from_rows(train), Samples.from_rows(val), n, skipped, truncated, by_hash)
 
 
 def conversation_key(messages) -> str:
@@ -370,7 +373,7 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
             tensors = load_safetensors(path, "chat data cache")
             meta = json.loads((path.parent / "meta.json").read_text())
             data = ChatData(Samples.from_tensors(tensors, "train"), Samples.from_tensors(tensors, "val"),
-                            meta["rows"], meta["skipped"], meta.get("truncated", {}))
+                            meta["rows"], meta["skipped"], meta.get("truncated", {}), meta.get("val_by_hash", True))
             if progress:
                 print(data.summary() + f" (cached: {path.parent})")
             return data
@@ -381,8 +384,8 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
                                 val_fraction=float(settings["val_fraction"]), system_prompt=settings["system_prompt"],
                                 max_conversations=settings["max_conversations"], progress=progress)
     atomic_write(path.parent / "meta.json", lambda tmp: tmp.write_text(json.dumps(
-        {"rows": data.rows, "skipped": data.skipped, "truncated": data.truncated, "settings": settings}, indent=1,
-        default=str)))
+        {"rows": data.rows, "skipped": data.skipped, "truncated": data.truncated, "val_by_hash": data.val_by_hash,
+         "settings": settings}, indent=1, default=str)))
     atomic_write(path, lambda tmp: save_file({**data.train.tensors("train"), **data.val.tensors("val")}, str(tmp)))
     if progress:
         print(data.summary())

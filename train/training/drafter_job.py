@@ -172,7 +172,7 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
         data = TrainingData(batches, val, val_windows, prompts, chat.train.trained_tokens(), chat.train, val_samples,
                             {"data_rows": chat.rows, "data_train_conversations": len(chat.train),
                              "data_val_conversations": len(chat.val), "data_skipped": chat.skipped,
-                             "data_truncated": chat.truncated})
+                             "data_truncated": chat.truncated, "data_val_by_hash": chat.val_by_hash})
         if width is not None:
             data.info.update({"data_packed_windows": len(batches.windows), "data_packed_fill": batches.fill()})
     else:
@@ -391,7 +391,10 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
     rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
     rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, target_name)))
     loads_as = registry.get(d.name).loads_as  # Medusa-2's heads load as the medusa kind
-    rows.append(("compare", [run_summary.compare_command(loads_as, cfg.export_dir, target_name)]))
+    workload, on = run_summary.training_workload(cfg.data, summary)
+    trees, best = run_summary.suggested_trees(probe_acc if probe_acc is not None else accuracy, costs)
+    summary["compare_command"] = run_summary.compare_command(loads_as, cfg.export_dir, target_name, workload, trees)
+    rows.append(("compare", [summary["compare_command"], f"on {on}", best]))
     if summary.get("warnings"):
         rows.append(("warnings", summary["warnings"]))
     title = (f"{d.name} run finished: {step} steps, {result.tokens_seen:,} tokens, {result.wall_time:.0f} s of "
