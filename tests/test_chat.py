@@ -63,6 +63,7 @@ def test_reasoning_blocks_are_trained_on_or_not_as_configured(tok):
 
 def test_template_file_and_tokenizer_without_template(tmp_path, tok):
     plain = train_tokenizer([" ".join(WORDS)] * 2, 280)
+    plain.chat_template = None  # (a tokenizer trained here has ChatML's: tests/test_train.py)
     with pytest.raises(ValueError, match="no chat template"):
         ChatRenderer(plain)
     template = tmp_path / "t.jinja"

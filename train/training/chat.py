@@ -50,11 +50,8 @@ from tqdm import tqdm
 
 from treespec.io import atomic_write, load_safetensors
 from treespec.train.training.conversations import BadRow, load_rows, normalize, source_digest
-from treespec.train.training.data import CollatedBatches, is_validation
+from treespec.train.training.data import CHATML, CollatedBatches, is_validation
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TEMPLATES = {"chatml": CHATML}
 SENTINEL = "\u00a7\u00a7treespec-probe\u00a7\u00a7"
 CHAT_FILE = "chat.safetensors"

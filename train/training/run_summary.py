@@ -152,15 +152,15 @@ def training_workload(data, info: dict) -> tuple[list[str], str]:
 def suggested_trees(accuracy, costs: dict | CostModel, *, max_nodes: int = 64) -> tuple[list[dict], str]:
     """The trees a comparison should try for a drafter with per-depth rank accuracies ``accuracy`` (acc[d][r])
     on this machine's cost model ``costs`` (a cost_curve.json record): chains around the best predicted chain
-    (γ − 2, γ, γ + 2), accuracy trees around the best predicted one (n/2, n, 2n nodes) and ``auto`` → (specs, a line
-    naming the predicted bests). With no speculation predicted to pay, short chains and small trees."""
+    (γ − 2, γ, γ + 2; γ + 2 also past the measured depths), accuracy trees around the best predicted one (n/2, n,
+    2n nodes) and ``auto`` → (specs, a line naming the predicted bests). With no speculation predicted to pay, short
+    chains and small trees."""
     model = costs if isinstance(costs, CostModel) else CostModel.from_record(costs)
-    depth = len(accuracy)
     chain, _ = choose_tree(chains_only(accuracy), model, max_nodes=max_nodes)
     tree, _ = choose_tree(accuracy, model, max_nodes=max_nodes)
     gamma, nodes = chain.tree.depth if len(chain.tree) else 0, len(tree.tree)
-    chains = sorted({g for g in (gamma - 2, gamma, gamma + 2) if 1 <= g <= depth}) if gamma else \
-        [g for g in (1, 2, 3) if g <= depth]
+    # γ + 2 may lie past the measured depths: the comparison measures it (its own accuracies reach deeper)
+    chains = sorted({g for g in (gamma - 2, gamma, gamma + 2) if g >= 1}) if gamma else [1, 2, 3]
     sizes = sorted({n for n in (nodes // 2, nodes, 2 * nodes) if 2 <= n <= max_nodes}) if nodes >= 2 else [4, 8]
     specs = [{"kind": "chain", "depth": chains}, {"kind": "accuracy", "nodes": sizes}, {"kind": "auto"}]
     line = (f"predicted best: chain γ={gamma} (τ {chain.tau:.2f}, {chain.speedup:.2f}x), accuracy tree of {nodes} "
