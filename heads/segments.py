@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from treespec.masks import additive as additive_mask
+from treespec.visibility import relation_mask
 
 
 def packed_positions(batch, device=None) -> torch.Tensor | None:
@@ -60,7 +60,7 @@ def segment_causal(segments: torch.Tensor) -> torch.Tensor:
 
 def segment_causal_mask(segments: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
     """[b, n] segment ids → float additive mask [b, 1, n, n] (masks/dense.py: float, never bool, for eager)."""
-    return additive_mask(segment_causal(segments), dtype=dtype)
+    return relation_mask(segment_causal(segments), dtype=dtype)
 
 
 class PackedModel:

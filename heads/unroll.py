@@ -26,8 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from treespec.heads.segments import segment_causal_mask, segment_ids
-from treespec.masks import additive
-from treespec.visibility import dense_mask
+from treespec.visibility import dense_mask, relation_mask
 
 
 def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device=None,
@@ -52,7 +51,7 @@ def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device
     context = blocks[0][None] & (segments[:, None, :] == own[:, :, None])  # [b, q, n]
     b = segments.shape[0]
     seen = torch.cat([context, *(blk[None].expand(b, -1, -1) for blk in blocks[1:])], dim=2)  # [b, q, k]
-    return additive(seen, dtype=dtype)
+    return relation_mask(seen, dtype=dtype)
 
 
 def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int, *, by_root: bool,
