@@ -78,8 +78,10 @@ def test_packed_batches_depend_only_on_the_step_and_restart_positions_per_conver
     assert 0.5 < a.fill() <= 1.0 and "packed 16 conversations" in a.summary()
 
 
-def test_the_targets_packed_states_are_its_states_one_conversation_at_a_time(world):
-    target, samples = world[2], world[4]
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_targets_packed_states_are_its_states_one_conversation_at_a_time(world, attn):
+    samples = world[4]
+    target, _ = load_model(world[1], attn_implementation=attn)
     packed, single, chosen = packed_and_one_per_row(samples)
     out = PackedModel(target, packed["position_ids"]).base_model(input_ids=packed["input_ids"]).last_hidden_state
     flat = iter(range(single["input_ids"].shape[0]))
