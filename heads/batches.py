@@ -11,12 +11,16 @@ from types import SimpleNamespace
 
 import torch
 
+from treespec.heads.segments import PackedModel, packed_positions, same_segment
+
 # -- batches: a LongTensor of token windows, or a dict of row-aligned tensors ---------------------------------
 # A batch is either a LongTensor [b, S] (corpus windows, every position trained on) or a dict with
 # "input_ids" [b, S] and, for chat data, "loss_mask" [b, S] (True on the tokens the drafter learns to predict)
 # and "attention_mask" [b, S] (False on right padding), and, for stored target features (train/training/features.py),
 # "hidden.<i>" [b, S, h] (the target's hidden_states[i]). Rows are right-padded: under causal attention no real
-# token sees padding, so padding never needs a mask in the forward passes, only in the losses.
+# token sees padding, so padding never needs a mask in the forward passes, only in the losses. A packed batch
+# (several conversations per row, train/training/packing.py) adds "position_ids" [b, S], restarting at 0 with each
+# conversation: heads/segments.py keeps attention and the losses inside each one.
 Batch = torch.Tensor | dict
 
 
@@ -112,21 +116,29 @@ class StoredTarget:
 
 
 def batch_parts(batch, target, device=None):
-    """(input_ids [b, S], loss mask [b, S] or None, the target or a ``StoredTarget``) of any batch form
-    (train/training/data.py), on ``device`` when given."""
+    """(input_ids [b, S], loss mask [b, S] or None, the target, a ``StoredTarget`` or a ``PackedModel``) of any
+    batch form (train/training/data.py), on ``device`` when given. Stored states were computed one conversation at
+    a time, so a packed batch's ``StoredTarget`` needs no position ids; a packed batch run online gets the target
+    wrapped so that its attention stays inside each conversation (heads/segments.py)."""
     if device is not None:
         batch = batch_to(batch, device)
     if torch.is_tensor(batch):
         return batch, None, target
-    stored = any(k.startswith("hidden.") for k in batch)
-    return batch["input_ids"], batch.get("loss_mask"), StoredTarget(target, batch) if stored else target
+    if any(k.startswith("hidden.") for k in batch):
+        return batch["input_ids"], batch.get("loss_mask"), StoredTarget(target, batch)
+    positions = packed_positions(batch)
+    packed = target if positions is None or target is None else PackedModel(target, positions)
+    return batch["input_ids"], batch.get("loss_mask"), packed
 
 
-def shifted_mask(loss_mask: torch.Tensor, shift: int, width: int) -> torch.Tensor:
+def shifted_mask(loss_mask: torch.Tensor, shift: int, width: int, segments: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """[b, S] loss mask → [b, width] bool whose entry j is ``loss_mask[:, j + shift]`` (False past the end):
-    whether the token an entry (a position, a drafter entry, a head's position) predicts is trained on."""
+    whether the token an entry (a position, a drafter entry, a head's position) predicts is trained on. With a
+    packed batch's ``segments`` [b, S] (heads/segments.py), also whether position j and the token j + shift lie
+    in one conversation: no token is predicted across a boundary."""
     b, s = loss_mask.shape
     out = torch.zeros(b, width, dtype=torch.bool, device=loss_mask.device)
     n = max(0, min(width, s - shift))
     out[:, :n] = loss_mask[:, shift : shift + n].bool()
-    return out
+    return out if segments is None else out & same_segment(segments, 0, shift, width)

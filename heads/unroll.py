@@ -25,14 +25,18 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
-from treespec.visibility import dense_mask
+from treespec.heads.segments import segment_causal_mask, segment_ids
+from treespec.visibility import dense_mask, relation_mask
 
 
-def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device=None) -> torch.Tensor:
+def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device=None,
+                segments: torch.Tensor | None = None) -> torch.Tensor:
     """Float additive mask for unrolled ``step`` >= 1 over the keys of steps 0..step in cache order:
     [1, 1, n − step, Σ_{m<=step} (n − m)] ``by_root``, else [1, 1, n, (step + 1)·n]. A query drafted from
     root r sees step-0 keys t <= r and, of each step m in 1..step, root r's key only (its own chain, itself
-    last): the ancestor relation of the chain drafted from r."""
+    last): the ancestor relation of the chain drafted from r. With a packed batch's ``segments`` [b, n] (the
+    conversation of each entry, heads/segments.py) the step-0 keys are also those of root r's conversation only,
+    and the mask is [b, 1, ., .]."""
 
     def roots(m: int) -> torch.Tensor:  # [entries of step m]: the root each one is drafted from
         return torch.arange(n - m, device=device) if by_root else torch.arange(n, device=device) - m
@@ -40,28 +44,42 @@ def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device
     root = roots(step)[:, None]  # [q, 1]
     blocks = [torch.arange(n, device=device)[None] <= root]  # [q, n]: the committed context, causal
     blocks += [roots(m)[None] == root for m in range(1, step + 1)]  # [q, entries of step m]: its own chain
-    return dense_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)
+    if segments is None:
+        return dense_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)
+    # a root before the window (EAGLE-1's first entries) sees no step-0 key: its conversation does not matter
+    own = segments[:, root[:, 0].clamp(min=0)]  # [b, q]: the conversation of each query's root
+    context = blocks[0][None] & (segments[:, None, :] == own[:, :, None])  # [b, q, n]
+    b = segments.shape[0]
+    seen = torch.cat([context, *(blk[None].expand(b, -1, -1) for blk in blocks[1:])], dim=2)  # [b, q, k]
+    return relation_mask(seen, dtype=dtype)
 
 
-def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int, *,
-             by_root: bool) -> Iterator[tuple[int, torch.Tensor]]:
+def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int, *, by_root: bool,
+             positions: torch.Tensor | None = None) -> Iterator[tuple[int, torch.Tensor]]:
     """``model`` (an EagleModel or Eagle3Model) unrolled ``steps`` times over windows ``input_ids`` [b, S] with
     its input features ``features`` [b, n, h] (the target's, fused) at entries 0..n−1. Yields (i, out_i)
     for i = 0..steps, lazily (a caller may stop early): the model's outputs at draft depth i + 1, whose
     logits predict token r + 2 + i for root r. ``by_root``: out_i [b, n − i, h], entry r = root r; else
-    out_i [b, n, h], entry j = root j − i (module docstring)."""
+    out_i [b, n, h], entry j = root j − i (module docstring). ``positions`` [b, S]: a packed batch's position ids
+    (heads/segments.py): entry j sits at its conversation's position j and attends inside it only."""
     n = input_ids.shape[1] - 1
     steps = max(0, min(steps, n - 1))
     cache = DynamicCache(config=model.layer_config) if steps else None
-    out = model(input_ids[:, 1:], features, cache=cache)  # [b, n, h], causal
+    segments, local = None, None
+    if positions is None:
+        out = model(input_ids[:, 1:], features, cache=cache)  # [b, n, h], causal
+    else:
+        segments, local = segment_ids(positions)[:, :n], positions[:, :n]  # [b, n]: entry j's conversation, position
+        out = model(input_ids[:, 1:], features, cache=cache, position_ids=local,
+                    attention_mask=segment_causal_mask(segments, dtype=features.dtype))  # [b, n, h], causal inside
     yield 0, out
     for i in range(1, steps + 1):
         if by_root:  # root r: token r + 1 + i at position r + i, fed its own step i − 1 output
             tokens, own = input_ids[:, 1 + i :], out[:, : n - i]  # [b, n − i], [b, n − i, h]
-            positions = torch.arange(i, n, device=out.device)[None]
+            at = torch.arange(i, n, device=out.device)[None] if local is None else local[:, : n - i] + i
         else:  # entry j: token j + 1 at position j, fed step i − 1's output at entry j − 1
             tokens, own = input_ids[:, 1:], torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
-            positions = torch.arange(n, device=out.device)[None]
-        mask = unroll_mask(n, i, by_root=by_root, dtype=out.dtype, device=out.device)
-        out = model(tokens, own, attention_mask=mask, position_ids=positions, cache=cache)
+            at = torch.arange(n, device=out.device)[None] if local is None else local
+        mask = unroll_mask(n, i, by_root=by_root, dtype=out.dtype, device=out.device, segments=segments)
+        out = model(tokens, own, attention_mask=mask, position_ids=at, cache=cache)
         yield i, out

@@ -20,7 +20,7 @@ from treespec.train.training.chat import ChatRenderer
 from treespec.train.training.checkpoint import CheckpointMismatch
 from treespec.train.training.regeneration import check_responses, regenerate
 
-from .helpers import WORDS, chat_tokenizer, compose_cfg, conversations, write_jsonl
+from .helpers import chat_tokenizer, compose_cfg, conversations, write_jsonl
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 
@@ -222,9 +222,14 @@ def test_regeneration_of_nothing_but_empty_responses_fails(tmp_path):
 
 
 def test_chatml_for_a_tokenizer_without_its_tokens_warns():
-    from treespec.train.training.data import train_tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    plain = train_tokenizer([" ".join(WORDS)] * 4, 300)
+    # a byte-level tokenizer of bytes alone (one trained here has the ChatML tokens: tests/test_train.py)
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))},
+                               merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    plain = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     with pytest.warns(UserWarning, match=r"chatml, but the tokenizer has no <\|im_start\|>, <\|im_end\|> token"):
         ChatRenderer(plain, "chatml")
 

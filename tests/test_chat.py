@@ -63,6 +63,7 @@ def test_reasoning_blocks_are_trained_on_or_not_as_configured(tok):
 
 def test_template_file_and_tokenizer_without_template(tmp_path, tok):
     plain = train_tokenizer([" ".join(WORDS)] * 2, 280)
+    plain.chat_template = None  # (a tokenizer trained here has ChatML's: tests/test_train.py)
     with pytest.raises(ValueError, match="no chat template"):
         ChatRenderer(plain)
     template = tmp_path / "t.jinja"
@@ -108,7 +109,8 @@ def test_prepared_chat_data_is_cached_and_batches_depend_only_on_step(tmp_path, 
     data = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)
     again = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)  # from the cache
     assert torch.equal(data.train.input_ids, again.train.input_ids) and data.skipped == again.skipped
-    assert len(data.train) + len(data.val) == 30 and len(data.val) >= 1
+    # the over-long bad row is truncated (overlong: truncate, the default) and counted, not dropped
+    assert len(data.train) + len(data.val) == 31 and len(data.val) >= 1 and data.truncated["count"] == 1
     a, b = SampleBatches(data.train, 4, seed=3), SampleBatches(data.train, 4, seed=3)
     x, y = a.batch(7), b.batch(7)
     assert all(torch.equal(x[k], y[k]) for k in x)
@@ -119,7 +121,7 @@ def test_prepared_chat_data_is_cached_and_batches_depend_only_on_step(tmp_path, 
     # an edited source is encoded again, never served from the stale cache
     write_jsonl(source, conversations(31) + BAD_ROWS)
     edited = prepare_chat(cfg.data.chat, tok, tmp_path / "cache", progress=False)
-    assert len(edited.train) + len(edited.val) == 31
+    assert len(edited.train) + len(edited.val) == 32
 
 
 def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):

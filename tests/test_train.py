@@ -30,6 +30,44 @@ def test_tiny_training_lowers_loss(tmp_path):
     assert losses[-1] < losses[0] - 0.3
     assert summary["steps"] == 30 and 0 <= summary["val_top1"] <= 1
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    speaks_chatml(tmp_path / "final")
+
+
+def speaks_chatml(folder):
+    """The tokenizer a language-model run exports applies ChatML, its markers are one special token each, and a
+    chat batch (the tokenizer's own template, packed) and a chat workload's prompt build from it."""
+    from transformers import AutoTokenizer
+
+    from treespec.train.compare.templates import PromptTemplate
+    from treespec.train.compare.workload import Item
+    from treespec.train.training.chat import ChatRenderer, encode_conversations
+    from treespec.train.training.packing import PackedBatches
+
+    from .helpers import conversations
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "fine"}]
+    assert tok.apply_chat_template(messages, tokenize=False) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nfine<|im_end|>\n"
+    ids = {m: tok.encode(m, add_special_tokens=False) for m in ("<|im_start|>", "<|im_end|>")}
+    assert all(len(v) == 1 for v in ids.values()) and {"<|im_start|>", "<|im_end|>"} <= set(tok.all_special_tokens)
+    assert tok.encode("a<|im_end|>b", add_special_tokens=False)[1:2] == ids["<|im_end|>"]  # never merged
+    renderer = ChatRenderer(tok)  # data.chat.template=null: the tokenizer's own
+    assert (renderer.header, renderer.end_marker) == ("<|im_start|>assistant", "<|im_end|>")
+    data = encode_conversations(conversations(12), renderer, max_length=256, val_fraction=0.0)
+    assert len(data.train) == 12 and not data.skipped
+    batch = PackedBatches(data.train, 256, 2).batch(0)
+    trained = batch["input_ids"][batch["loss_mask"]]
+    assert (trained == ids["<|im_end|>"][0]).any() and (batch["input_ids"] == ids["<|im_start|>"][0]).any()
+    template = PromptTemplate(tok, "auto")  # a chat workload: the end-of-turn marker stops generation
+    assert ids["<|im_end|>"][0] in template.end_ids
+    prompt = template.ids(template.messages(Item("q", "all", ("hello",)), 1, []))[0].tolist()
+    assert prompt[0] == ids["<|im_start|>"][0] and prompt[-3:] == tok.encode("<|im_start|>assistant\n")[-3:]
+
+
+def test_a_trained_tokenizer_speaks_chatml(tmp_path):
+    train_tokenizer([" ".join(["hello", "world", "def", "return"] * 20)] * 4, 300, tmp_path / "tok")
+    speaks_chatml(tmp_path / "tok")
 
 
 def test_resume_reproduces_uninterrupted_weights(tmp_path):

@@ -112,6 +112,13 @@ def dense_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, dev
     return ancestor_mask(allowed, past_len, dtype=dtype, device=device)
 
 
+def relation_mask(seen: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
+    """Float additive mask [1, 1, q, k] or [b, 1, q, k] of a bool relation ``seen`` [q, k] or [b, q, k] over all the
+    keys a pass attends (no cache columns added): a training pass over packed conversations (heads/segments.py,
+    heads/unroll.py), each row with its own relation."""
+    return additive(seen, dtype=dtype)
+
+
 def causal_mask(n: int, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
     """Float additive mask [1, 1, n, past_len + n]: new token q sees the cache and new tokens up to itself."""
     return dense_mask(torch.ones(n, n, dtype=torch.bool, device=device).tril(), past_len, dtype=dtype, device=device)

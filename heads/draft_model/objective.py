@@ -29,6 +29,7 @@ from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.draft_model.drafter import DraftModel, rank_accuracy
 from treespec.heads.draft_model.network import INITS, check_arch, matmul_weights, new_draft_model
 from treespec.heads.objective import Recipe, mean_metrics
+from treespec.heads.segments import PackedModel, packed_positions, segment_ids
 from treespec.heads.target_states import target_hidden
 from treespec.reference import float_dtype
 
@@ -37,12 +38,15 @@ def draft_loss(target, model, batch, *, ce_weight: float = 0.0) -> tuple[torch.T
     """batch [b, S] token windows (or a dict batch: loss mask, stored features; heads/batches.py) → (KL + ce_weight ·
     CE averaged over the scored positions, metrics: ``kl``, ``ce`` (the data's next token), ``top1`` (the draft's
     argmax is the target's))."""
+    positions = packed_positions(batch, model.device)
     ids, loss_mask, target = batch_parts(batch, target, model.device)
     inputs, n = ids[:, :-1], ids.shape[1] - 1  # position j predicts token j + 1
+    segments = None if positions is None else segment_ids(positions)
     scored = (torch.ones(ids.shape[0], n, dtype=torch.bool, device=ids.device) if loss_mask is None
-              else shifted_mask(loss_mask, 1, n))  # [b, n]
+              else shifted_mask(loss_mask, 1, n, segments))  # [b, n]
     _, last = target_hidden(target, inputs)  # [b, n, H], no grad
-    hidden = model.base_model(input_ids=inputs).last_hidden_state  # [b, n, h]
+    draft = model if positions is None else PackedModel(model, positions)  # packed: attention inside each conversation
+    hidden = draft.base_model(input_ids=inputs).last_hidden_state  # [b, n, h]
     if not bool(scored.any()):  # nothing to learn in this batch: keep the graph, add nothing
         zero = hidden.sum() * 0.0
         return zero, {"kl": 0.0, "ce": 0.0, "top1": 0.0}

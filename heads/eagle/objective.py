@@ -11,7 +11,9 @@ nodes are at inference (``training_unroll``, over heads/unroll.py); step k's los
 
 Batches are token windows [b, S] (every entry trained on) or dicts with a loss mask (chat data: entry j is
 trained on when the token it predicts, j + 2, is) and possibly the target's stored hidden states
-(train/training/features.py: the same code runs with a ``StoredTarget``).
+(train/training/features.py: the same code runs with a ``StoredTarget``). A packed batch (several conversations per
+row, heads/segments.py) keeps the drafter's attention inside each conversation (heads/unroll.py) and scores step k's
+entry j only when its root j − k and the token it predicts, j + 2, lie in one conversation.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.eagle.drafter import Eagle, EagleModel, rank_accuracy
 from treespec.heads.eagle.network import fused_layers
 from treespec.heads.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.target_states import target_hidden
 from treespec.heads.unroll import unrolled
 
 
-def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0):
+def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0,
+                    positions: torch.Tensor | None = None):
     """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
     feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], target_logits [b, n, V], steps), where
     ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1 (heads/unroll.py, entries kept
     aligned with the window); ``valid`` selects the entries whose chain starts inside the window.
     target_logits at entry j are the target's for token j + 2. While the model trains, ``noise_std`` adds
-    Gaussian noise to the target features it reads (EAGLE-1)."""
+    Gaussian noise to the target features it reads (EAGLE-1). ``positions`` [b, S]: a packed batch's position ids
+    (heads/unroll.py)."""
     inputs, last = target_hidden(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
     f_next = last[:, 1:]  # [b, n, h]: entry j predicts f_{j+1}
     with torch.no_grad():
@@ -44,7 +49,7 @@ def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: in
     n = f_next.shape[1]
 
     def run():
-        for k, g in unrolled(model, batch, model.fuse(features), steps, by_root=False):
+        for k, g in unrolled(model, batch, model.fuse(features), steps, by_root=False, positions=positions):
             yield k, g, (slice(None) if k == 0 else torch.arange(n, device=g.device) >= k)
 
     return f_next, target_logits, run()
@@ -78,13 +83,19 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
                topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
     """batch [b, S] (or a dict batch, train/training/data.py) → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 +
     token_weight · CE) over steps 0..unroll_steps, metrics)."""
+    positions = packed_positions(batch, model.device)
     ids, loss_mask, target = batch_parts(batch, target, model.device)
-    f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std)
+    f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std,
+                                                   positions=positions)
     p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
-    mask = None if loss_mask is None else shifted_mask(loss_mask, 2, f_next.shape[1])  # entry j predicts token j + 2
+    n = f_next.shape[1]
+    mask = None if loss_mask is None else shifted_mask(loss_mask, 2, n)  # entry j predicts token j + 2
+    segments = None if positions is None else segment_ids(positions)
     total, metrics = 0.0, {}
     for k, g, valid in steps:
-        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, mask,
+        # packed: step k's entry j is drafted from root j − k; root and predicted token in one conversation
+        inside = mask if segments is None else mask & same_segment(segments, -k, 2, n)
+        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, inside,
                                             topk_distill, topk_weight)
         total = total + unroll_decay**k * loss
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item()})

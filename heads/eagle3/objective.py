@@ -16,7 +16,10 @@ The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the tra
 (``token_counts`` → ``heads.eagle3_model.build_vocab_map``).
 
 Batches are token windows [b, S] or dicts with a loss mask (chat data: position p is scored when token p + 1
-is trained on) and possibly the target's stored hidden states (train/training/features.py, a ``StoredTarget``).
+is trained on) and possibly the target's stored hidden states (train/training/features.py, a ``StoredTarget``). A
+packed batch (several conversations per row, heads/segments.py) keeps the drafter's attention inside each
+conversation (heads/unroll.py) and scores step i's root r only when r and the token it predicts, r + 2 + i, lie in
+one conversation.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from treespec.heads.drafter_folder import vocab_size_of
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
 from treespec.heads.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.target_states import target_states
 from treespec.heads.unroll import unrolled
 
@@ -63,14 +67,15 @@ class RestrictedTarget:
         self.valid = model.t2d[target_logits.argmax(-1)] & rows
         self.scored = scored
 
-    def kl(self, draft_logits, start: int, topk_distill: int = 0,
-           topk_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def kl(self, draft_logits, start: int, topk_distill: int = 0, topk_weight: float = 1.0,
+           inside: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """KL(p || q) with q = softmax(draft logits) at positions start.., averaged over the valid ones →
         (loss, top-1 agreement on the valid ones), both 0-d. ``draft_logits``: the logits [b, S - start, Vd],
         or a function from the draft outputs' rows to logits together with those outputs, ``(head, out)``, so
         that the head runs on the valid rows only. ``topk_distill`` = K > 0 adds HASS's top-K distillation over
-        the draft vocabulary × ``topk_weight`` (heads/objective.py)."""
-        valid = self.valid[:, start:]
+        the draft vocabulary × ``topk_weight`` (heads/objective.py). ``inside`` [b, S - start] bool: only these
+        positions (a packed batch's, whose prediction stays inside one conversation)."""
+        valid = self.valid[:, start:] if inside is None else self.valid[:, start:] & inside
         if isinstance(draft_logits, tuple):
             head, out = draft_logits
             logits = head(out[valid])  # [n, Vd]
@@ -92,6 +97,7 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     """batch [b, S] token windows (or a dict batch, train/training/data.py) → (Σ_i decay^i · KL_i over unrolled steps
     i = 0..unroll_steps, metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept
     positions) and ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+    positions = packed_positions(batch, model.device)
     batch, loss_mask, target = batch_parts(batch, target, model.device)
     features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
     scored = None if loss_mask is None else shifted_mask(loss_mask, 1, batch.shape[1])  # p predicts token p + 1
@@ -99,9 +105,13 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     kept = restricted.valid[:, 1:].float().sum() / (scored[:, 1:].sum().clamp(min=1) if scored is not None
                                                     else restricted.valid[:, 1:].numel())
     total, metrics = 0.0, {"kept_fraction": kept.item()}
-    for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True):
+    segments = None if positions is None else segment_ids(positions)
+    n = batch.shape[1] - 1
+    for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True,
+                           positions=positions):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
-        kl, top1 = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight)
+        inside = None if segments is None else same_segment(segments, 0, 2 + i, n - i)  # root j, token j + 2 + i
+        kl, top1 = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight, inside)
         total = total + decay**i * kl
         metrics.update({f"kl{i}": kl.item(), f"top1_{i}": top1.item()})
     return total, metrics

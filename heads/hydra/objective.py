@@ -12,7 +12,9 @@ token after a path, not after a context alone (heads/hydra/drafter.py's ``head_o
   tokens are themselves target samples; distillation then removes the sampling noise from the labels.
 
 The prefix-attention layer (``prefix_attention``) trains with the heads, run causally over each window's hidden
-states: what the drafter's cache over the committed positions computes during decoding.
+states: what the drafter's cache over the committed positions computes during decoding. In a packed batch
+(heads/segments.py) it and the target attend inside each conversation, and head k at t is scored only where t and
+t + k + 2 lie in one conversation.
 """
 
 from __future__ import annotations
@@ -25,22 +27,26 @@ from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.hydra.drafter import Hydra, head_outputs, rank_accuracy
 from treespec.heads.hydra.network import HydraHeads
 from treespec.heads.objective import Recipe, mean_metrics
+from treespec.heads.segments import packed_positions, segment_ids
 from treespec.heads.target_states import target_hidden
 
 
 def hydra_loss(target, heads: HydraHeads, batch, decay: float, distill: bool) -> tuple[torch.Tensor, dict]:
     """batch [b, s + 1] (or a dict batch, heads/batches.py). Head k at t, its path batch[t + 1 .. t + k + 1], is scored
     on token t + k + 2 (``distill``: on the target's distribution after that path)."""
+    positions = packed_positions(batch, heads.device)
     batch, loss_mask, target = batch_parts(batch, target, heads.device)
     _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
     teacher = target.get_output_embeddings()(hidden) if distill else None  # [b, s, V]: the target's after t
-    base = heads.base(hidden.to(heads.dtype))  # [b, s, h]
     s = hidden.shape[1]
+    # packed: per-conversation positions with no cache and no mask, so the prefix layer's attention stays inside
+    base = heads.base(hidden.to(heads.dtype), position_ids=None if positions is None else positions[:, :s])  # [b, s, h]
+    segments = None if positions is None else segment_ids(positions)
     total, metrics = 0.0, {}
     for k, x in enumerate(head_outputs(heads, base, batch)):  # x [b, s - k - 1, h]
         n = s - k - 1
         keep = (torch.ones(batch.shape[0], n, dtype=torch.bool, device=batch.device) if loss_mask is None
-                else shifted_mask(loss_mask, k + 2, n))  # [b, n]
+                else shifted_mask(loss_mask, k + 2, n, segments))  # [b, n]
         if not bool(keep.any()):
             term = x.sum() * 0.0
             total = total + term

@@ -40,6 +40,7 @@ from treespec.heads.medusa.drafter import Medusa, rank_accuracy
 from treespec.heads.medusa.network import MedusaHeads
 from treespec.heads.medusa.objective import heads_loss
 from treespec.heads.objective import TARGET_FOLDER, Recipe
+from treespec.heads.segments import PackedModel, packed_positions, segment_ids
 
 
 class JointMedusa(nn.Module):
@@ -90,31 +91,38 @@ class JointMedusa(nn.Module):
         """batch [b, s + 1] (or a dict batch with a loss mask) → (loss, metrics). Before the warm-up's end the
         backbone runs without gradients and only the heads' term is trained (the LM terms, which need the
         original's forward too, are then computed only when ``measure_lm``)."""
-        tokens, loss_mask, _ = batch_parts(batch, None, next(self.heads.parameters()).device)
+        device = next(self.heads.parameters()).device
+        positions = packed_positions(batch, device)
+        tokens, loss_mask, _ = batch_parts(batch, None, device)
         inputs = tokens[:, :-1]  # [b, s]
+        segments = None if positions is None else segment_ids(positions)
+        # packed (heads/segments.py): both targets' attention inside each conversation
+        backbone, original = ((self.backbone, self.original) if positions is None else
+                              (PackedModel(self.backbone, positions), PackedModel(self.original, positions)))
         with torch.set_grad_enabled(self.joint and torch.is_grad_enabled()):
-            hidden = self.backbone.base_model(input_ids=inputs).last_hidden_state  # [b, s, h]
+            hidden = backbone.base_model(input_ids=inputs).last_hidden_state  # [b, s, h]
         # the heads project through the backbone's lm_head, which the warm-up leaves frozen too (Medusa-1)
         shared = self.heads.projections is None
         projections = [self.frozen_lm_head] * self.heads.num_heads if shared and not self.joint else None
         heads_term, metrics = heads_loss(self.heads, hidden, tokens, loss_mask, self.settings["loss_decay"],
-                                         projections)
+                                         projections, segments)
         if not (self.joint or measure_lm):
             return heads_term, metrics
-        lm, metrics_lm = self.lm_terms(hidden, tokens, loss_mask)
+        lm, metrics_lm = self.lm_terms(hidden, tokens, loss_mask, original, segments)
         metrics.update(metrics_lm)
         if not self.joint:
             return heads_term, metrics
         s = self.settings
         return s["distill_weight"] * lm["distill"] + s["lm_weight"] * lm["ce"] + s["heads_weight"] * heads_term, metrics
 
-    def lm_terms(self, hidden, tokens, loss_mask) -> tuple[dict, dict]:
+    def lm_terms(self, hidden, tokens, loss_mask, original_model=None, segments=None) -> tuple[dict, dict]:
         """The fine-tuned target's own next-token terms: cross-entropy against the data and KL(p_original ‖
-        p_finetuned), each averaged over the (trained-on) positions."""
+        p_finetuned), each averaged over the (trained-on) positions. ``original_model``: the frozen original as
+        the batch needs it called (a packed batch's ``PackedModel``), ``segments`` its conversations."""
         logits = self.backbone.get_output_embeddings()(hidden).float()  # [b, s, V]
         with torch.no_grad():
-            original = self.original(input_ids=tokens[:, :-1]).logits.float()  # [b, s, V]
-        keep = (shifted_mask(loss_mask, 1, logits.shape[1]) if loss_mask is not None
+            original = (original_model or self.original)(input_ids=tokens[:, :-1]).logits.float()  # [b, s, V]
+        keep = (shifted_mask(loss_mask, 1, logits.shape[1], segments) if loss_mask is not None
                 else torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device))  # [b, s]
         log_q, log_p = F.log_softmax(logits[keep], -1), F.log_softmax(original[keep], -1)  # [n, V]
         ce = F.nll_loss(log_q, tokens[:, 1:][keep])

@@ -3,7 +3,8 @@
 Medusa-1 recipe (Cai et al. 2024): the backbone is frozen; head k learns token t+k+2 from the target's
 final hidden state at t with loss Σ_k w_k · CE_k, w_k = decay^k. Data is corpus text or, by default,
 self-distillation: continuations the target itself sampled from corpus prompts. With a loss mask (chat
-data) head k at t is scored only where token t + k + 2 is trained on.
+data) head k at t is scored only where token t + k + 2 is trained on; in a packed batch (heads/segments.py) only
+where t and t + k + 2 lie in one conversation, the target's attention kept inside each.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ from treespec.heads.drafter_folder import vocab_size_of
 from treespec.heads.medusa.drafter import Medusa, rank_accuracy
 from treespec.heads.medusa.network import MedusaHeads
 from treespec.heads.objective import Recipe
+from treespec.heads.segments import packed_segments
 from treespec.heads.target_states import target_hidden
 
 
 def medusa_loss(target, heads: MedusaHeads, batch, decay: float) -> tuple[torch.Tensor, dict]:
     """batch [b, s + 1] (or a dict batch, train/training/data.py). Head k at position t is scored on token t + k + 2."""
-    batch, loss_mask, target = batch_parts(batch, target, next(heads.parameters()).device)
+    device = next(heads.parameters()).device
+    segments = packed_segments(batch, device)
+    batch, loss_mask, target = batch_parts(batch, target, device)
     _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
-    return heads_loss(heads, hidden, batch, loss_mask, decay)
+    return heads_loss(heads, hidden, batch, loss_mask, decay, segments=segments)
 
 
 def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, loss_mask: torch.Tensor | None,
-               decay: float, projections=None) -> tuple[torch.Tensor, dict]:
+               decay: float, projections=None, segments: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Σ_k decay^k · CE_k of the heads on ``hidden`` [b, s, h], the target's last hidden states over
     ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None; ``projections``: the heads'
-    vocabulary projections in place of their own (``MedusaHeads.forward``)."""
+    vocabulary projections in place of their own (``MedusaHeads.forward``); ``segments`` [b, s + 1]: a packed
+    batch's conversations (heads/segments.py)."""
     # each head's vocabulary projection runs on the rows it is scored on only: with chat data most rows are
     # prompt or padding, and a [K, b, s, V] stack of full-vocabulary logits dominates a CPU step
     projections = projections or heads.projections or [heads.shared_lm_head] * heads.num_heads
@@ -40,7 +45,7 @@ def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, lo
     total, metrics = 0.0, {}
     for k in range(heads.num_heads):
         keep = (torch.ones_like(batch[:, k + 2 :], dtype=torch.bool) if loss_mask is None
-                else shifted_mask(loss_mask, k + 2, s - k - 1))  # [b, s - k - 1]
+                else shifted_mask(loss_mask, k + 2, s - k - 1, segments))  # [b, s - k - 1]
         if bool(keep.any()):
             logits = projections[k](outs[k, :, : s - k - 1][keep])  # [n, V]
             ce = F.cross_entropy(logits.float(), batch[:, k + 2 :][keep])

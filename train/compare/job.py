@@ -48,7 +48,7 @@ from treespec.train.compare.templates import (
     timed_prompts,
     token_counts,
 )
-from treespec.train.compare.workload import check_texts, load_workload
+from treespec.train.compare.workload import chat_validation, check_texts, load_workload
 from treespec.train.training import config_checks
 from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
 from treespec.train.training.distributed import LOCK_FILE
@@ -125,6 +125,11 @@ def check_workload(cfg) -> None:
         config_checks.integer(n, f"workload.max_new_tokens.{category}")
     check_system_prompt(w.get("system_prompt"))
     check_template(w.get("template", "auto"))
+    if w.get("chat_validation") is not None:  # a chat training run's held-out conversations (workload.py)
+        if w.source not in ("jsonl", "dataset"):
+            raise ValueError(f"workload.chat_validation selects a chat training run's held-out conversations from its "
+                             f"data.chat.source: a jsonl or dataset workload, not workload={w.source}")
+        chat_validation(w.chat_validation)
     if w.source == "texts":
         check_texts(w.get("pattern", "*"), w.get("window_chars", 1000), w.get("windows_per_file", 4))
     if w.source == "reference":

@@ -27,11 +27,19 @@ keeps every earlier selected item that still ranks among the first of its catego
 ahead). Per category, the first ``held_out`` (spread over categories, never a category's last item) are held out:
 the target's own continuations of them give the drafters' accuracies, FR-Spec's ranking, disjoint from the timed
 prompts. The next ``per_category`` are timed; ``prompts`` caps the total, taking categories in turn. Items longer
-than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut. """
+than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut.
+
+**A chat training run's held-out conversations** (``chat_validation``: the run's ``data.chat.val_fraction``, on a
+``jsonl`` or ``dataset`` source that is its ``data.chat.source``): only the rows that run held out for validation
+are read, chosen by the rule that split them (train/training/chat.py's ``conversation_key`` of the normalized
+messages, ``system_prompt`` inserted as training inserts it, hashed by ``is_validation``), so a drafter is compared
+on conversations of its own training distribution that it never trained on. The end of ``scripts/train_heads.py``
+prints that command (train/training/run_summary.py). """
 
 from __future__ import annotations
 
 import codecs
+import glob
 import hashlib
 import itertools
 import json
@@ -43,9 +51,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath, PurePosixPath
 
 from treespec import reference
+from treespec.corpus import is_validation
 from treespec.train.compare.selection import check_categories, select
 from treespec.train.training import config_checks
-from treespec.train.training.conversations import ROLES, BadRow, load_rows
+from treespec.train.training.chat import conversation_key
+from treespec.train.training.conversations import ROLES, BadRow, load_rows, normalize
 
 DEFAULT_CATEGORY = "all"
 FORMATS = {"turns": "spec-bench", "messages": "openai", "conversations": "sharegpt", "prompt": "prompt",
@@ -168,12 +178,32 @@ def _lines(numbers: list[int], most: int = 10) -> str:
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
-def read_rows(rows, where: str, skipped: Counter | None = None) -> tuple[list[Item], Counter, Counter]:
+def chat_validation(val_fraction, system_prompt: str | None = None):
+    """``keep(row)``: whether chat training with ``data.chat.val_fraction`` = ``val_fraction`` (and
+    ``data.chat.system_prompt`` = ``system_prompt``) held the row's conversation out for validation (module
+    docstring); rows it could not train on are not kept."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction <= 1:
+        raise ValueError(f"workload.chat_validation={val_fraction!r} must be the training run's data.chat.val_fraction,"
+                         " a number in (0, 1]")
+
+    def keep(row) -> bool:
+        try:
+            return is_validation(conversation_key(normalize(row, system_prompt)), float(val_fraction))
+        except BadRow:
+            return False
+
+    return keep
+
+
+def read_rows(rows, where: str, skipped: Counter | None = None, keep=None) -> tuple[list[Item], Counter, Counter]:
     """Items of ``rows`` (dicts), with skipped rows and detected formats counted (added to ``skipped``: what
-    the caller skipped before, such as lines that are not JSON); duplicates dropped; ids made unique."""
+    the caller skipped before, such as lines that are not JSON); duplicates dropped; ids made unique. ``keep(row)``:
+    only the rows it keeps are read (``chat_validation``); the row numbers stay those of the source."""
     items, formats, seen, taken, renamed = [], Counter(), set(), set(), []
     skipped = Counter(skipped or {})
     for i, row in enumerate(rows):
+        if keep is not None and not keep(row):
+            continue
         try:
             item, fmt = parse_row(row, i)
         except BadRow as bad:
@@ -194,6 +224,10 @@ def read_rows(rows, where: str, skipped: Counter | None = None) -> tuple[list[It
         warnings.warn(f"{where}: {len(renamed)} row(s) share an id with an earlier row but differ; renamed "
                       f"{', '.join(renamed[:10])}{' ...' if len(renamed) > 10 else ''} so every prompt has its own id",
                       stacklevel=2)
+    if not items and keep is not None:
+        raise ValueError(f"{where}: no conversation of it is in the validation split workload.chat_validation "
+                         f"selects ({dict(skipped) or 'none skipped'}): is it the training run's data.chat.source, "
+                         "with its data.chat.val_fraction and system_prompt?")
     if not items:
         raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}); the formats it reads are "
                          "Spec-Bench turns, OpenAI messages, ShareGPT conversations, prompt or text "
@@ -255,9 +289,9 @@ def _first_line_is_a_row(data: bytes) -> bool:
         return False
 
 
-def read_jsonl(path: str | os.PathLike) -> tuple[list[Item], Counter, Counter]:
+def read_jsonl(path: str | os.PathLike, keep=None) -> tuple[list[Item], Counter, Counter]:
     """A JSONL file, or a .json file holding a list of rows, one row (pretty-printed or not) or JSON Lines.
-    A leading byte-order mark is dropped."""
+    A leading byte-order mark is dropped. ``keep`` as ``read_rows`` takes it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"workload.path={str(path)!r}: no such file")
@@ -267,7 +301,7 @@ def read_jsonl(path: str | os.PathLike) -> tuple[list[Item], Counter, Counter]:
         rows, bad = _one_document(data, path), Counter()
     else:
         rows, bad = _json_lines(data, path)
-    return read_rows(rows, str(path), bad)
+    return read_rows(rows, str(path), bad, keep)
 
 
 def _offline() -> bool:
@@ -276,12 +310,13 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def read_dataset(name: str, split: str = "train", columns: dict | None = None, cache_dir=None):
-    """A ``datasets`` set: a local folder (``save_to_disk``), parquet/JSON(L) files, or a Hub id."""
+def read_dataset(name: str, split: str = "train", columns: dict | None = None, cache_dir=None, keep=None):
+    """A ``datasets`` set: a local folder (``save_to_disk``), parquet/JSON(L) files (or a glob of them, as
+    ``data.chat.source`` takes it), or a Hub id. ``keep`` as ``read_rows`` takes it (on the renamed rows)."""
     import datasets  # heavy: only this source needs it
 
     local = Path(str(name)).expanduser()
-    if local.exists():
+    if local.exists() or (any(c in str(name) for c in "*?[") and glob.glob(str(local))):
         rows = load_rows(local, split=split, cache_dir=cache_dir)
     else:
         datasets.disable_progress_bars()
@@ -302,7 +337,7 @@ def read_dataset(name: str, split: str = "train", columns: dict | None = None, c
                          f"{', '.join(rows.column_names)})")
     renamed = ({**{k: v for k, v in row.items() if k not in mapping.values()},
                 **{ours: row[theirs] for ours, theirs in mapping.items()}} for row in rows)
-    return read_rows(renamed, str(name))
+    return read_rows(renamed, str(name), keep=keep)
 
 
 def check_texts(pattern, window_chars, windows_per_file) -> None:
@@ -380,14 +415,20 @@ def read_reference() -> tuple[list[Item], Counter, Counter]:
 def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
     """The items of ``workload`` config ``w``, skipped and format counts, and a description of the source."""
     source = w.get("source")
+    fraction = w.get("chat_validation")
+    if fraction is not None and source not in ("jsonl", "dataset"):
+        raise ValueError(f"workload.chat_validation selects a chat training run's held-out conversations from its "
+                         f"data.chat.source: a jsonl or dataset workload, not workload={source}")
+    keep = chat_validation(fraction, w.get("system_prompt")) if fraction is not None else None
+    held = f" (the conversations chat training held out for validation: val_fraction {fraction})" if keep else ""
     if source == "reference":
         return (*read_reference(), "treespec reference prompts (prompts.jsonl, split test)")
     if source == "jsonl":
-        return (*read_jsonl(w.path), f"jsonl: {w.path}")
+        return (*read_jsonl(w.path, keep), f"jsonl: {w.path}{held}")
     if source == "dataset":
         columns = dict(w.get("columns") or {})
-        return (*read_dataset(w.name, w.get("split") or "train", columns, cache_dir),
-                f"dataset: {w.name} (split {w.get('split') or 'train'})")
+        return (*read_dataset(w.name, w.get("split") or "train", columns, cache_dir, keep),
+                f"dataset: {w.name} (split {w.get('split') or 'train'}){held}")
     if source == "texts":
         return (*read_texts(w.path, w.get("pattern", "*"), w.get("window_chars", 1000), w.get("windows_per_file", 4)),
                 f"texts: {w.path}")

@@ -5,9 +5,13 @@ covers the assistant's tokens only.
 folder, of ShareGPT or OpenAI conversations.
 
 **Bad rows** are counted and skipped, never a crash later: no conversation, a malformed turn, an unknown
-role, an empty turn, no assistant turn, a template error, an assistant turn the template does not render,
-more than ``max_length`` tokens (``overlong: skip``; ``truncate`` keeps the first ``max_length`` tokens
-when an assistant token remains). ``ChatData.skipped`` and a printed summary say how many, and why.
+role, an empty turn, no assistant turn, a template error, an assistant turn the template does not render.
+``ChatData.skipped`` and a printed summary say how many, and why.
+
+**Long conversations.** ``max_length`` (``trainer.seq_len`` by default) is the most tokens one conversation
+trains on: a packed window's width. Longer ones are cut to their first ``max_length`` tokens (``overlong:
+truncate``, the default: counted in ``ChatData.truncated`` and printed with the tokens cut) and skipped only when
+no assistant token remains inside; ``overlong: skip`` skips them all (counted). None is dropped silently.
 
 **Rendering and the loss mask.** A conversation is rendered to text once with the tokenizer's chat
 template (or ``data.chat.template``: a .jinja file or ``chatml``) and tokenized with character offsets.
@@ -17,10 +21,12 @@ through its content and the template's end-of-turn marker (``<|im_end|>``, ``<|e
 the drafter must learn to predict for the target to stop). A token is trained on when its characters
 overlap a span. ``reasoning: exclude`` removes ``<think>…</think>`` blocks (``reasoning_tags``) from the mask.
 
-**No attention across conversations.** One conversation per row, right-padded: with causal attention no
-real token sees another conversation or the padding, so the forward passes need no mask and the losses
-skip padding through the loss mask. Batches are ``permuted_indices`` of (seed, step) as for corpus text,
-so exact resume and rank sharding hold.
+**No attention across conversations.** By default conversations are packed into full windows
+(train/training/packing.py: per-conversation position ids keep attention and loss inside each). With
+``pack: false``, one conversation per row, right-padded: with causal attention no real token sees another
+conversation or the padding, so the forward passes need no mask and the losses skip padding through the loss
+mask. Either way batches are ``permuted_indices`` of (seed, step) as for corpus text, so exact resume and rank
+sharding hold.
 
 **Cache.** Tokenized conversations are cached in ``data.cache_dir``, keyed by a sha1 of the source files'
 bytes, the tokenizer, the template and these settings.
@@ -44,11 +50,8 @@ from tqdm import tqdm
 
 from treespec.io import atomic_write, load_safetensors
 from treespec.train.training.conversations import BadRow, load_rows, normalize, source_digest
-from treespec.train.training.data import CollatedBatches, is_validation
+from treespec.train.training.data import CHATML, CollatedBatches, is_validation
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TEMPLATES = {"chatml": CHATML}
 SENTINEL = "\u00a7\u00a7treespec-probe\u00a7\u00a7"
 CHAT_FILE = "chat.safetensors"
@@ -274,11 +277,16 @@ class ChatData:
     val: Samples
     rows: int = 0
     skipped: dict = field(default_factory=dict)  # reason → {"count", "examples": [[row, detail], ...]}
+    truncated: dict = field(default_factory=dict)  # {"count", "tokens": cut in all, "max_length"} (overlong: truncate)
+    val_by_hash: bool = True  # False: none hashed into validation, so one train conversation was moved there
 
     def summary(self) -> str:
         n_skipped = sum(v["count"] for v in self.skipped.values())
         text = (f"chat data: {self.rows} rows → {len(self.train)} train + {len(self.val)} validation conversations "
                 f"({self.train.n_tokens + self.val.n_tokens} tokens, {int(self.train.loss_mask.sum())} trained on)")
+        if self.truncated.get("count"):
+            text += (f"; {self.truncated['count']} truncated to max_length={self.truncated['max_length']} tokens "
+                     f"({self.truncated['tokens']} tokens cut)")
         if n_skipped:
             why = "; ".join(f"{v['count']} {reason}" + (f" (e.g. row {v['examples'][0][0]}: {v['examples'][0][1]})"
                                                         if v["examples"] and v["examples"][0][1] else "")
@@ -294,6 +302,8 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
     if overlong not in ("skip", "truncate"):
         raise ValueError(f"data.chat.overlong must be skip or truncate, got {overlong!r}")
     train, val, skipped, n = [], [], {}, 0
+    truncated = {"count": 0, "tokens": 0, "max_length": int(max_length)}
+    cut = 0
     for i, row in enumerate(tqdm(rows, disable=not progress, desc="chat data", dynamic_ncols=True)):
         if max_conversations and len(train) + len(val) >= max_conversations:
             break
@@ -301,25 +311,37 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
         try:
             messages = normalize(row, system_prompt)
             ids, mask, _ = renderer.encode(messages)
-            if len(ids) > max_length:
+            cut = max(0, len(ids) - max_length)
+            if cut:
                 if overlong == "skip":
                     raise BadRow("over max_length", f"{len(ids)} > {max_length} tokens")
                 ids, mask = ids[:max_length], mask[:max_length]
             if not any(mask[1:]):
-                raise BadRow("no assistant token", "nothing to train on within max_length")
+                raise BadRow("no assistant token", f"nothing to train on within max_length={max_length}")
         except BadRow as bad:
             entry = skipped.setdefault(bad.reason, {"count": 0, "examples": []})
             entry["count"] += 1
             if len(entry["examples"]) < 3:
                 entry["examples"].append([i, bad.detail])
             continue
-        (val if is_validation(json.dumps(messages, sort_keys=True), val_fraction) else train).append((ids, mask))
+        if cut:
+            truncated["count"] += 1
+            truncated["tokens"] += cut
+        (val if is_validation(conversation_key(messages), val_fraction) else train).append((ids, mask))
+    by_hash = True
     if not val and val_fraction > 0 and len(train) > 1:  # tiny sets: keep one conversation for validation
         val.append(train.pop())
+        by_hash = False
     if not train:
         raise ValueError(f"no usable conversation among {n} rows: " + ", ".join(
             f"{v['count']} {k}" for k, v in skipped.items()))
-    return ChatData(Samples.from_rows(train), Samples.from_rows(val), n, skipped)
+    return ChatData(Samples.from_rows(train), Samples.from_rows(val), n, skipped, truncated, by_hash)
+
+
+def conversation_key(messages) -> str:
+    """What decides a conversation's split (``is_validation``): its normalized messages as JSON. The comparison's
+    ``workload.chat_validation`` selects the held-out conversations by the same key (train/compare/workload.py)."""
+    return json.dumps(messages, sort_keys=True)
 
 
 def chat_settings(chat_cfg) -> dict:
@@ -340,7 +362,7 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
     renderer = ChatRenderer(tokenizer, settings["template"], reasoning=settings["reasoning"],
                             reasoning_tags=settings["reasoning_tags"])
     key_data = {**settings, "source_sha1": source_digest(settings["source"]), "template_sha1": renderer.template_sha1,
-                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 1}
+                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 2}
     key = hashlib.sha1(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"chat-{key}" / CHAT_FILE
     if path.is_file():
@@ -348,7 +370,7 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
             tensors = load_safetensors(path, "chat data cache")
             meta = json.loads((path.parent / "meta.json").read_text())
             data = ChatData(Samples.from_tensors(tensors, "train"), Samples.from_tensors(tensors, "val"),
-                            meta["rows"], meta["skipped"])
+                            meta["rows"], meta["skipped"], meta.get("truncated", {}), meta.get("val_by_hash", True))
             if progress:
                 print(data.summary() + f" (cached: {path.parent})")
             return data
@@ -359,7 +381,8 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
                                 val_fraction=float(settings["val_fraction"]), system_prompt=settings["system_prompt"],
                                 max_conversations=settings["max_conversations"], progress=progress)
     atomic_write(path.parent / "meta.json", lambda tmp: tmp.write_text(json.dumps(
-        {"rows": data.rows, "skipped": data.skipped, "settings": settings}, indent=1, default=str)))
+        {"rows": data.rows, "skipped": data.skipped, "truncated": data.truncated, "val_by_hash": data.val_by_hash,
+         "settings": settings}, indent=1, default=str)))
     atomic_write(path, lambda tmp: save_file({**data.train.tensors("train"), **data.val.tensors("val")}, str(tmp)))
     if progress:
         print(data.summary())

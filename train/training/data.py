@@ -4,6 +4,11 @@ The corpus (by default the running interpreter's standard library) and its deter
 are read by treespec/corpus.py, which REST's datastore shares; its names are re-exported here. Any other
 directory of text files, or a JSONL file of ``{"text": ...}`` records, can be selected instead.
 
+The tokenizer trained for a new language model (``train_tokenizer``) is byte-level BPE with ChatML's chat template
+(``<|im_start|>role\n...<|im_end|>\n``) and its two markers as special tokens (one id each), beside
+``<|endoftext|>`` (EOS, BOS) and ``<|pad|>``: a target built here reads chat data (``data=chat``) and chat workloads
+with its own template, whatever text it was trained on.
+
 Token streams are one flat uint16/int32 tensor per split, documents joined by an EOS token; a
 training batch is a set of windows at positions drawn from a permutation that depends only on
 (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would.
@@ -24,13 +29,21 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from treespec.corpus import STDLIB_CORPUS, Corpus, corpus_digest, is_validation, load_corpus, stdlib_root  # noqa: F401
 from treespec.io import atomic_write, load_safetensors, weights_digest
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
+# ids 0.. in this order; the ChatML markers are special tokens, never split or merged with their neighbours
+SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+CHAT_MARKERS = SPECIAL_TOKENS[2:]
+# ChatML (Qwen's, OpenAI's): each message "<|im_start|>{role}\n{content}<|im_end|>\n"; the generation prompt
+# opens an assistant turn
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 BYTE_ALPHABET = 256
 TOKENS_FILE = "tokens.safetensors"  # {"train": [n] int32, "val": [n] int32}
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | os.PathLike | None = None):
-    """Byte-level BPE over ``texts``; returns a transformers ``PreTrainedTokenizerFast``."""
+    """Byte-level BPE over ``texts`` with ``SPECIAL_TOKENS`` and the ChatML chat template (module docstring);
+    returns a transformers ``PreTrainedTokenizerFast``."""
     min_size = BYTE_ALPHABET + len(SPECIAL_TOKENS)
     if vocab_size < min_size:
         raise ValueError(
@@ -48,8 +61,9 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | os.PathLik
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=SPECIAL_TOKENS[0], bos_token=SPECIAL_TOKENS[0],
-        pad_token=SPECIAL_TOKENS[1], clean_up_tokenization_spaces=False,
+        pad_token=SPECIAL_TOKENS[1], additional_special_tokens=CHAT_MARKERS, clean_up_tokenization_spaces=False,
     )
+    fast.chat_template = CHATML
     if out_dir is not None:
         fast.save_pretrained(out_dir)
     return fast
@@ -74,6 +88,8 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
     key_data = {**corpus_cfg, "vocab": vocab_size, "corpus_sha1": corpus_digest(**corpus_cfg)}
     if tokenizer is not None:
         key_data["tokenizer"] = hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest()
+    else:  # a tokenizer trained here: one cached before the chat markers existed is not reused
+        key_data["special_tokens"] = SPECIAL_TOKENS
     key = hashlib.sha1(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"tokens-{key}"
     tokens_file = cache / TOKENS_FILE

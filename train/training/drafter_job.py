@@ -38,6 +38,7 @@ from treespec.train.training.features import FeatureBatches, FeatureStore, Windo
 from treespec.train.training.lm_job import fingerprint
 from treespec.train.training.log import RunLogger
 from treespec.train.training.loop import OptimConfig, train
+from treespec.train.training.packing import PackedBatches, check_packing
 from treespec.tree_spec import build_tree, check_tree_spec
 
 
@@ -121,7 +122,19 @@ def data_settings(cfg) -> dict:
 
 
 def feature_key(cfg, target) -> dict:
-    return {"target": fingerprint(target), "weights": weights_digest(target), "data": data_settings(cfg)}
+    """What stored features must match. Packing is left out: features are stored one conversation at a time, and
+    packed or not they are the same (train/training/packing.py)."""
+    data = data_settings(cfg)
+    if data.get("chat"):
+        data["chat"] = {k: v for k, v in data["chat"].items() if k != "pack"}
+    return {"target": fingerprint(target), "weights": weights_digest(target), "data": data}
+
+
+def packing(cfg) -> int | None:
+    """The packed windows' width (``data.chat.max_length``) when chat data is packed (``data.chat.pack``), else
+    None."""
+    chat = cfg.data.get("chat")
+    return int(chat.max_length) if chat is not None and chat.get("pack", False) else None
 
 
 def needed_layers(cfg, target) -> list[int]:
@@ -136,7 +149,15 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
     pad = pad_id(tokenizer)
     if cfg.data.get("chat") is not None:
         chat = prepare_chat(cfg.data.chat, tokenizer, cfg.data.cache_dir, progress=progress)
-        batches = SampleBatches(chat.train, t.batch_size, seed=cfg.seed, pad_id=pad)
+        width = packing(cfg)
+        if width is not None:
+            batches = PackedBatches(chat.train, width, t.batch_size, seed=cfg.seed, pad_id=pad)
+            if not cfg.data.get("features"):  # the target runs packed rows: attention must stay inside each one
+                check_packing(target, chat.train)
+            if progress:
+                print(batches.summary())
+        else:
+            batches = SampleBatches(chat.train, t.batch_size, seed=cfg.seed, pad_id=pad)
         n_val = min(len(chat.val), t.eval_windows or len(chat.val))
         held_out, n_val = (chat.val, n_val) if n_val else (chat.train, 1)  # tiny sets may have no validation
         val_samples = Samples(*_first(held_out, n_val))
@@ -150,7 +171,10 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
             prompts.append(ids[max(0, end - e.prompt_tokens) : end][None].long())
         data = TrainingData(batches, val, val_windows, prompts, chat.train.trained_tokens(), chat.train, val_samples,
                             {"data_rows": chat.rows, "data_train_conversations": len(chat.train),
-                             "data_val_conversations": len(chat.val), "data_skipped": chat.skipped})
+                             "data_val_conversations": len(chat.val), "data_skipped": chat.skipped,
+                             "data_truncated": chat.truncated, "data_val_by_hash": chat.val_by_hash})
+        if width is not None:
+            data.info.update({"data_packed_windows": len(batches.windows), "data_packed_fill": batches.fill()})
     else:
         train_tokens, val_tokens = training_tokens(cfg, target, tokenizer)
         batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
@@ -165,7 +189,10 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
         if split.meta["digest"] != data.train_samples.digest() or len(split) != len(data.train_samples):
             raise ValueError(f"features in {cfg.data.features} were computed on other training samples than these "
                              "data settings give: prepare them again")
-        data.batches = FeatureBatches(split, t.batch_size, seed=cfg.seed, pad_id=pad)
+        width = packing(cfg)
+        data.batches = (PackedBatches(split, width, t.batch_size, seed=cfg.seed, pad_id=pad,
+                                      what="stored training conversations") if width is not None
+                        else FeatureBatches(split, t.batch_size, seed=cfg.seed, pad_id=pad))
         val_split = store.split("val")
         if val_split.meta["digest"] != data.val_samples.digest():
             raise ValueError(f"features in {cfg.data.features} hold other evaluation samples than these data settings "
@@ -364,7 +391,10 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
     rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
     rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, target_name)))
     loads_as = registry.get(d.name).loads_as  # Medusa-2's heads load as the medusa kind
-    rows.append(("compare", [run_summary.compare_command(loads_as, cfg.export_dir, target_name)]))
+    workload, on = run_summary.training_workload(cfg.data, summary)
+    trees, best = run_summary.suggested_trees(probe_acc if probe_acc is not None else accuracy, costs)
+    summary["compare_command"] = run_summary.compare_command(loads_as, cfg.export_dir, target_name, workload, trees)
+    rows.append(("compare", [summary["compare_command"], f"on {on}", best]))
     if summary.get("warnings"):
         rows.append(("warnings", summary["warnings"]))
     title = (f"{d.name} run finished: {step} steps, {result.tokens_seen:,} tokens, {result.wall_time:.0f} s of "

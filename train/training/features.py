@@ -195,6 +195,14 @@ class FeatureSplit:
     def __len__(self) -> int:
         return self.n
 
+    def lengths(self) -> torch.Tensor:
+        """[n] int64: every sample's token count (from the shards' offsets; what packing plans with)."""
+        pieces = []
+        for k in range(len(self.meta["shards"])):
+            offsets = self._shard(k)[1]
+            pieces.append(offsets[1:] - offsets[:-1])
+        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+
     def _shard(self, k: int):
         if k not in self._handles:
             path = self.folder / self.meta["shards"][k]["file"]
