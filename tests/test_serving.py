@@ -50,7 +50,9 @@ def test_each_kind_maps_to_its_method():
     lookup = settings("prompt_lookup", "prompt_lookup", None, Tree.chain(2), "org/t")
     assert vllm_config(lookup.vllm) == {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
                                         "prompt_lookup_min": 1}
-    assert flags(lookup.sglang)["--speculative-algorithm"] == "NGRAM" and lookup.exports == []
+    ngram = flags(lookup.sglang)  # NGRAM sets its own breadth and depth: only the tokens per step are given
+    assert ngram == {"--model-path": "org/t", "--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": "3"}
+    assert lookup.exports == [] and "NGRAM grows its own tree" in lookup.notes[0]
     draft = settings("draft", "draft", "/models/small", Tree.chain(2), "org/t")
     assert vllm_config(draft.vllm) == {"method": "draft_model", "num_speculative_tokens": 2, "model": "/models/small"}
     assert flags(draft.sglang)["--speculative-algorithm"] == "STANDALONE"
@@ -58,3 +60,10 @@ def test_each_kind_maps_to_its_method():
     assert other.vllm is None and other.sglang is None and other.notes
     text = markdown([medusa, lookup])
     assert "## medusa" in text and "vllm serve" in text and "- SGLang serves no medusa drafter" in text
+
+
+def test_paths_with_spaces_stay_one_argument():
+    s = settings("eagle3", "eagle3", "/my runs/eagle3", Tree.chain(2), "/my models/t", out_dir="/my exports")
+    assert shlex.split(s.vllm)[2] == "/my models/t" and vllm_config(s.vllm)["model"] == "/my exports/eagle3-vllm"
+    assert flags(s.sglang)["--speculative-draft-model-path"] == "/my exports/eagle3-sglang"
+    assert shlex.split(s.exports[0])[2] == "/my runs/eagle3"

