@@ -6,6 +6,7 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py eagle               # after scripts/train_heads.py experiment=reference_eagle
     python scripts/ship_drafter.py hydra               # after scripts/train_heads.py experiment=reference_hydra
     python scripts/ship_drafter.py medusa --skip-copy  # re-measure the shipped drafter only
+    python scripts/ship_drafter.py draft --skip-copy   # the reference draft model's accuracies (auto trees)
     python scripts/ship_drafter.py eagle3 --run-dir runs/eagle3_ttt7   # a run elsewhere (its run_dir=...)
     python scripts/ship_drafter.py medusa2    # Medusa-2: the heads and their fine-tuned target (stored in bf16)
     python scripts/ship_drafter.py eagle3 --target smollm2 --run-dir runs/heads/eagle3   # → models/smollm2/eagle3
@@ -54,8 +55,9 @@ def main() -> None:
                         "loading upcasts them to the target's dtype)")
     args = parser.parse_args()
     reference_target = args.target == "target"
-    if reference_target and args.name == "draft":
-        parser.error("the code reference's draft model is a reference model: scripts/ship_reference.py writes it")
+    if reference_target and args.name == "draft" and not args.skip_copy:
+        parser.error("the code reference's draft model is a reference model: scripts/ship_reference.py writes it "
+                     "(--skip-copy measures its head_accuracy.json)")
     out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
     if not args.skip_copy:
         run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
