@@ -6,9 +6,9 @@ does not. ``Combined([a, b, ...])`` offers that, and the union, for any drafters
 * ``mode="union"`` (default): every drafter proposes (each within the step's tree, as it would alone); their trees
   are merged by shared prefixes (two nodes whose paths from the root spell the same tokens are one node) into one
   tree, the first drafter's nodes first, breadth-first, then the next one's new nodes, at most ``nodes`` candidates
-  (None, the default: all of them; heads/combined/tree_union.py). Capped at the step tree's size, the union of two
-  drafters that each fill it is the first one's tree: on the reference target suffix + EAGLE-3 then reaches EAGLE-3's
-  τ exactly, uncapped it verifies 2 nodes more on average and accepts 6 % more (docs/usage.md).
+  (None, the default: all of them; heads/combined/tree_union.py). Capped at the step tree's size, one drafter's nodes
+  only displace another's: on the reference target suffix + EAGLE-3 then accepts what EAGLE-3 alone does, uncapped
+  it verifies 2 nodes more a step and accepts 6 % more (docs/usage.md).
 * ``mode="fallback"``: each row takes the first drafter whose proposal has at least ``min_nodes`` candidates (a
   strong match: SuffixDecoding grows at most ``alpha`` × match-length nodes), else the largest proposal.
 
