@@ -137,6 +137,7 @@ CASES = {
     "suffix+draft": lambda t: Combined([SuffixDecoding(), DraftModel(perturbed(t, 0.3))]),
     "fallback": lambda t: Combined([PromptLookup(max_ngram=2), TokenRecycling()], mode="fallback", min_nodes=2),
     "budget": lambda t: Combined([TokenRecycling(), PromptLookup()], nodes=3),
+    "fallback budget": lambda t: Combined([SuffixDecoding(), PromptLookup()], mode="fallback", min_nodes=3, nodes=2),
     # feature drafters: each fed the accepted tokens' target features, whoever proposed them
     "suffix+eagle": lambda t: Combined([SuffixDecoding(), Eagle(random_eagle(t))]),
     "lookup+eagle3 fallback": lambda t: Combined([PromptLookup(max_ngram=2), Eagle3(random_eagle3(t, draft_vocab=24))],
@@ -289,6 +290,10 @@ def test_refusals():
     assert not Combined([PromptLookup(), PromptLookup()]).needs_features
     both = Combined([TokenRecycling(), PromptLookup()])  # the loop shows it passes, a comparison copies it
     assert both.observes_logits and both.remembers_across_calls
+    # the default tree: the first drafter's that every drafter can fill
+    assert Combined([SuffixDecoding(), PromptLookup()]).default_tree == Tree.chain(4)  # prompt lookup's, static
+    assert Combined([PromptLookup(), Medusa(random_heads(target))]).default_tree == Tree.chain(3)  # 3 heads
+    assert Combined([SuffixDecoding(), Eagle(random_eagle(target))]).default_tree == DynamicTree(16, 8, 4)
     featured = Combined([PromptLookup(), Eagle(random_eagle(target, (0, -1))), Eagle(random_eagle(target))])
     assert featured.needs_features and featured.feature_layers == (0, -1)
 

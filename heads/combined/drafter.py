@@ -89,7 +89,6 @@ class Combined(Drafter):
             raise ValueError("Combined needs distinct drafters: one drafter object holds one generation's state")
         check_settings(mode, nodes, min_nodes)
         self.drafters, self.mode, self.nodes, self.min_nodes = drafters, mode, nodes, min_nodes
-        self.default_tree = drafters[0].default_tree
         self.needs_features = any(d.needs_features for d in drafters)
         layers, self._blocks = feature_columns(drafters)
         if self.needs_features:
@@ -99,6 +98,10 @@ class Combined(Drafter):
         self.remembers_across_calls = any(d.remembers_across_calls for d in drafters)
         limits = [d.max_tree_depth for d in drafters if d.max_tree_depth is not None]
         self.max_tree_depth = min(limits) if limits else None
+        # the first drafter's default tree that every drafter can fill (a dynamic one only if all grow them)
+        fits = [d.default_tree for d in drafters if (isinstance(d.default_tree, Tree) or self.grows_dynamic_trees)
+                and (self.max_tree_depth is None or d.default_tree.depth <= self.max_tree_depth)]
+        self.default_tree = fits[0] if fits else drafters[0].default_tree
         positions = [d.max_positions for d in drafters if d.max_positions is not None]
         self.max_positions = min(positions) if positions else None
         self._maps: list[list[dict[int, int]]] = []  # per row, per drafter: merged node → its node
@@ -158,7 +161,7 @@ class Combined(Drafter):
             else:  # the first strong proposal, else the largest; the others see none of it accepted
                 strong = [i for i, p in enumerate(proposals) if len(p.tree) >= max(1, self.min_nodes)]
                 pick = strong[0] if strong else max(range(len(proposals)), key=lambda i: len(proposals[i].tree))
-                merged = within(proposals[pick], budget)
+                merged = within(proposals[pick], budget, committed.tokens.device)
                 maps = [{i: i for i in range(merged.tree.num_nodes)} if k == pick else {0: 0}
                         for k in range(len(proposals))]
             rows.append(merged)
@@ -176,9 +179,10 @@ class Combined(Drafter):
             d.accept(own, self._features(k, features))
 
 
-def within(proposal: Proposal, budget: int) -> Proposal:
-    """``proposal``'s first ``budget`` candidates (breadth-first: parents before children, ranks in order), as it is
-    when it fits."""
-    if len(proposal.tree) <= budget:
-        return proposal
-    return Proposal(Tree(proposal.tree.paths[:budget]), proposal.tokens[:budget])
+def within(proposal: Proposal, budget: int, device: torch.device) -> Proposal:
+    """``proposal``'s first ``budget`` candidates (breadth-first: parents before children, ranks in order), on
+    ``device`` (the target's: rows that different drafters proposed are stacked there without a read back)."""
+    tree, tokens = proposal.tree, proposal.tokens.to(device)
+    if len(tree) <= budget:
+        return Proposal(tree, tokens)
+    return Proposal(Tree(tree.paths[:budget]), tokens[:budget])
