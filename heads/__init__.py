@@ -1,15 +1,15 @@
 """Drafters: everything that proposes a candidate token tree for the target to verify.
 
 One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, rest, lookahead, medusa,
-hydra, eagle, eagle3), each holding the same roles, one module each: ``network.py`` (its trained module), ``drafter.py``
-(the core's ``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its training loss,
-a ``Recipe``: heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its ``DrafterKind``:
-heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft vocabularies, lean
-layer calls, batches, checkpoint detection and export. ``registry`` lists the kinds by name, once, for training, the
-comparison, the loader and the scripts. ``Combined`` merges several drafters' trees into one. ``load`` (the
-registry's "auto" kind) reads any drafter checkpoint (treespec's own, EAGLE-1/2, EAGLE-3, Medusa; a folder or a Hub
-repo id) into a Drafter, ``load_profile`` its measurements; ``export`` writes one for SGLang, vLLM, speculators,
-SafeAILab/EAGLE or FasterDecoding/Medusa.
+hydra, eagle, eagle3, combined), each holding the same roles, one module each: ``network.py`` (its trained module),
+``drafter.py`` (the core's ``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its
+training loss, a ``Recipe``: heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its
+``DrafterKind``: heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft
+vocabularies, lean layer calls, batches, checkpoint detection and export. ``registry`` lists the kinds by name,
+once, for training, the comparison, the loader and the scripts. ``Combined`` (heads/combined/) merges several
+drafters' trees into one. ``load`` (the registry's "auto" kind) reads any drafter checkpoint (treespec's own,
+EAGLE-1/2, EAGLE-3, Medusa; a folder or a Hub repo id) into a Drafter, ``load_profile`` its measurements; ``export``
+writes one for SGLang, vLLM, speculators, SafeAILab/EAGLE or FasterDecoding/Medusa.
 """
 
 from treespec.drafter import Drafter, Proposal

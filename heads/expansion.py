@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from treespec.cache import PreallocatedLayer, SlidingWindowLayer
-from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
+from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals, own_nodes
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads.grow_dynamic import grow_dynamic
 from treespec.recurrent import DraftRows, is_recurrent
@@ -319,15 +319,16 @@ class ExpandingDrafter(Drafter):
 
     def accept(self, paths: list[torch.Tensor], features) -> None:
         # Expanded nodes on a row's accepted path form a prefix of it (nodes are expanded depth by depth), in
-        # cache order; path tokens not kept here are fed again by the next _start.
+        # cache order; path tokens not kept here (another drafter's, in a Combined, too) are fed again by the next
+        # _start.
         if self._path_rows is not None:  # one row: its accepted path's deepest fed node, or the root's state
-            path = [self._grown_of[0][i] for i in paths[0].tolist()] if self.keeps_expanded_path else []
+            path = [self._grown_of[0][i] for i in own_nodes(paths[0].tolist())] if self.keeps_expanded_path else []
             self.slots.append(self._path_rows.keep(path))
             return
         keeps = [[] for _ in paths]
         if self.keeps_expanded_path:
             for b, path in enumerate(paths):
-                on_path = {self._grown_of[b][i] for i in path.tolist()}
+                on_path = {self._grown_of[b][i] for i in own_nodes(path.tolist())}
                 expanded = self._expanded[b if len(self._expanded) > 1 else 0]
                 keeps[b] = [j for j, node in enumerate(expanded) if node in on_path]
         self.slots.keep(self.cache, keeps)

@@ -63,6 +63,8 @@ class DrafterKind:
     name: str = ""
     #: whether it has trained weights, loaded from a source (reference:<name>, a folder, a Hub repo id)
     has_weights: bool = True
+    #: whether its drafter is made from other kinds' drafters (its config's ``parts``), by ``combine``, not ``make``
+    has_parts: bool = False
     #: candidate modes it supports ("sample": children drawn i.i.d. from the draft distribution)
     candidate_modes: tuple[str, ...] = ("topk",)
     #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec, heads/vocab.py)

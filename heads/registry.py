@@ -2,7 +2,8 @@
 load it, make it a Drafter, measure its rank accuracy and drafting cost, read and write its checkpoints, train
 it; each kind's folder declares its own in heads/<kind>/kind.py). Training (treespec.train.training.drafter_job),
 the comparison (treespec.train.compare.job), the loader and the scripts look drafters up here and nowhere else;
-conf/drafter/<name>.yaml describes each one's settings once. Adding a kind: its folder, and one line in KINDS.
+conf/drafter/<name>.yaml describes each one's settings once. Adding a kind: its folder, and one line in KINDS. The
+"combined" kind has parts instead of a module: other kinds' drafters, ``combine``d (``kind.has_parts``).
 
     kind = registry.get("eagle")
     drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
@@ -19,6 +20,7 @@ from treespec.autotree import read_cost_curve
 from treespec.chain_tau import read_chain_tau
 from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.heads import (
+    combined,
     draft_model,
     eagle,
     eagle3,
@@ -52,6 +54,7 @@ KINDS: tuple[DrafterKind, ...] = (
     hydra.KIND,
     eagle.KIND,
     eagle3.KIND,
+    combined.KIND,
 )
 
 

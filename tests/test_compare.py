@@ -292,7 +292,7 @@ def test_timing_runs_before_ahead_of_every_timed_call():
     assert fixed == 0.0 and per_depth > 0 and len(calls) == 32  # median_time's 30 repeats + 2 warm-up
     # every drafter with weights can be timed between target passes (prompt lookup has none to push out)
     assert [kind.name for kind in registry.KINDS if not kind.has_weights] == ["prompt_lookup", "recycling", "suffix",
-                                                                               "rest", "lookahead"]
+                                                                               "rest", "lookahead", "combined"]
     assert registry.get("prompt_lookup").drafting_step(PromptLookup()) is None
     for name in ("recycling", "suffix"):  # model-free too: nothing to time
         assert registry.get(name).drafting_step(registry.build(name, target)) is None

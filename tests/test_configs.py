@@ -63,6 +63,14 @@ def test_every_config_is_covered():
     ("train_lm", ["trainer.seq_len=4096"], r"exceeds model.max_position_embeddings"),
     ("compare", ["drafters=[upstream]"], r"'upstream' needs its checkpoint: available.upstream.source="),
     ("compare", ["drafters=[prompt_lookup]", "+available.prompt_lookup.draft_vocab=64"], r"no full-vocabulary head"),
+    # a combination's parts: other entries, fixed ranks, each checked as it is alone; its settings
+    ("compare", ["drafters=[combined]", "available.combined.parts=[suffix]"], r"parts must list two or more"),
+    ("compare", ["drafters=[combined]", "available.combined.parts=[suffix,warp]"], r"'warp' is not one of the avail"),
+    ("compare", ["drafters=[combined]", "available.combined.parts=[suffix,eagle_sample]"], r"samples its candidates"),
+    ("compare", ["drafters=[combined]", "available.combined.parts=[suffix,combined]"], r"combined drafter itself"),
+    ("compare", ["drafters=[combined]", "available.combined.parts=[suffix,upstream]"], r"'upstream' needs its checkp"),
+    ("compare", ["drafters=[combined]", "available.combined.mode=best"], r"mode must be one of"),
+    ("compare", ["drafters=[combined]", "available.combined.nodes=0"], r"nodes must be an integer >= 1"),
 ])
 def test_bad_configs_fail_at_start_up(job, overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -22,6 +22,7 @@ from treespec.walker import row_by_row
 from .helpers import (
     RUNS,
     VOCAB,
+    accept_deepest,
     chi2_pvalue,
     compose_cfg,
     exact_distribution,
@@ -82,14 +83,6 @@ def test_default_tree_and_short_budgets(target, prompt):
 
 
 # -- the drafter's cache stays in sync: each proposal equals a recomputation from scratch ---------------
-def accept_deepest(logits, proposal, sampling, **kwargs):
-    """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's
-    cache must absorb long accepted paths (a random drafter is rarely right)."""
-    from treespec.walker import Walk
-
-    tree = proposal.tree
-    path = torch.tensor(max(tree.leaf_paths, key=len)) if len(tree) else torch.empty(0, dtype=torch.long)
-    return Walk(path=path, next_token=int(logits[int(path[-1]) if len(path) else 0].argmax()))
 
 
 @pytest.mark.parametrize("kind", ["draft", "eagle", "eagle-fused"])

@@ -24,6 +24,7 @@ from treespec.walker import row_by_row
 
 from .helpers import (
     VOCAB,
+    accept_deepest,
     chi2_pvalue,
     exact_distribution,
     hf_greedy,
@@ -184,14 +185,6 @@ def test_default_tree_and_draft_vocabulary_smaller_than_top_k(target, prompt):
     assert Eagle3(model).default_tree == DynamicTree(16, 5, 4)
 
 
-def accept_deepest(logits, proposal, sampling, **kwargs):
-    """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's
-    cache must absorb long accepted paths."""
-    from treespec.walker import Walk
-
-    tree = proposal.tree
-    path = torch.tensor(max(tree.leaf_paths, key=len)) if len(tree) else torch.empty(0, dtype=torch.long)
-    return Walk(path=path, next_token=int(logits[int(path[-1]) if len(path) else 0].argmax()))
 
 
 @pytest.mark.parametrize("tree", [Tree.full(2, 2), DynamicTree(6, 3, 2)], ids=["full", "dynamic"])

@@ -140,8 +140,8 @@ def test_a_kind_folder_is_reached_only_through_the_registry(module):
 
 
 def test_the_kinds_are_found():
-    kinds = ["draft_model", "eagle", "eagle3", "hydra", "lookahead", "medusa", "prompt_lookup", "recycling", "rest",
-             "suffix"]
+    kinds = ["combined", "draft_model", "eagle", "eagle3", "hydra", "lookahead", "medusa", "prompt_lookup",
+             "recycling", "rest", "suffix"]
     assert KIND_FOLDERS == ["treespec.heads." + k for k in sorted(kinds)]
     assert len([m for m in GRAPH if m.startswith("treespec.train.") and m.count(".") == 2]) <= 12
 

@@ -14,6 +14,8 @@ drafter's side:
 2. The target verifies; the walker picks each row's accepted path (treespec/walker.py).
 3. ``accept(paths, features)``: each row's accepted node indices (root excluded) and the target's hidden
    states at the root and at each accepted node, so drafters with their own caches stay in sync. A drafter
+   serving in a Combined (heads/combined/) is told the whole accepted path too, in its own node numbering:
+   the tokens another drafter proposed are ``NOT_PROPOSED`` there (``own_nodes`` keeps the rest). A drafter
    that ``observes_logits`` is first shown the pass itself, ``observe_pass(tokens, trees, logits)``: the
    target's logits at every node it verified, rejected candidates' included (Token Recycling's matrix).
 4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
@@ -41,6 +43,9 @@ from treespec.sampling import Sampling
 from treespec.tree import Tree
 
 CANDIDATE_MODES = ("topk", "sample", "without_replacement")
+#: an accepted node that was not in this drafter's own tree (in a Combined, another drafter proposed that token);
+#: such entries of a path follow the ones it proposed
+NOT_PROPOSED = -1
 #: the modes that draw candidates from the draft distribution at temperature > 0 (static trees only)
 SAMPLED_CANDIDATES = ("sample", "without_replacement")
 
@@ -194,8 +199,9 @@ class Drafter:
         raise NotImplementedError
 
     def accept(self, paths: list[torch.Tensor], features: torch.Tensor | None) -> None:
-        """paths: per row, LongTensor [k_b] accepted node indices; features: [b, 1 + max k_b, L·h] (row b's
-        root, then its accepted nodes, in its first k_b + 1 entries) or None."""
+        """paths: per row, LongTensor [k_b] accepted node indices (``NOT_PROPOSED`` where another drafter of a
+        Combined proposed the token: ``own_nodes``); features: [b, 1 + max k_b, L·h] (row b's root, then its
+        accepted nodes, in its first k_b + 1 entries) or None. k_b counts every accepted token, proposed here or not."""
 
     def observe_pass(self, tokens: torch.Tensor, trees: list[Tree], logits: torch.Tensor) -> None:
         """Called after every target pass when ``observes_logits``, before the walk: tokens [b, N] (each row's root,
@@ -210,6 +216,12 @@ class Drafter:
         """Called by generate() before each batch: with ``options`` (torch.compile's arguments), run each drafting
         depth's network as a static compiled graph whose cache holds ``capacity`` slots (treespec/static_pass.py);
         None: run it eagerly. A drafter without a network over its own cache ignores it."""
+
+
+def own_nodes(path: list[int]) -> list[int]:
+    """The nodes of an accepted ``path`` that this drafter's own tree held: all of them, except in a Combined,
+    where the tokens another drafter proposed (``NOT_PROPOSED``) end its part."""
+    return path[: path.index(NOT_PROPOSED)] if NOT_PROPOSED in path else path
 
 
 def stack_features(hidden_states, layers) -> torch.Tensor:

@@ -34,6 +34,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from treespec.drafter import Drafter
+
 _MARK = "_treespec_on_device"
 _T = torch.Tensor
 # value reads: each hands a tensor's contents (or a value-dependent shape) to the host
@@ -126,13 +128,15 @@ class HostReads(TorchFunctionMode):
 
 def _tensors_of(obj) -> list[torch.Tensor]:
     """The parameters and buffers of ``obj`` if it is an nn.Module, else of the nn.Modules among its attributes
-    (one level down, in lists too: a drafter's model, heads and projections)."""
+    (one level down, in lists too: a drafter's model, heads and projections), and of the drafters among them (a
+    Combined's)."""
     if isinstance(obj, torch.nn.Module):
         return [*obj.parameters(), *obj.buffers()]
     values = vars(obj).values() if hasattr(obj, "__dict__") else ()
-    modules = [m for v in values for m in (v if isinstance(v, (list, tuple)) else [v])
-               if isinstance(m, torch.nn.Module)]
-    return [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    found = [m for v in values for m in (v if isinstance(v, (list, tuple)) else [v])]
+    modules = [m for m in found if isinstance(m, torch.nn.Module)]
+    inner = [t for d in found if isinstance(d, Drafter) and d is not obj for t in _tensors_of(d)]
+    return [t for m in modules for t in (*m.parameters(), *m.buffers())] + inner
 
 
 def _caller() -> str:

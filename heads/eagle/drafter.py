@@ -141,7 +141,8 @@ class Eagle(ExpandingDrafter):
     def accept(self, paths, features) -> None:
         super().accept(paths, features)
         # accepted node i pairs with the feature at its parent: root, then nodes 1..k-1; the feature at the
-        # last accepted node pairs with the next root and arrives with it in propose()
+        # last accepted node pairs with the next root and arrives with it in propose(). A path counts every accepted
+        # token, those another drafter of a Combined proposed too (treespec/drafter.py): the next _start feeds them
         self._pending_counts = [len(path) for path in paths]
         self._pending = self._fuse(features[:, : max(self._pending_counts)])
         self._outputs = None

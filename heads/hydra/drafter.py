@@ -103,7 +103,8 @@ class Hydra(Drafter):
     def accept(self, paths, features) -> None:
         if self.heads.prefix is None:
             return
-        counts = [len(path) + 1 for path in paths]  # the root's hidden state, then each accepted node's
+        # the root's hidden state, then each accepted node's (in a Combined, another drafter's nodes too)
+        counts = [len(path) + 1 for path in paths]
         self._feed(features[:, : max(counts)], counts)
 
     # -- drafting ------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from .models import (
     tiny_trained_target,
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
-from .proposals import record_proposals, scratch_logits, scratch_proposal
+from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
 from .upstream_checkpoints import (
     INTEROP_PROMPT,
     UPSTREAM_CASES,
@@ -53,7 +53,8 @@ from .wandb_logs import wandb_run_contains
 __all__ = [
     "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
     "UNEVEN",
-    "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_everything", "assert_ok", "chat_tokenizer",
+    "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
+    "chat_tokenizer",
     "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",

@@ -6,6 +6,7 @@ import torch
 
 from treespec import Tree
 from treespec.heads import DraftModel
+from treespec.walker import Walk
 
 
 def record_proposals(drafter) -> list:
@@ -22,6 +23,14 @@ def record_proposals(drafter) -> list:
 
     drafter.propose = recording
     return seen
+
+
+def accept_deepest(logits, proposal, sampling, **kwargs):
+    """A stand-in walker that accepts the deepest path whatever the target says, so that the drafter's cache must
+    absorb long accepted paths (a random drafter is rarely right): patch it in with ``walker.row_by_row``."""
+    tree = proposal.tree
+    path = torch.tensor(max(tree.leaf_paths, key=len)) if len(tree) else torch.empty(0, dtype=torch.long)
+    return Walk(path=path, next_token=int(logits[int(path[-1]) if len(path) else 0].argmax()))
 
 
 def eagle_features(target, model, committed):

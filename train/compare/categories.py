@@ -229,16 +229,26 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
         return []
     entry = (result.get("drafter_entries") or {}).get(best["drafter"]) or {}
     stop = (result.get("settings") or {}).get("end_token_ids")
-    make = (f'registry.build("{entry["name"]}", target, source="{entry["source"]}"'
-            + (f', candidates="{entry["candidates"]}"' if entry.get("candidates", "topk") != "topk" else "") + ")"
-            if entry.get("source") else f'registry.build("{entry.get("name", best["drafter"])}", target)')
     return ["## Use the best tree", "", f"The run's best configuration, {best['config']}, saved its tree as "
             "`best_tree.json` beside this file (every configuration's tree is under `trees/`):", "", "```python",
-            "from treespec import Tree, generate", "from treespec.heads import registry", "",
-            f"drafter = {make}",
+            "from treespec import Tree, generate", "from treespec.heads import registry"
+            + (", Combined" if entry.get("parts") else ""), "",
+            f"drafter = {make_line({'name': best['drafter'], **entry})}",
             f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
             + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder)
+
+
+def make_line(entry: dict) -> str:
+    """The Python expression that makes a run's drafter from its entry (a combination: ``Combined`` of its parts)."""
+    if entry.get("parts"):
+        settings = "".join(f", {key}={entry[key]!r}" for key in ("mode", "nodes", "min_nodes")
+                           if entry.get(key) is not None)
+        return f"Combined([{', '.join(make_line(part) for part in entry['parts'])}]{settings})"
+    if not entry.get("source"):
+        return f'registry.build("{entry["name"]}", target)'
+    sampled = f', candidates="{entry["candidates"]}"' if entry.get("candidates", "topk") != "topk" else ""
+    return f'registry.build("{entry["name"]}", target, source="{entry["source"]}"{sampled})'
 
 
 def auto_lines(result: dict, folder=None) -> list[str]:

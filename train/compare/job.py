@@ -31,6 +31,7 @@ from treespec.heads.vocab import DraftVocab
 from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
+from treespec.train.compare.entries import check_entry, drafter_checksum, entry_record, made, max_depth_of
 from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
 from treespec.train.compare.journal import precheck
 from treespec.train.compare.methods import baselines_of, check_baselines, own_trees, shipped, unshipped, wants_assistant
@@ -38,7 +39,6 @@ from treespec.train.compare.progress import set_threads
 from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
-from treespec.train.compare.stamp import model_checksum
 from treespec.train.compare.templates import (
     PromptTemplate,
     check_system_prompt,
@@ -147,14 +147,7 @@ def check_config(cfg) -> None:
             raise ValueError(f"drafters: {label!r} is not one of the available drafters ({', '.join(cfg.available)}; "
                              "conf/drafter/ describes them)")
         own_trees(cfg, label)
-        entry = cfg.available[label]
-        kind = registry.get(entry.name)
-        if kind.has_weights and OmegaConf.is_missing(entry, "source"):
-            raise ValueError(f"drafter {label!r} needs its checkpoint: available.{label}.source=/path/to/folder")
-        if entry.get("draft_vocab") is not None and not kind.reduces_vocab:
-            raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
-        if entry.get("candidates", "topk") not in kind.candidate_modes:
-            raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
+        check_entry(cfg, label)
     for key in ("repeats", "max_new_tokens", "max_nodes"):
         config_checks.integer(cfg.get(key, 1), key)
     config_checks.number(cfg.temperature, "temperature", 0)
@@ -180,17 +173,6 @@ def check_config(cfg) -> None:
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:
         raise ValueError(f"bootstrap: samples must be >= 100 and 0 < level < 1, got {boot}")
     check_workload(cfg)
-
-
-def drafter_checksum(entry, module) -> dict:
-    """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1."""
-    if module is None or not isinstance(module, torch.nn.Module):  # no weights (REST's datastore: keyed by its corpus)
-        return {"source": entry.get("source"), "weights": None}
-    try:
-        folder = reference.resolve(entry.source)
-    except (FileNotFoundError, TypeError):
-        folder = None
-    return model_checksum(module, entry.get("source"), folder)
 
 
 def rank_accuracy_on(kind, target, module, windows, sampling: Sampling) -> list[list[float]]:
@@ -228,20 +210,12 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         entry = cfg.available[label]
         kind = registry.get(entry.name)
         candidates = entry.get("candidates", "topk")
-        try:
-            module = registry.load_module(entry.name, target, entry.get("source"))
-        except (ValueError, FileNotFoundError) as err:
-            raise ValueError(
-                f"drafters: {label!r} (available.{label}.source={entry.get('source')}) cannot serve the target "
-                f"{cfg.target}: {err}. Leave it out (drafters=[...] without {label}; drafters=null picks the ones "
-                f"that fit) or set available.{label}.source to a {entry.name} checkpoint trained for this target "
-                f"(python scripts/train_heads.py target={cfg.target} drafter={entry.name})") from None
-        draft_vocab = vocab_of(entry.get("draft_vocab"))
+        module, drafter, draft_vocab = made(cfg, label, target, vocab_of)
         accuracy = None
-        # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured)
-        if candidates == "topk" and draft_vocab is None and windows() is not None:
+        # predictions assume top-k ranks of the full head (a reduced one's accuracies were never measured); a
+        # combination's nodes are no ranks of one head
+        if candidates == "topk" and draft_vocab is None and not kind.has_parts and windows() is not None:
             accuracy = rank_accuracy_on(kind, target, module, windows(), sampling)  # None: no fixed ranks to score
-        drafter = registry.make(entry.name, module, candidates, draft_vocab, lean=entry.get("lean", True))
         chain = None
         if candidates in SAMPLED_CANDIDATES and not sampling.greedy and windows() is not None:
             # sampled candidates: each rule's τ in closed form on chains drafted by the drafter itself
@@ -258,9 +232,8 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
             log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
         specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
-                                 max_depth=kind.max_depth(module), checksum=drafter_checksum(entry, module),
-                                 drafting_step=step, entry={"name": entry.name, "source": entry.get("source"),
-                                                            "candidates": candidates}, chain_tau=chain,
+                                 max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
+                                 drafting_step=step, entry=entry_record(cfg, label), chain_tau=chain,
                                  trees=own_trees(cfg, label)))
     return specs
 

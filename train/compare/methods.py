@@ -8,6 +8,8 @@ config through these):
 - ``skip_unshipped``: a drafter (or the assistant) whose ``reference:<name>`` checkpoint this checkout lacks is
   left out with a message instead of failing the run, so an experiment can list drafters that are still being
   trained (conf/experiment/specbench.yaml) and measure the ones that exist.
+- ``available.<label>.parts``: a combined drafter's parts (conf/drafter/combined.yaml), other entries of
+  ``available``, each checked, loaded and made as it is alone, then combined into one Drafter.
 - ``baselines``: transformers' own methods (harness.PEERS: greedy, assisted, prompt_lookup) measured as methods
   of the main pass, interleaved prompt by prompt with vanilla and every drafter, rather than in the separate
   peer pass (``peers=true``) that times each drafter's best again beside them.
@@ -41,12 +43,44 @@ def unshipped(cfg, labels: list[str]) -> dict[str, str]:
         return {}
     out = {}
     for label in labels:
+        lacking = unshipped(cfg, parts_of(cfg, label)) if parts_of(cfg, label) else {}
+        if lacking:  # a combined drafter lacking a part
+            out[label] = ", ".join(lacking.values())
+            continue
         entry = cfg.available.get(label)
         if entry is None or "source" not in entry or OmegaConf.is_missing(entry, "source") or entry.source is None:
             continue
         if not shipped(entry.source):
             out[label] = str(entry.source)
     return out
+
+
+def parts_of(cfg, label: str) -> list[str]:
+    """The labels of drafter ``label``'s parts (``available.<label>.parts``); [] for a drafter without parts."""
+    entry = cfg.available.get(label)
+    return [] if entry is None or entry.get("parts") is None else [str(p) for p in entry.parts]
+
+
+def check_parts(cfg, label: str, kind) -> list[str]:
+    """A combined drafter's parts, each an entry of ``available`` with fixed-rank candidates and no parts of its
+    own, and its settings (``kind.check_settings``) → the parts' labels."""
+    parts = cfg.available[label].get("parts")
+    if parts is None or isinstance(parts, str) or not (OmegaConf.is_list(parts) or isinstance(parts, list)) \
+            or len(parts) < 2:
+        raise ValueError(f"available.{label}.parts must list two or more of the available drafters (e.g. [suffix, "
+                         f"eagle3]), got {parts!r}")
+    for part in parts_of(cfg, label):
+        if part not in cfg.available:
+            raise ValueError(f"available.{label}.parts: {part!r} is not one of the available drafters "
+                             f"({', '.join(cfg.available)})")
+        if parts_of(cfg, part) or part == label:
+            raise ValueError(f"available.{label}.parts: {part!r} is a combined drafter itself; list its parts instead")
+        if cfg.available[part].get("candidates", "topk") != "topk":
+            raise ValueError(f"available.{label}.parts: {part!r} samples its candidates (candidates="
+                             f"{cfg.available[part].candidates}); a combination merges fixed ranks: use a topk entry")
+    entry = cfg.available[label]
+    kind.check_settings(entry.get("mode", "union"), entry.get("nodes"), entry.get("min_nodes", 1))
+    return parts_of(cfg, label)
 
 
 def own_trees(cfg, label: str) -> list[dict] | None:

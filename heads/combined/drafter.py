@@ -1,0 +1,188 @@
+"""Drafters combined: one verified tree from several drafters' proposals (SAM-Decoding's lesson, made general).
+
+Hu et al. 2024 (SAM-Decoding) draft from a suffix automaton where it matches well and fall back on EAGLE-2 where it
+does not. ``Combined([a, b, ...])`` offers that, and the union, for any drafters whose candidates are fixed ranks:
+
+* ``mode="union"`` (default): every drafter proposes (each within the step's tree, as it would alone); their trees
+  are merged by shared prefixes (two nodes whose paths from the root spell the same tokens are one node) into one
+  tree, the first drafter's nodes first, breadth-first, then the next one's new nodes, at most ``nodes`` candidates
+  (None, the default: all of them; heads/combined/tree_union.py). Capped at the step tree's size, one drafter's nodes
+  only displace another's: on the reference target suffix + EAGLE-3 then accepts what EAGLE-3 alone does, uncapped
+  it verifies 2 nodes more a step and accepts 6 % more (docs/usage.md).
+* ``mode="fallback"``: each row takes the first drafter whose proposal has at least ``min_nodes`` candidates (a
+  strong match: SuffixDecoding grows at most ``alpha`` × match-length nodes), else the largest proposal.
+
+Either way each candidate is a function of the past (each drafter's is), so the walker's sibling rule verifies the
+merged tree losslessly, as any top-k tree (treespec/walker.py). Drafters that sample their candidates are refused:
+their q_draft describes their own tree, not a merged one.
+
+After a step every drafter is told the whole accepted path in its own node numbering, the tokens another drafter
+proposed marked ``NOT_PROPOSED`` (treespec/drafter.py), with the target's hidden states at all of them. A draft model
+keeps its cache along its own part and feeds the rest next step from the committed tokens, as it does the bonus
+token; a feature drafter (EAGLE, EAGLE-3, Hydra's prefix layer) pairs every committed token with its target feature,
+whoever proposed it, since the target's pass computed features at every node it verified. The loop asks for the
+union of the members' feature layers; each member is handed its own columns of them.
+
+Every drafter proposes every step, in fallback mode too: a feature drafter's cache must be fed each committed token
+anyway. Merging compares tokens, so in union mode each drafter's candidates are read back once a step (one host read
+per network drafter: a model-free drafter's are on the host already); fallback reads none.
+
+    drafter = Combined([TokenRecycling(), PromptLookup()])                 # union, every node of both
+    drafter = Combined([SuffixDecoding(), registry.build("eagle3", target, "reference:eagle3")])  # SAM-Decoding's pair
+    drafter = Combined([SuffixDecoding(), DraftModel(draft)], mode="fallback", min_nodes=2)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.drafter import NOT_PROPOSED, Committed, Drafter, Proposal, Proposals
+from treespec.dynamic_tree import DynamicTree
+from treespec.heads.combined.tree_union import merge
+from treespec.sampling import Sampling
+from treespec.tree import Tree
+
+MODES = ("union", "fallback")
+
+
+def check_settings(mode: str, nodes: int | None, min_nodes: int) -> None:
+    """Raise ValueError naming a bad ``mode``, ``nodes`` or ``min_nodes``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for name, value, low in (("nodes", nodes, 1), ("min_nodes", min_nodes, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def feature_columns(drafters: list[Drafter]) -> tuple[tuple[int, ...], list[list[int] | None]]:
+    """(the target hidden-state layers the loop hands the combination, each drafter's blocks among them: None for a
+    drafter without features). EAGLE takes (-1,), EAGLE-3 (2, 3, 4) on the reference target: (2, 3, 4, -1)."""
+    layers: list[int] = []
+    for d in drafters:
+        if d.needs_features:
+            layers += [layer for layer in d.feature_layers if layer not in layers]
+    return tuple(layers), [[layers.index(layer) for layer in d.feature_layers] if d.needs_features else None
+                           for d in drafters]
+
+
+def columns_of(features: torch.Tensor | None, blocks: list[int] | None, layers: int) -> torch.Tensor | None:
+    """``features`` [..., layers·h] → the ``blocks`` of h columns one drafter takes [..., len(blocks)·h]: a view when
+    they are consecutive (always, for one feature drafter)."""
+    if features is None or blocks is None:
+        return None
+    h = features.shape[-1] // layers
+    if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+        return features[..., blocks[0] * h : (blocks[0] + len(blocks)) * h]
+    return torch.cat([features[..., i * h : (i + 1) * h] for i in blocks], dim=-1)
+
+
+class Combined(Drafter):
+    def __init__(self, drafters: list[Drafter], *, mode: str = "union", nodes: int | None = None, min_nodes: int = 1):
+        drafters = list(drafters)
+        if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
+            raise ValueError(f"Combined needs two or more treespec Drafters, got {drafters!r}")
+        for d in drafters:
+            if d.candidates != "topk":
+                raise ValueError(f"Combined merges fixed-rank candidates; {type(d).__name__} samples them "
+                                 f"(candidates={d.candidates!r}): make it with candidates='topk'")
+        if len({id(d) for d in drafters}) < len(drafters):
+            raise ValueError("Combined needs distinct drafters: one drafter object holds one generation's state")
+        check_settings(mode, nodes, min_nodes)
+        self.drafters, self.mode, self.nodes, self.min_nodes = drafters, mode, nodes, min_nodes
+        self.needs_features = any(d.needs_features for d in drafters)
+        layers, self._blocks = feature_columns(drafters)
+        if self.needs_features:
+            self.feature_layers = layers
+        self.grows_dynamic_trees = all(d.grows_dynamic_trees for d in drafters)
+        self.observes_logits = any(d.observes_logits for d in drafters)
+        self.remembers_across_calls = any(d.remembers_across_calls for d in drafters)
+        limits = [d.max_tree_depth for d in drafters if d.max_tree_depth is not None]
+        self.max_tree_depth = min(limits) if limits else None
+        # the first drafter's default tree that every drafter can fill (a dynamic one only if all grow them)
+        fits = [d.default_tree for d in drafters if (isinstance(d.default_tree, Tree) or self.grows_dynamic_trees)
+                and (self.max_tree_depth is None or d.default_tree.depth <= self.max_tree_depth)]
+        self.default_tree = fits[0] if fits else drafters[0].default_tree
+        positions = [d.max_positions for d in drafters if d.max_positions is not None]
+        self.max_positions = min(positions) if positions else None
+        self._maps: list[list[dict[int, int]]] = []  # per row, per drafter: merged node → its node
+
+    def __repr__(self) -> str:
+        return f"Combined([{', '.join(type(d).__name__ for d in self.drafters)}], mode={self.mode!r})"
+
+    def _features(self, k: int, features: torch.Tensor | None) -> torch.Tensor | None:
+        """Drafter ``k``'s columns of the combination's ``features`` [..., L·h] (None: it takes none)."""
+        return columns_of(features, self._blocks[k], len(self.feature_layers)) if self.needs_features else None
+
+    # -- what the loop calls, handed on to every drafter -----------------------------------------------------------
+    def check_target(self, target) -> None:
+        for d in self.drafters:
+            d.check_target(target)
+
+    def check_batch(self, batch_size: int) -> None:
+        for d in self.drafters:
+            d.check_batch(batch_size)
+
+    def reset(self) -> None:
+        for d in self.drafters:
+            d.reset()
+        self._maps = []
+
+    def compile_steps(self, options, capacity: int) -> None:
+        for d in self.drafters:
+            d.compile_steps(options, capacity)
+
+    def prefill(self, input_ids, features, attention_mask=None) -> None:
+        for k, d in enumerate(self.drafters):
+            d.prefill(input_ids, self._features(k, features), attention_mask)
+
+    def observe_pass(self, tokens, trees, logits) -> None:
+        for d in self.drafters:
+            if d.observes_logits:
+                d.observe_pass(tokens, trees, logits)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        for d in self.drafters:
+            d.keep_rows(rows)
+        self._maps = [self._maps[b] for b in rows.tolist()] if self._maps else []
+
+    def propose(self, committed: Committed, feature, tree: Tree | DynamicTree, sampling: Sampling,
+                generator=None) -> Proposals:
+        each = [d.propose(committed, self._features(k, feature), tree, sampling, generator)
+                for k, d in enumerate(self.drafters)]
+        # union compares tokens on the host: each drafter's batch read once (a model-free one's are host tensors)
+        drafted = [p.tokens.tolist() for p in each] if self.mode == "union" else None
+        rows, self._maps = [], []
+        for b in range(len(committed.lengths)):
+            proposals = [p.row(b) for p in each]
+            budget = self.nodes if self.nodes is not None else sum(len(p.tree) for p in proposals)
+            if drafted is not None:
+                merged, maps = merge(proposals, budget, [t[b][: len(p.tree)] for t, p in zip(drafted, proposals,
+                                                                                             strict=True)])
+            else:  # the first strong proposal, else the largest; the others see none of it accepted
+                strong = [i for i, p in enumerate(proposals) if len(p.tree) >= max(1, self.min_nodes)]
+                pick = strong[0] if strong else max(range(len(proposals)), key=lambda i: len(proposals[i].tree))
+                merged = within(proposals[pick], budget, committed.tokens.device)
+                maps = [{i: i for i in range(merged.tree.num_nodes)} if k == pick else {0: 0}
+                        for k in range(len(proposals))]
+            rows.append(merged)
+            self._maps.append([{m: i for i, m in mapped.items()} for mapped in maps])  # merged node → its node
+        return Proposals.stack(rows)
+
+    def accept(self, paths: list[torch.Tensor], features) -> None:
+        for k, d in enumerate(self.drafters):
+            own = []
+            for b, path in enumerate(paths):
+                back, mine = self._maps[b][k], []
+                for node in path.tolist():  # its nodes (a prefix of the path), then the tokens it did not propose
+                    mine.append(back.get(node, NOT_PROPOSED) if not mine or mine[-1] != NOT_PROPOSED else NOT_PROPOSED)
+                own.append(torch.tensor(mine, dtype=torch.long))
+            d.accept(own, self._features(k, features))
+
+
+def within(proposal: Proposal, budget: int, device: torch.device) -> Proposal:
+    """``proposal``'s first ``budget`` candidates (breadth-first: parents before children, ranks in order), on
+    ``device`` (the target's: rows that different drafters proposed are stacked there without a read back)."""
+    tree, tokens = proposal.tree, proposal.tokens.to(device)
+    if len(tree) <= budget:
+        return Proposal(tree, tokens)
+    return Proposal(Tree(tree.paths[:budget]), tokens[:budget])

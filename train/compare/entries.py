@@ -1,0 +1,90 @@
+"""A comparison's drafter from its ``available.<label>`` entry (conf/drafter/): its settings checked against its
+kind, its module loaded and its Drafter made from the registry (a combined drafter from its parts, each made as it
+is alone: available.<label>.parts), its depth limit, the record that makes it again, and its weights' stamp."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from treespec import reference
+from treespec.heads import registry
+from treespec.train.compare.methods import check_parts, parts_of
+from treespec.train.compare.stamp import model_checksum
+
+
+def check_entry(cfg, label: str) -> None:
+    """``available.<label>``'s settings against its kind (a combined drafter's parts each too)."""
+    entry = cfg.available[label]
+    kind = registry.get(entry.name)
+    if kind.has_parts:
+        for part in check_parts(cfg, label, kind):
+            check_entry(cfg, part)
+        return
+    if kind.has_weights and OmegaConf.is_missing(entry, "source"):
+        raise ValueError(f"drafter {label!r} needs its checkpoint: available.{label}.source=/path/to/folder")
+    if entry.get("draft_vocab") is not None and not kind.reduces_vocab:
+        raise ValueError(f"drafter {label!r}: {entry.name} has no full-vocabulary head for draft_vocab")
+    if entry.get("candidates", "topk") not in kind.candidate_modes:
+        raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
+
+
+def made(cfg, label: str, target, vocab_of=lambda spec: None):
+    """(its module, its Drafter, its FR-Spec vocabulary) of ``available.<label>``, from the registry; a combined
+    drafter's module is the list of its parts' modules, each part made as it is alone."""
+    entry = cfg.available[label]
+    kind = registry.get(entry.name)
+    if kind.has_parts:
+        parts = [made(cfg, part, target, vocab_of) for part in parts_of(cfg, label)]
+        drafter = kind.combine([d for _, d, _ in parts], mode=entry.get("mode", "union"), nodes=entry.get("nodes"),
+                               min_nodes=entry.get("min_nodes", 1))
+        return [m for m, _, _ in parts], drafter, None
+    try:
+        module = registry.load_module(entry.name, target, entry.get("source"))
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(
+            f"drafters: {label!r} (available.{label}.source={entry.get('source')}) cannot serve the target "
+            f"{cfg.target}: {err}. Leave it out (drafters=[...] without {label}; drafters=null picks the ones "
+            f"that fit) or set available.{label}.source to a {entry.name} checkpoint trained for this target "
+            f"(python scripts/train_heads.py target={cfg.target} drafter={entry.name})") from None
+    draft_vocab = vocab_of(entry.get("draft_vocab"))
+    drafter = registry.make(entry.name, module, entry.get("candidates", "topk"), draft_vocab,
+                            lean=entry.get("lean", True))
+    return module, drafter, draft_vocab
+
+
+def max_depth_of(cfg, label: str, module) -> int | None:
+    """The deepest tree drafter ``label`` fills (a combination: its shallowest part's); None: unbounded."""
+    kind = registry.get(cfg.available[label].name)
+    if not kind.has_parts:
+        return kind.max_depth(module)
+    depths = [max_depth_of(cfg, part, m) for part, m in zip(parts_of(cfg, label), module, strict=True)]
+    return min((d for d in depths if d is not None), default=None)
+
+
+def entry_record(cfg, label: str) -> dict:
+    """How to make drafter ``label`` again (results.json, the saved trees, results.md's usage lines): its registry
+    name, source and candidates; a combination's mode, budget and parts too."""
+    entry = cfg.available[label]
+    record = {"name": entry.name, "source": entry.get("source"), "candidates": entry.get("candidates", "topk")}
+    parts = parts_of(cfg, label)
+    if parts:
+        record |= {"mode": entry.get("mode", "union"), "nodes": entry.get("nodes"),
+                   "min_nodes": entry.get("min_nodes", 1), "parts": [entry_record(cfg, p) for p in parts]}
+    return record
+
+
+def drafter_checksum(entry, module) -> dict:
+    """The stamp's record of one drafter: its source, weight files' sha1 and loaded weights' sha1 (a combination:
+    its parts' weights together)."""
+    if isinstance(module, list):
+        weights = [m for m in module if isinstance(m, torch.nn.Module)]
+        source = " + ".join(str(part) for part in entry.parts)
+        return model_checksum(torch.nn.ModuleList(weights), source) if weights else {"source": source, "weights": None}
+    if module is None or not isinstance(module, torch.nn.Module):  # no weights (REST's datastore: keyed by its corpus)
+        return {"source": entry.get("source"), "weights": None}
+    try:
+        folder = reference.resolve(entry.source)
+    except (FileNotFoundError, TypeError):
+        folder = None
+    return model_checksum(module, entry.get("source"), folder)
