@@ -232,6 +232,7 @@ DYNAMIC8 = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
     shipped("eagle3", Tree.chain(3), "chain3"), shipped("eagle3", DYNAMIC8, "dynamic8"),
     shipped("eagle", Tree.chain(3), "chain3"), shipped("eagle", DYNAMIC8, "dynamic8"),
     shipped("medusa", Tree.chain(3), "chain3"), shipped("medusa", Tree.full(2, 2), "full2x2"),
+    shipped("hydra", Tree.chain(3), "chain3"), shipped("hydra", Tree.full(2, 2), "full2x2"),
     shipped("draft", Tree.chain(3), "chain3"),
 ])
 def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
@@ -294,6 +295,8 @@ def sampled(name: str, candidates: str, acceptance: str, tree, control: bool = F
     sampled("eagle", "without_replacement", "rejection", Tree.full(2, 2)),
     sampled("medusa", "topk", "rejection", Tree.full(2, 2)),
     sampled("medusa", "topk", "rejection", Tree.full(2, 2), control=True),
+    sampled("hydra", "sample", "rejection", Tree.chain(2)),
+    sampled("hydra", "without_replacement", "traversal", Tree.full(2, 2)),
     sampled("draft", "sample", "rejection", Tree.chain(2)),
     sampled("draft", "sample", "block", Tree.chain(2)),
 ])
