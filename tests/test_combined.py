@@ -25,6 +25,7 @@ from treespec.heads.hydra import Hydra
 from treespec.heads.medusa import Medusa
 from treespec.host_reads import reads_per_step
 from treespec.sampling import Sampling
+from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
 from treespec.train.compare import harness
 from treespec.train.compare.job import run_from_config
 from treespec.walker import row_by_row
@@ -162,6 +163,20 @@ def test_greedy_equals_vanilla(case):
     out = generate(target, rows, drafter=drafter, tree=TREES.get(case, [None])[0], max_new_tokens=12)  # left-padded
     for b, row in enumerate(rows):
         assert torch.equal(out.sequences[b, -12:], hf_greedy(target, row[None], 12)[0, len(row):]), case
+
+
+@pytest.mark.parametrize("family", ["Qwen3", "Mistral"])  # full attention; a sliding window of 8 (20-token prompts)
+def test_families_greedy_equal_transformers(family):
+    """Two more families than the reference's Llama: combinations of model-free drafters, union and fallback, on
+    a plain and a repetitive prompt, equal transformers' greedy tokens."""
+    target = use_attention(build(family), "eager", BY_NAME[family])
+    repetitive = torch.tensor([[5, 9, 13, 2, 7] * 4])  # long accepted paths from both members
+    for make in (lambda: Combined([SuffixDecoding(), TokenRecycling()]),
+                 lambda: Combined([PromptLookup(), SuffixDecoding()], mode="fallback", min_nodes=2)):
+        drafter = make()
+        for ids in (prompt(), repetitive):
+            expect_greedy(target, ids, drafter, None)
+            expect_greedy(target, ids, drafter, Tree.full(2, 2))
 
 
 def test_suffix_and_draft_model_on_dynamic_trees():
