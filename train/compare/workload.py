@@ -29,12 +29,10 @@ the target's own continuations of them give the drafters' accuracies, FR-Spec's 
 prompts. The next ``per_category`` are timed; ``prompts`` caps the total, taking categories in turn. Items longer
 than ``max_prompt_tokens`` (after the template) are skipped and counted, never cut.
 
-**A chat training run's held-out conversations** (``chat_validation``: the run's ``data.chat.val_fraction``, on a
-``jsonl`` or ``dataset`` source that is its ``data.chat.source``): only the rows that run held out for validation
-are read, chosen by the rule that split them (train/training/chat.py's ``conversation_key`` of the normalized
-messages, ``system_prompt`` inserted as training inserts it, hashed by ``is_validation``), so a drafter is compared
-on conversations of its own training distribution that it never trained on. The end of ``scripts/train_heads.py``
-prints that command (train/training/run_summary.py). """
+**A chat training run's held-out conversations** (``chat_validation``: the run's ``data.chat.val_fraction``, on its
+``data.chat.source``): only the rows that run held out for validation are read, by the rule that split them
+(train/training/chat.py's ``conversation_key``, hashed by ``is_validation``): conversations of the drafter's training
+distribution it never trained on, as the end of ``scripts/train_heads.py`` prints (train/training/run_summary.py)."""
 
 from __future__ import annotations
 
