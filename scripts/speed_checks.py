@@ -28,7 +28,7 @@ from treespec.drafter import Proposal
 from treespec.heads import registry
 from treespec.sampling import Sampling
 from treespec.timing import forward_time, median_time
-from treespec.train.compare.harness import hf_peer
+from treespec.train.compare.peers import hf_peer
 from treespec.tree import Tree
 from treespec.walker import walk
 

@@ -129,13 +129,16 @@ def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
     from treespec.reference import load_model
 
     target, tok = load_model(target_dir)
-    source = write_jsonl(tmp_path / "c.jsonl", conversations(5) + BAD_ROWS[:1])
+    rows = conversations(5)
+    rows[1] = {**rows[1], "id": "q1", "category": "explain"}  # a workload's fields survive regeneration
+    source = write_jsonl(tmp_path / "c.jsonl", rows + BAD_ROWS[:1])
     cfg = compose_cfg("train_heads", ["data=chat", f"data.chat.source={source}"])
     out = tmp_path / "regen.jsonl"
     first = regenerate(target, tok, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
     assert first["written"] == 5 and first["bad_rows"] == {"unknown role": 1}
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["row"] for r in lines] == [0, 1, 2, 3, 4]
+    assert (lines[1]["id"], lines[1]["category"]) == ("q1", "explain") and "category" not in lines[0]
     original = [normalize(r) for r in conversations(5)]
     for row, old in zip(lines, original, strict=True):
         assert [m["role"] for m in row["messages"]] == [m["role"] for m in old]

@@ -24,7 +24,8 @@ from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accu
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
 from treespec.timing import median_time
-from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.configurations import DrafterSpec, expand_specs
+from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job import run_from_config, run_job
 from treespec.train.compare.report import rerender
 from treespec.train.training.data import own_continuations
@@ -207,7 +208,7 @@ def test_bad_tree_spec_in_config_is_named(tmp_path):
 
 
 def test_sampled_candidates_skip_dynamic_trees():
-    from treespec.train.compare.harness import resolve_tree
+    from treespec.train.compare.configurations import resolve_tree
 
     target = tiny_llama(seed=0)
     sampled = DrafterSpec("eagle:sample", Eagle(EagleModel(target), candidates="sample"))

@@ -14,7 +14,8 @@ from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.draft_model.drafter import rank_accuracy
 from treespec.train.compare import harness
 from treespec.train.compare import progress as progress_module
-from treespec.train.compare.harness import DrafterSpec, run_comparison
+from treespec.train.compare.configurations import DrafterSpec
+from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job import journal_config, run_job
 from treespec.train.compare.journal import JOURNAL, Journal, precheck
 from treespec.train.compare.progress import Progress, default_threads

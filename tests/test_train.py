@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from treespec.train.training.conversations import normalize
 from treespec.train.training.data import TokenBatches, load_corpus, train_tokenizer
 from treespec.train.training.lm_job import run
 
@@ -109,6 +110,38 @@ def test_corpus_split_is_deterministic_and_jsonl_works(tmp_path):
     jsonl.write_text("\n".join(json.dumps({"text": f"x = {i}\n"}) for i in range(50)))
     corpus = load_corpus(str(jsonl))
     assert len(corpus.train) + len(corpus.val) == 50
+
+
+def test_a_jsonl_corpus_of_conversations_trains_a_model_on_chatml(tmp_path):
+    """Conversation rows (OpenAI or ShareGPT) in a JSONL corpus are learned in ChatML, the template of the
+    tokenizer the run trains; text rows mix in; a row with no usable turn is skipped and one that is neither text
+    nor a conversation is an error naming its line."""
+    from .helpers import conversations
+
+    rows = conversations(40) + [{"text": "def f():\n    return 1\n"}, {"messages": [{"role": "robot", "content": "x"}]}]
+    corpus_file = tmp_path / "chat.jsonl"
+    corpus_file.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ValueError, match="validation split holds .* tokens, less than one window"):
+        run(lm_config(tmp_path / "small", f"data.corpus.source={corpus_file}", "data.corpus.val_fraction=0.01"))
+    run(lm_config(tmp_path / "run", f"data.corpus.source={corpus_file}", "data.corpus.val_fraction=0.3"))
+    from transformers import AutoTokenizer
+
+    from treespec.train.training.data import prepare_tokens
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    _, train, val = prepare_tokens({"source": str(corpus_file), "pattern": "*", "val_fraction": 0.3,
+                                    "max_files": None}, 300, tmp_path / "cache", tokenizer=tok)
+    stream = torch.cat([train, val]).tolist()
+    im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    turns = sum(len(r.get("messages") or r.get("conversations")) for r in rows[:40])
+    assert stream.count(im_start) == stream.count(im_end) == turns  # the bad row is skipped, the text has none
+    first = tok.decode(stream[: stream.index(tok.eos_token_id)])
+    assert first == tok.apply_chat_template(normalize(rows[0]), tokenize=False)
+    corpus_file.write_text(json.dumps({"prompt": "hi"}))
+    with pytest.raises(ValueError, match="line 1 holds no 'text' string nor conversation"):
+        load_corpus(str(corpus_file), render=lambda row: "x")
+    with pytest.raises(ValueError, match="line 1 holds no 'text' string"):
+        load_corpus(str(corpus_file))
 
 
 def test_tokenizer_round_trip_on_code(tmp_path):

@@ -6,7 +6,8 @@ The default corpus is the running interpreter's standard library (no download ne
 ``sysconfig.get_paths()["stdlib"]`` except site-packages. Documents are split into train/validation
 deterministically by a hash of their name (a file's relative path), so the split never depends on directory order
 or on the machine. Any other directory of text files, or a JSONL file of ``{"text": ...}`` records, can be
-selected instead.
+selected instead; a JSONL corpus may also hold conversations (``messages``/``conversations`` rows), which the caller's
+``render`` turns into text (a language model trained here learns them in ChatML: train/training/data.py).
 
     corpus = load_corpus(**STDLIB_CORPUS)     # Corpus(train=[(name, text), ...], val=[...])
     corpus_digest(**STDLIB_CORPUS)            # sha1 of what load_corpus reads: caches are keyed by it
@@ -73,21 +74,39 @@ def load_corpus(
     pattern: str = "*.py",
     val_fraction: float = 0.02,
     max_files: int | None = None,
+    render=None,
 ) -> Corpus:
     """Read documents from ``source``: "stdlib", a directory (files matching ``pattern``) or a
-    ``.jsonl`` file of ``{"text": ...}`` records. Raises ValueError when nothing is found."""
+    ``.jsonl`` file of ``{"text": ...}`` records; with ``render`` (row → text, or None to skip the row), its
+    conversation rows too. Raises ValueError when nothing is found or a row is neither."""
     docs: list[tuple[str, str]] = []
     if source == "stdlib" or Path(source).is_dir():
         root, paths = corpus_files(source, pattern, max_files)
         for path in paths:
             docs.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
     elif source.endswith(".jsonl") and Path(source).is_file():
+        skipped = 0
         with open(source, encoding="utf-8") as f:
             for i, line in enumerate(f):
-                if line.strip():
-                    docs.append((f"{source}:{i}", json.loads(line)["text"]))
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if isinstance(row, dict) and isinstance(row.get("text"), str):
+                    docs.append((f"{source}:{i}", row["text"]))
+                elif render is not None and isinstance(row, dict) and ("messages" in row or "conversations" in row):
+                    text = render(row)
+                    if text is None:
+                        skipped += 1
+                        continue
+                    docs.append((f"{source}:{i}", text))
+                else:
+                    what = "'text' string nor conversation" if render is not None else "'text' string"
+                    raise ValueError(f"corpus {source} line {i + 1} holds no {what}: "
+                                     f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
                 if max_files and len(docs) >= max_files:
                     break
+        if skipped:
+            print(f"corpus {source}: {skipped} conversation row(s) skipped (no usable turns)")
     else:
         raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
     if not docs:

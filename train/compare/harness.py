@@ -18,23 +18,15 @@ sharing a budget are measured together, one bench.measure call per budget, and t
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-import re
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from treespec.autotree import (
-    CostModel,
-    EngineCost,
-    auto_chooser,
     cost_at,
-    cost_model,
     measure_cost_curve,
     measure_prefill_curve,
     predict,
@@ -42,128 +34,20 @@ from treespec.autotree import (
     tau_source,
 )
 from treespec.bench import Config, Row, own_copy, step_parts
-from treespec.compat import NO_EOS
-from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.engine_cost import measure_engine_cost
-from treespec.generate import GenerationResult
 from treespec.train.compare.batch_compare import run_batch_sizes
+from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.train.compare.journal import open_journal
 from treespec.train.compare.passes import measure_by_budget, measuring_order
+from treespec.train.compare.peers import PEERS, hf_peer, peer_results
 from treespec.train.compare.profile_folders import write_profiles
 from treespec.train.compare.progress import Progress
 from treespec.train.compare.report import write_outputs
 from treespec.train.compare.results_file import save_result
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.stamp import model_checksum, prompts_digest
-from treespec.train.compare.target_calls import TargetCalls
 from treespec.tree import Tree
-from treespec.tree_spec import NEEDS_ACCURACY, build_tree, save_tree, tree_to_spec
-
-
-@dataclass
-class DrafterSpec:
-    name: str
-    drafter: object
-    accuracy: list | None = None        # acc[d][r] for accuracy-grown trees and predictions
-    draft_cost_per_depth: float = 0.0   # seconds, for predictions
-    draft_cost_fixed: float = 0.0
-    max_depth: int | None = None        # deepest tree it can fill (Medusa: number of heads)
-    drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
-    checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
-    entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
-    chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
-    trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
-
-    def tau_source(self, rule: str = "rejection"):
-        """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
-        (None where no closed form exists: typical acceptance), else the top-k rank accuracies."""
-        return self.chain_tau.source(rule) if self.chain_tau is not None else self.accuracy
-
-    def cost_model(self, curve: dict[int, float], baseline: float | None = None,
-                   engine: EngineCost | None = None) -> CostModel:
-        """Its steps' cost model on ``curve`` (the target's, timed after its drafting calls where it drafts)."""
-        return cost_model(curve, self.draft_cost_per_depth, self.draft_cost_fixed, baseline, engine)
-
-
-def expand_specs(specs) -> list[dict]:
-    """List-valued fields expand into one spec per value: {"kind": "chain", "depth": [1, 2]} → two specs."""
-    out = []
-    for spec in specs:
-        spec = dict(spec)
-        keys = [k for k, v in spec.items() if isinstance(v, (list, tuple)) and k != "paths"]
-        for values in itertools.product(*(spec[k] for k in keys)):
-            out.append({**spec, **dict(zip(keys, values, strict=True))})
-    return out
-
-
-def spec_label(spec: dict) -> str:
-    kind = spec.get("kind")
-    if kind == "chain":
-        return f"chain γ={spec['depth']}"
-    if kind == "full":
-        return f"full {spec['width']}×{spec['depth']}"
-    if kind == "accuracy":
-        return f"accuracy {spec['nodes']}"
-    if kind == "dynamic":
-        return f"dynamic {spec.get('total_tokens')}/{spec.get('depth')}/{spec.get('top_k')}"
-    if kind in ("auto", "default"):
-        return kind
-    return f"{kind} {len(spec.get('paths', []))}"
-
-
-def tree_file(config: str) -> str:
-    """Where a configuration's tree is saved in the run folder: trees/<drafter>__<tree>.json."""
-    return "trees/" + re.sub(r"[^A-Za-z0-9._=-]+", "_", config.replace(" | ", "__")).strip("_") + ".json"
-
-
-def resolve_tree(spec: dict, d: DrafterSpec, costs: CostModel | dict[int, float], max_nodes: int,
-                 baseline: float | None = None, rule: str = "rejection"):
-    """The tree this drafter verifies for ``spec`` under acceptance ``rule``, or (None, reason) when it cannot fill
-    it. ``costs``: the drafter's CostModel, or its cost curve (with its drafting costs, ``baseline`` the vanilla
-    pass's seconds, default the curve's one-token cost, and no engine term)."""
-    source = d.tau_source(rule)
-    if spec.get("kind") in NEEDS_ACCURACY and source is None:
-        return None, f"{d.name} has no measured accuracies" + (f" (no closed-form τ for {rule})" if d.chain_tau else "")
-    if spec.get("kind") == "accuracy" and d.chain_tau is not None:
-        return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
-    if spec.get("kind") == "auto":
-        spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
-    costs = costs if isinstance(costs, CostModel) else d.cost_model(costs, baseline)
-    tree = build_tree(spec, accuracy=source, acceptance=rule, default=d.drafter.default_tree,
-                      choose=auto_chooser(costs))
-    if not isinstance(tree, Tree) and not d.drafter.grows_dynamic_trees:
-        return None, f"{d.name} cannot grow dynamic trees"
-    if not isinstance(tree, Tree) and d.drafter.candidates in SAMPLED_CANDIDATES:
-        return None, f"{d.name} samples its candidates; dynamic trees grow top-k ones"
-    if d.max_depth is not None and tree.depth > d.max_depth:
-        return None, f"{d.name} fills depth <= {d.max_depth}"
-    return tree, None
-
-
-PEERS = {"greedy": "transformers greedy", "assisted": "transformers assisted",
-         "prompt_lookup": "transformers prompt lookup"}  # transformers' own methods: hf_peer's kinds → their names
-
-
-def hf_peer(target, kind: str, assistant=None, eos_token_id=None):
-    """A bench.Config runner for transformers' own generate(): greedy/sampling, assisted, prompt lookup. With
-    ``eos_token_id`` it stops where treespec does (end tokens); without, it runs the whole budget."""
-    extra = {"assisted": {"assistant_model": assistant}, "prompt_lookup": {"prompt_lookup_num_tokens": 4}}.get(kind, {})
-    stop = {"eos_token_id": list(eos_token_id)} if eos_token_id else {"eos_token_id": NO_EOS}
-
-    def run(prompt, max_new_tokens, temperature, top_p, generator):
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
-            {"do_sample": False}
-        budget = {} if eos_token_id else {"min_new_tokens": max_new_tokens}
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
-        with TargetCalls(target, prompt.shape[1]) as calls:  # each target call's commits: τ beside treespec's
-            t0 = time.perf_counter()
-            seq = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                                  pad_token_id=0, **budget, **stop, **sampling, **extra)
-            wall = time.perf_counter() - t0
-        return GenerationResult(sequences=seq, prompt_length=prompt.shape[1], wall_time=wall,
-                                accept_lengths=calls.accept_lengths(seq.shape[1]))
-
-    return run
+from treespec.tree_spec import build_tree, save_tree, tree_to_spec
 
 
 def _module_checksum(drafter) -> dict:
@@ -185,23 +69,6 @@ def _record(row, meta: dict) -> dict:
             "overhead_fraction": _finite(row.overhead_fraction),
             "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
                      "accept_lengths": row.prompt_accept_lengths, "new_tokens": row.prompt_new_tokens}}
-
-
-def peer_results(rows: list[Row], best: str) -> tuple[dict, list[dict]]:
-    """(peer_pass, peers) of one interleaved pass holding transformers' methods (``PEERS``): every treespec row's
-    per-prompt values, and each transformers method's, with the ratio of ``best``'s tokens/s to its own."""
-    is_peer = lambda r: r.name in PEERS.values()
-    runs = {r.name: r.prompt_tokens_per_s for r in rows}
-    best_runs = runs.get(best, runs["vanilla"])
-    passed = {r.name: {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups,
-                       "new_tokens": r.prompt_new_tokens} for r in rows if not is_peer(r)}
-    peers = [{"name": r.name, "tokens_per_s": r.tokens_per_s, "speedup_vs_vanilla": r.speedup,
-              "treespec_best_over_this": statistics.median(
-                  b / p for b, p in zip(best_runs, r.prompt_tokens_per_s, strict=True)),
-              "runs": {"tokens_per_s": r.prompt_tokens_per_s, "speedup": r.prompt_speedups,
-                       "new_tokens": r.prompt_new_tokens, "accept_lengths": r.prompt_accept_lengths}}
-             for r in rows if is_peer(r)]
-    return passed, peers
 
 
 def best_of(rows: list[Row]) -> str:

@@ -31,8 +31,9 @@ from treespec.heads.vocab import DraftVocab
 from treespec.io import single_run
 from treespec.sampling import Sampling
 from treespec.timing import forward_step
+from treespec.train.compare.configurations import DrafterSpec, expand_specs
 from treespec.train.compare.entries import check_entry, drafter_checksum, entry_record, made, max_depth_of
-from treespec.train.compare.harness import DrafterSpec, expand_specs, run_comparison
+from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.journal import precheck
 from treespec.train.compare.methods import baselines_of, check_baselines, own_trees, shipped, unshipped, wants_assistant
 from treespec.train.compare.progress import set_threads

@@ -10,7 +10,7 @@ config through these):
   trained (conf/experiment/specbench.yaml) and measure the ones that exist.
 - ``available.<label>.parts``: a combined drafter's parts (conf/drafter/combined.yaml), other entries of
   ``available``, each checked, loaded and made as it is alone, then combined into one Drafter.
-- ``baselines``: transformers' own methods (harness.PEERS: greedy, assisted, prompt_lookup) measured as methods
+- ``baselines``: transformers' own methods (peers.PEERS: greedy, assisted, prompt_lookup) measured as methods
   of the main pass, interleaved prompt by prompt with vanilla and every drafter, rather than in the separate
   peer pass (``peers=true``) that times each drafter's best again beside them.
 """
@@ -20,7 +20,8 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from treespec import reference
-from treespec.train.compare.harness import PEERS, expand_specs
+from treespec.train.compare.configurations import expand_specs
+from treespec.train.compare.peers import PEERS
 from treespec.tree_spec import check_tree_spec
 
 

@@ -1,7 +1,7 @@
 """What transformers' own generate() did with the target: the tokens each target call committed.
 
 The comparison times transformers' greedy decoding, assisted generation and prompt lookup beside treespec
-(train/compare/harness.py's ``hf_peer``). Spec-Bench reports every method's mean accepted tokens per target pass,
+(train/compare/peers.py's ``hf_peer``). Spec-Bench reports every method's mean accepted tokens per target pass,
 so the peers need their accept lengths too, and transformers does not return them. ``TargetCalls`` reads them
 off the target's forward calls: a forward pre-hook notes how many tokens the target's cache holds before each
 call. In both of transformers' loops (plain decoding and ``_assisted_decoding``) the cache holds every committed

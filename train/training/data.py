@@ -2,7 +2,9 @@
 
 The corpus (by default the running interpreter's standard library) and its deterministic train/validation split
 are read by treespec/corpus.py, which REST's datastore shares; its names are re-exported here. Any other
-directory of text files, or a JSONL file of ``{"text": ...}`` records, can be selected instead.
+directory of text files, or a JSONL file of ``{"text": ...}`` records, can be selected instead; a JSONL file's
+conversation rows (``messages``/``conversations``, as ``data=chat`` reads) are rendered in ChatML (``chat_document``),
+so a model trained here on conversations learns the chat format its tokenizer's template writes.
 
 The tokenizer trained for a new language model (``train_tokenizer``) is byte-level BPE with ChatML's chat template
 (``<|im_start|>role\n...<|im_end|>\n``) and its two markers as special tokens (one id each), beside
@@ -28,6 +30,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from treespec.corpus import STDLIB_CORPUS, Corpus, corpus_digest, is_validation, load_corpus, stdlib_root  # noqa: F401
 from treespec.io import atomic_write, load_safetensors, weights_digest
+from treespec.train.training.conversations import BadRow, normalize
 
 # ids 0.. in this order; the ChatML markers are special tokens, never split or merged with their neighbours
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
@@ -100,7 +103,7 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
             return tokenizer, streams["train"], streams["val"]
         except (ValueError, KeyError, OSError) as err:
             print(f"token cache {tokens_file} is unusable ({err!r}): encoding the corpus again")
-    corpus = load_corpus(**corpus_cfg)
+    corpus = load_corpus(**corpus_cfg, render=lambda row: chat_document(row, tokenizer))
     cache.mkdir(parents=True, exist_ok=True)
     if tokenizer is None:
         tokenizer = train_tokenizer([t for _, t in corpus.train], vocab_size, cache / "tokenizer")
@@ -110,6 +113,19 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
     }
     atomic_write(tokens_file, lambda tmp: save_file(streams, str(tmp)))
     return tokenizer, streams["train"], streams["val"]
+
+
+def chat_document(row, tokenizer=None) -> str | None:
+    """A conversation row of a JSONL corpus as one training document: rendered with ``tokenizer``'s chat template
+    when it has one (training for an existing target), else in ChatML, the template of the tokenizer a language
+    model trained here gets. None for a row with no usable turns (the corpus counts it)."""
+    try:
+        messages = normalize(row)
+    except BadRow:
+        return None
+    if tokenizer is not None and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "".join(f"{CHAT_MARKERS[0]}{m['role']}\n{m['content']}{CHAT_MARKERS[1]}\n" for m in messages)
 
 
 def distill_cache_file(target, tokens: torch.Tensor, cache_dir: str | os.PathLike, **params) -> Path:

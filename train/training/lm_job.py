@@ -97,6 +97,10 @@ def _run(cfg, ctx) -> dict:
     batches = TokenBatches(train_tokens, t.seq_len, t.batch_size, seed=cfg.seed)
     total_steps = t.max_steps or math.ceil(t.epochs * batches.steps_per_epoch)
     val = eval_windows(val_tokens, t.seq_len, t.eval_windows)
+    if len(val) == 0:  # a small corpus's validation split: evaluating it would divide by zero tokens
+        raise ValueError(f"the corpus's validation split holds {len(val_tokens)} tokens, less than one window of "
+                         f"trainer.seq_len + 1 = {t.seq_len + 1}: raise data.corpus.val_fraction "
+                         f"({cfg.data.corpus.val_fraction}) or lower trainer.seq_len")
     n_params = sum(p.numel() for p in model.parameters())
     if ctx.is_main:
         print(f"{cfg.model.name}: {n_params / 1e6:.2f}M parameters, {len(train_tokens)} train tokens, "

@@ -2,7 +2,8 @@
 target's own responses, so a drafter learns what the target says rather than what another model wrote.
 
 Turns are generated one at a time, each seeing the regenerated turns before it, a batch of conversations at
-a time (left-padded); the output is OpenAI-style JSONL rows ``{"row", "messages"}`` that ``data=chat`` reads
+a time (left-padded); the output is OpenAI-style JSONL rows ``{"row", "messages"}`` (plus the source row's ``id`` and
+``category``) that ``data=chat`` reads
 (train/training/chat.py). Resumable: rows already in the output file are skipped, and a last line cut by a kill is
 removed. Under torchrun each rank writes its share of the rows; rank 0 merges them in row order. A conversation
 that ends on a user turn gets the target's answer appended.
@@ -29,6 +30,8 @@ from treespec.train.training import config_checks, distributed, magpie
 from treespec.train.training.chat import ChatRenderer, chat_settings
 from treespec.train.training.conversations import BadRow, load_rows, normalize
 
+KEPT_FIELDS = ("id", "category")  # carried from a source row to its regenerated row (workloads read them)
+
 
 def _done_rows(out: Path) -> set[int]:
     """Rows already in a regeneration output; a last line cut by a kill is removed from the file."""
@@ -54,8 +57,9 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
                progress: bool = True) -> dict:
     """Replace every assistant turn of ``data.chat.source`` with the target's own response, generated turn
     by turn (each sees the regenerated turns before it), ``batch_size`` conversations at a time (left-padded).
-    Writes OpenAI-style rows ``{"row", "messages"}`` to ``out`` (JSONL), flushed after every batch; a rerun
-    skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
+    Writes OpenAI-style rows ``{"row", "messages"}`` to ``out`` (JSONL), with the source row's ``id`` and
+    ``category`` when it has them (a workload read from ``out`` keeps its categories), flushed after every batch;
+    a rerun skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
     Returns counts (written, skipped as bad, already done)."""
     settings = chat_settings(chat_cfg)
     renderer = ChatRenderer(tokenizer, settings["template"])
@@ -77,7 +81,7 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
             continue
         if messages[-1]["role"] == "user":  # a prompt without its answer: the target writes it
             messages.append({"role": "assistant", "content": ""})
-        todo.append((i, messages))
+        todo.append((i, messages, {k: row[k] for k in KEPT_FIELDS if row.get(k) is not None}))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = [renderer.end_marker] if renderer.end_marker else None
     padding_side = tokenizer.padding_side
@@ -88,7 +92,7 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
         with open(out, "a", encoding="utf-8") as f:
             for b in range(0, len(todo), batch_size):
                 chunk = todo[b : b + batch_size]
-                convs = [[m for m in msgs] for _, msgs in chunk]
+                convs = [[m for m in msgs] for _, msgs, _ in chunk]
                 n_turns = max(sum(m["role"] == "assistant" for m in msgs) for msgs in convs)
                 for turn in range(n_turns):
                     where = []  # (conversation, index of its turn-th assistant message)
@@ -113,8 +117,8 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
                         convs[c][j] = {"role": "assistant", "content": text.strip()}
                         turns, empty = turns + 1, empty + (not text.strip())
                 # one write a batch: a kill loses at most the batch in flight, and a rerun redoes it whole
-                f.write("".join(json.dumps({"row": i, "messages": msgs}, ensure_ascii=False) + "\n"
-                                for (i, _), msgs in zip(chunk, convs, strict=True)))
+                f.write("".join(json.dumps({"row": i, **kept, "messages": msgs}, ensure_ascii=False) + "\n"
+                                for (i, _, kept), msgs in zip(chunk, convs, strict=True)))
                 f.flush()
                 os.fsync(f.fileno())
                 bar.update(len(chunk))
