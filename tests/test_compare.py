@@ -308,7 +308,7 @@ def test_acceptance_rules_side_by_side(tmp_path):
     branching tree; a bad rule is named before anything is loaded."""
     from omegaconf import OmegaConf
 
-    from treespec.train.compare.job import acceptance_rules
+    from treespec.train.compare.job_config import acceptance_rules
 
     target = tiny_llama(seed=0)
     drafters = [DrafterSpec("draft", DraftModel(perturbed(target, 0.05), candidates="sample"))]

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from treespec.autotree import CostModel, chains_only, choose_tree
-from treespec.train.compare import job as compare
+from treespec.train.compare import job_config as compare
 from treespec.train.compare.configurations import expand_specs
 from treespec.train.compare.templates import PromptTemplate
 from treespec.train.compare.workload import load_workload

@@ -4,7 +4,7 @@ before any model loads, so a typo is a ValueError naming the key, the value and 
 error deep inside a run (a ZeroDivisionError at the first checkpoint) nor a silent substitute (a precision
 typo training in fp32, ``max_steps=-5`` exporting an untrained model, ``resume=maybe`` meaning true).
 
-The comparison's config has its own check (train/compare/job.py) built from the same value checks.
+The comparison's config has its own check (train/compare/job_config.py) built from the same value checks.
 """
 
 from __future__ import annotations
