@@ -200,31 +200,36 @@ def test_unrolled_training_step_sees_what_drafting_sees(target):
 
 def test_depth_accuracy_equals_sequential_drafting(target):
     """depth_rank_accuracy's depth-d ranks are those of drafting d deep from each root over the drafter's own
-    features along the window's tokens, recomputed here one sequential forward per node."""
+    features along the window's tokens, counted where the root's top-1 chain reached depth d (heads/accuracy.py),
+    recomputed here one sequential forward per node; and from a first root on."""
     from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
     from treespec.heads.target_states import target_hidden as target_states
 
     model = random_eagle(target, seed=1)
     windows = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
     depth, top_k = 3, 4
-    acc = depth_rank_accuracy(target, model, windows, depth=depth, top_k=top_k, batch_size=1)
-    hits, counts = torch.zeros(depth, top_k), torch.zeros(depth)
-    with torch.no_grad():
-        for w in windows.split(1):
-            inputs, last = target_states(target, w, model.feature_layers)
-            truth = model.logits(last[0, 1:]).argmax(-1)  # [n]: the target's greedy token after entry j's token
-            tokens, n = w[:, 1:], w.shape[1] - 1
-            for root in range(n):
-                features = inputs[:, : root + 1]  # entries 0..root carry target features
-                for d in range(min(depth, n - root)):
-                    g = model(tokens[:, : root + 1 + d], features)[:, -1:]  # [1, 1, h] at entry root + d
-                    ranks = model.logits(g[0, 0]).topk(top_k).indices
-                    hits[d] += (ranks == truth[root + d]).float()
-                    counts[d] += 1
-                    features = torch.cat([features, g], dim=1)  # the next node is fed this output
-    expected = hits / counts[:, None]
-    assert torch.allclose(torch.tensor(acc), expected, atol=1e-6), (acc, expected)
-    assert all(sum(row) <= 1 + 1e-6 for row in acc)
+    for first_root in (0, 4):
+        acc = depth_rank_accuracy(target, model, windows, depth=depth, top_k=top_k, batch_size=1,
+                                  first_root=first_root)
+        hits, counts = torch.zeros(depth, top_k), torch.zeros(depth)
+        with torch.no_grad():
+            for w in windows.split(1):
+                inputs, last = target_states(target, w, model.feature_layers)
+                truth = model.logits(last[0, 1:]).argmax(-1)  # [n]: the target's greedy token after entry j's token
+                tokens, n = w[:, 1:], w.shape[1] - 1
+                for root in range(max(0, first_root - 1), n):  # entry root guesses token root + 2 at depth 1
+                    features = inputs[:, : root + 1]  # entries 0..root carry target features
+                    for d in range(min(depth, n - root)):
+                        g = model(tokens[:, : root + 1 + d], features)[:, -1:]  # [1, 1, h] at entry root + d
+                        ranks = model.logits(g[0, 0]).topk(top_k).indices
+                        hits[d] += (ranks == truth[root + d]).float()
+                        counts[d] += 1
+                        if ranks[0] != truth[root + d]:  # the chain stops at its first miss
+                            break
+                        features = torch.cat([features, g], dim=1)  # the next node is fed this output
+        expected = hits / counts.clamp(min=1)[:, None]
+        assert torch.allclose(torch.tensor(acc), expected, atol=1e-6), (first_root, acc, expected)
+        assert all(sum(row) <= 1 + 1e-6 for row in acc)
 
 
 def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):

@@ -363,9 +363,10 @@ def test_the_second_turn_holds_the_targets_own_first_answer():
     second = tokenizer.decode(prompts[1].ids[0])
     assert second.startswith(tokenizer.decode(prompts[0].ids[0])) and f"assistant\n{answer}<|im_end|>" in second
     assert second.endswith("Now make it rhyme.<|im_end|>\n<|im_start|>assistant\n")
-    windows = continuation_windows(model, template, [item], new_tokens=6, lead=4, log=lines.append)
+    held = continuation_windows(model, template, [item], new_tokens=6, log=lines.append)
     assert "held-out prompts (for accuracies) [1/1]" in lines[-1]
-    assert len(windows) == 1 and torch.equal(windows[0][0, 4:], first.sequences[0, prompts[0].ids.shape[1]:])
+    # the whole prompt is the window's context (its lead), the target's own answer follows it
+    assert held.leads == [prompts[0].ids.shape[1]] and torch.equal(held.windows[0], first.sequences)
 
 
 # -- the whole comparison on a chat workload ------------------------------------------------------------------

@@ -162,21 +162,23 @@ def draft_chain(target, drafter: Drafter, contexts: torch.Tensor, depth: int, sa
     return p, q, tokens.cpu()
 
 
-def measure_chain_tau(target, drafter: Drafter, windows, *, depth: int, sampling: Sampling, lead: int = 16,
-                      cuts: int = 4, generator: torch.Generator | None = None) -> ChainTau:
+def measure_chain_tau(target, drafter: Drafter, windows, *, depth: int, sampling: Sampling,
+                      lead: int | list[int] = 16, cuts: int = 4, generator: torch.Generator | None = None) -> ChainTau:
     """Each rule's predicted τ for chains γ = 0..``depth`` (module docstring), from one sampled chain per context.
 
     ``windows``: held-out text the target wrote itself (train/training/data.py ``own_continuations``), one [n, S] tensor
     or a list of [1, S_i]; each window gives ``cuts`` contexts, its prefixes cut at evenly spaced lengths past
-    the ``lead`` prompt tokens (the text decoding would verify). Off the decoding path: one drafting call per
-    depth and two target passes per batch of contexts."""
+    its ``lead`` prompt tokens (one for all, or one per window: the text decoding would verify). Off the decoding
+    path: one drafting call per depth and two target passes per batch of contexts."""
     windows = [windows] if isinstance(windows, torch.Tensor) else list(windows)
+    leads = [lead] * len(windows) if isinstance(lead, int) else list(lead)
+    pairs = list(zip(windows, leads, strict=True))
     try:
         drafter.check_batch(max(w.shape[0] for w in windows))
     except ValueError:  # a drafter that drafts one prompt at a time: one window after another
-        windows = [row[None] for w in windows for row in w]
+        pairs = [(row[None], n) for w, n in pairs for row in w]
     parts = []
-    for batch in windows:
+    for batch, lead in pairs:
         length = batch.shape[1]
         first = min(max(2, lead + 1), length)
         for end in sorted({round(first + (length - first) * k / max(1, cuts - 1)) for k in range(cuts)}):

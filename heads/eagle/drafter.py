@@ -150,9 +150,10 @@ class Eagle(ExpandingDrafter):
 
 @torch.no_grad()
 def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
-                  batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
+                  batch_size: int = 4, sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[d][r] (heads/accuracy.py) drafting from the root over the drafter's own features along the
-    window's tokens (what an accepted tree path feeds it), on held-out ``windows`` [n, S]: heads/unroll.py."""
+    window's tokens (what an accepted tree path feeds it), on held-out ``windows`` [n, S], from root
+    ``first_root`` on: heads/unroll.py."""
     was_training = model.training
     model.eval()
     counter = RankHits(depth, top_k, sampling)
@@ -161,7 +162,8 @@ def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: in
         target_logits = model.logits(last[:, 1:]).float()  # [b, n, V]: the target's token after entry j's
         n = target_logits.shape[1]
         for k, g in unrolled(model, batch, model.fuse(features[:, :-1]), depth - 1, by_root=False):
-            valid = torch.arange(n, device=g.device) >= k  # entries drafted from a root inside the window
+            # entry j at step k: drafted from entry j − k, which guesses token j − k + 2 at depth 1 (root j − k + 1)
+            valid = torch.arange(n, device=g.device) >= k + max(0, first_root - 1)
             counter.add(k, model.logits(g[:, valid]).topk(top_k, dim=-1).indices, target_logits[:, valid])
     model.train(was_training)
     return counter.table()

@@ -22,11 +22,12 @@ class Eagle3(Eagle):
 
 @torch.no_grad()
 def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
-                  batch_size: int = 4, sampling: Sampling = GREEDY) -> list[list[float]]:
+                  batch_size: int = 4, sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[d][r] (heads/accuracy.py): the chance that the drafter's rank-r token at draft depth d + 1 is the
     one the target emits (``walker.rank_acceptance``: greedy, that it is the target's argmax), drafting from
     each root over its own outputs along the window's tokens (what an accepted tree path feeds it), on
-    held-out ``windows`` [n, S]. Ranks are the drafter's, over the target vocabulary (as it proposes them)."""
+    held-out ``windows`` [n, S], from root ``first_root`` on (heads/accuracy.py). Ranks are the drafter's, over
+    the target vocabulary (as it proposes them)."""
     was_training = model.training
     model.eval()
     counter = RankHits(depth, top_k, sampling)
@@ -34,6 +35,7 @@ def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: i
         batch = batch.to(model.device)
         features, target_logits = target_states(target, batch, model.aux_layers)
         for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), depth - 1, by_root=True):
-            counter.add(i, model.logits(out).topk(top_k, dim=-1).indices, target_logits[:, 1 + i :])
+            first = max(0, first_root - 1)  # entry r guesses token r + 2 at depth 1: root r + 1
+            counter.add(i, model.logits(out[:, first:]).topk(top_k, dim=-1).indices, target_logits[:, 1 + i + first :])
     model.train(was_training)
     return counter.table()

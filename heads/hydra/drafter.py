@@ -181,10 +181,10 @@ class Hydra(Drafter):
 
 @torch.no_grad()
 def rank_accuracy(target, heads: HydraHeads, windows: torch.Tensor, *, top_k: int = 10, batch_size: int = 8,
-                  sampling: Sampling = GREEDY) -> list[list[float]]:
+                  sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[k][r]: the chance that head k's rank-r token at t, its path the window's tokens t + 1 .. t + k + 1, is
     the token the target emits after them (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1]: what an
-    accepted path feeds the heads."""
+    accepted path feeds the heads; from root ``first_root`` on."""
     was_training = heads.training
     heads.eval()
     counter = RankHits(heads.num_heads, top_k, sampling)
@@ -192,9 +192,10 @@ def rank_accuracy(target, heads: HydraHeads, windows: torch.Tensor, *, top_k: in
         _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
         target_logits = target.get_output_embeddings()(hidden)  # [b, s, V]: the target's token t + 1
         base = heads.base(hidden.to(heads.dtype))  # [b, s, h]
+        first = max(0, first_root - 1)  # head 0 at t guesses t + 2, the target's t + 1 the root
         for k, x in enumerate(head_outputs(heads, base, batch)):  # [b, s - k - 1, h]
-            top = heads.project(k, x).topk(top_k, dim=-1).indices  # [b, s-k-1, R]
-            counter.add(k, top, target_logits[:, k + 1 :])
+            top = heads.project(k, x[:, first:]).topk(top_k, dim=-1).indices  # [b, s-k-1-first, R]
+            counter.add(k, top, target_logits[:, k + 1 + first :])
     heads.train(was_training)
     return counter.table()
 

@@ -69,17 +69,18 @@ class Medusa(Drafter):
 
 @torch.no_grad()
 def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: int = 10, batch_size: int = 8,
-                  sampling: Sampling = GREEDY) -> list[list[float]]:
+                  sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[k][r]: the chance that head k's rank-r token at t is the token t + k + 2 the target emits
-    (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1]. The walker accepts the target's own
-    choices, not the corpus's, so that is what the heads are scored against."""
+    (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1], from root ``first_root`` on. The walker accepts
+    the target's own choices, not the corpus's, so that is what the heads are scored against."""
     counter = RankHits(heads.num_heads, top_k, sampling)
     for batch in windows.split(batch_size):
         _, hidden = target_hidden(target, batch[:, :-1])  # [b, s, h]
         target_logits = target.get_output_embeddings()(hidden)  # [b, s, V]: the target's token t + 1
         logits = heads(hidden)  # [K, b, s, V]
         s = hidden.shape[1]
+        first = max(0, first_root - 1)  # head 0 at t guesses t + 2, the target's t + 1 the root
         for k in range(heads.num_heads):
-            top = logits[k, :, : s - k - 1].topk(top_k, dim=-1).indices  # [b, s-k-1, R]
-            counter.add(k, top, target_logits[:, k + 1 :])
+            top = logits[k, :, first : s - k - 1].topk(top_k, dim=-1).indices  # [b, s-k-1-first, R]
+            counter.add(k, top, target_logits[:, k + 1 + first :])
     return counter.table()

@@ -48,6 +48,7 @@ from treespec.train.compare.report import rerender
 from treespec.train.compare.side_by_side import compare_runs
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.templates import (
+    HeldOutText,
     PromptTemplate,
     continuation_windows,
     overlaps,
@@ -59,23 +60,26 @@ from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_co
 from treespec.train.training.distributed import LOCK_FILE
 from treespec.train.training.log import RunLogger
 
-LEAD = 16  # prompt tokens kept before each held-out continuation (train/training/data.py's own_continuations)
+LEAD = 16  # corpus tokens kept before each held-out code continuation (train/training/data.py's own_continuations)
 CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
 
 
-def rank_accuracy_on(kind, target, module, windows, sampling: Sampling) -> list[list[float]]:
-    """acc[d][r] on ``windows``: one [n, S] tensor, or windows of different lengths ([1, S_i] each), whose
-    tables are pooled weighted by the positions each contributes at each depth."""
-    if isinstance(windows, torch.Tensor):
-        return kind.rank_accuracy(target, module, windows, sampling=sampling)
-    if not windows:
+def rank_accuracy_on(kind, target, module, held: HeldOutText, sampling: Sampling) -> list[list[float]]:
+    """acc[d][r] on the held-out text: one [n, S] tensor, or windows of different lengths ([1, S_i] each), whose
+    tables are pooled weighted by the positions each contributes at each depth. Each window's lead (its prompt)
+    is context only: roots are scored from the continuation on, where decoding drafts (as the chain τ is)."""
+    pairs = held.pairs()
+    if not pairs:
         raise ValueError("no held-out window to measure accuracies on")
-    tables = [(kind.rank_accuracy(target, module, w, sampling=sampling), w.shape[1]) for w in windows]
+    tables = [(kind.rank_accuracy(target, module, w, sampling=sampling, first_root=lead), w.shape[1] - lead)
+              for w, lead in pairs]
     if tables[0][0] is None:  # a drafter without fixed ranks to score (prompt lookup)
         return None
+    if len(tables) == 1:
+        return tables[0][0]
     out = []
     for d, row in enumerate(tables[0][0]):
-        weights = [max(1, s - 1 - d) for _, s in tables]
+        weights = [max(1, n - 1 - d) for _, n in tables]  # roots that reach depth d in each window
         pooled = [sum(t[d][r] * wt for (t, _), wt in zip(tables, weights, strict=True)) / sum(weights)
                   for r in range(len(row))]
         total = sum(pooled)  # ranks are exclusive: a sum above 1 is float32 rounding in the tables
@@ -108,7 +112,8 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         if candidates in SAMPLED_CANDIDATES and not sampling.greedy and windows() is not None:
             # sampled candidates: each rule's τ in closed form on chains drafted by the drafter itself
             depth = min(CHAIN_DEPTH, kind.max_depth(module) or CHAIN_DEPTH)
-            chain = measure_chain_tau(target, drafter, windows(), depth=depth, sampling=sampling, lead=LEAD,
+            chain = measure_chain_tau(target, drafter, windows().windows, depth=depth, sampling=sampling,
+                                      lead=windows().leads,
                                       generator=torch.Generator().manual_seed(0))
             log(f"predicted τ of {label}'s sampled chains γ = 0..{depth} ({chain.drafts} drafts): " + "; ".join(
                 f"{rule} " + " ".join(f"{t:.2f}" for t in chain.tau[rule]) for rule in chain.tau))
@@ -171,16 +176,16 @@ def workload_prompts(cfg, target, tokenizer, log=print):
             shared = overlaps([p.ids.cpu() for p in prompts], [held_out])
             if shared:
                 log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
-            return own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, seed=seed).to(device)
+            return HeldOutText(own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
+                                                 top_p=cfg.top_p, seed=seed, lead=LEAD).to(device), LEAD)
         if not workload.held_out:
             log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
                 "accuracy or auto trees and no predictions")
             return None
         made = continuation_windows(target, template, workload.held_out, new_tokens=new_tokens,
-                                    lead=LEAD, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
+                                    temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
                                     max_prompt_tokens=w.get("max_prompt_tokens"), log=log)
-        return [x.to(device) for x in made] or None
+        return made.to(device) if made.windows else None
 
     if w.source == "reference":
         note = (f"the target's own continuations of {w.held_out} held-out windows of the stdlib corpus's validation "
@@ -201,8 +206,7 @@ def frequency_counts(cfg, tokenizer, windows) -> torch.Tensor:
         if held is None:
             raise ValueError("FR-Spec's ranking needs held-out text: set workload.held_out >= 1 or "
                              "workload.frequency_corpus=<stdlib, a folder or a .jsonl of {\"text\"}>")
-        held = list(held) if isinstance(held, list) else [row[None] for row in held]
-        return token_counts([x.cpu() for x in held], len(tokenizer), LEAD)
+        return token_counts(held, len(tokenizer))
     spec = STDLIB_CORPUS if corpus == "stdlib" else {"source": str(corpus), "pattern": "*", "val_fraction": 0.02,
                                                      "max_files": None}
     _, train_tokens, _ = prepare_tokens(spec, len(tokenizer), cfg.paths.data, tokenizer=tokenizer)

@@ -217,13 +217,36 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
     return out
 
 
-def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128, lead: int = 16,
-                     temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                     max_prompt_tokens: int | None = None, log=print) -> list[torch.Tensor]:
-    """[1, lead + n] windows: the last ``lead`` tokens of each held-out item's first-turn prompt and the target's
-    own continuation (up to ``new_tokens``, stopping at an end token; sampled at ``temperature``/``top_p``).
-    Windows whose continuation has fewer than 2 tokens, and over-long prompts, are left out."""
-    windows = []
+@dataclass
+class HeldOutText:
+    """The target's own text that accuracies, chain τ and FR-Spec's counts are measured on: ``windows`` (one
+    [n, S] tensor, or [1, S_i] each) opening with ``leads`` tokens of context (an int for all, or one per window)
+    that decoding never drafts, the rest the target's continuation."""
+
+    windows: torch.Tensor | list[torch.Tensor]
+    leads: int | list[int]
+
+    def pairs(self) -> list[tuple[torch.Tensor, int]]:
+        """(window, lead) per tensor: the one [n, S] tensor, or each [1, S_i] window."""
+        windows = [self.windows] if isinstance(self.windows, torch.Tensor) else list(self.windows)
+        leads = [self.leads] * len(windows) if isinstance(self.leads, int) else list(self.leads)
+        return list(zip(windows, leads, strict=True))
+
+    def to(self, device) -> HeldOutText:
+        if isinstance(self.windows, torch.Tensor):
+            return HeldOutText(self.windows.to(device), self.leads)
+        return HeldOutText([w.to(device) for w in self.windows], self.leads)
+
+
+def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128,
+                         temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                         max_prompt_tokens: int | None = None, log=print) -> HeldOutText:
+    """[1, P_i + n] windows: each held-out item's whole first-turn prompt (P_i tokens, its lead: the context decoding
+    drafts in) and the target's own continuation (up to ``new_tokens``, stopping at an end token; sampled at
+    ``temperature``/``top_p``). Windows whose continuation has fewer than 2 tokens, and over-long prompts, are left
+    out. The whole prompt, not its last few tokens: the target's features and choices along its answer depend on
+    the question, and a drafter is scored on the states decoding gives it."""
+    windows, leads = [], []
     progress = Countdown("the target's continuations of the held-out prompts (for accuracies)", len(items), log)
     for i, item in enumerate(items):
         ids = template.ids(template.messages(item, 1, []))
@@ -234,14 +257,15 @@ def continuation_windows(target, template: PromptTemplate, items: list[Item], *,
         out = generate(target, ids.to(target.device), max_new_tokens=new_tokens, temperature=temperature, top_p=top_p,
                        eos_token_id=template.end_ids or None, generator=gen)
         if out.new_tokens >= 2:
-            windows.append(out.sequences[:, max(0, ids.shape[1] - lead):].cpu())
+            windows.append(out.sequences.cpu())
+            leads.append(ids.shape[1])
         progress(f"{item.id}: {out.new_tokens} tokens")
-    return windows
+    return HeldOutText(windows, leads)
 
 
-def token_counts(windows: list[torch.Tensor], vocab: int, lead: int = 16) -> torch.Tensor:
-    """[V] counts of the continuation tokens (each window past its ``lead``): FR-Spec's ranking on the workload."""
-    tokens = [w[0, lead:] for w in windows if w.shape[1] > lead]
+def token_counts(held: HeldOutText, vocab: int) -> torch.Tensor:
+    """[V] counts of the continuation tokens (each window past its lead): FR-Spec's ranking on the workload."""
+    tokens = [row[lead:] for w, lead in held.pairs() for row in w.cpu() if row.shape[0] > lead]
     flat = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long)
     return torch.bincount(flat.long(), minlength=vocab)
 
