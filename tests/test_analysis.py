@@ -120,27 +120,6 @@ def test_rank_accuracy_expectation():
         expected_tree_tokens_from_rank_accuracy(tree, [[0.6, 0.5], [0.1]])
 
 
-def test_rank_hits_score_each_depth_where_the_chain_reached_it():
-    """heads/accuracy.py's RankHits: depth d counts the roots whose top-1 chain was accepted at depths 0..d-1, so
-    the product of the top-1 rates is the chain τ counted root by root, where hits come in runs."""
-    from treespec.heads.accuracy import RankHits
-    from treespec.sampling import GREEDY
-
-    # roots 0..3: (rank of the target's token at depth 0, 1, 2); 9 marks a miss by both ranks
-    ranks = [(0, 0, 0), (0, 1, 0), (1, 0), (9,)]
-    counter = RankHits(3, 2, GREEDY)
-    for d in range(3):
-        roots = [r for r in ranks if len(r) > d]  # deeper depths have fewer roots inside the window
-        truth = torch.tensor([[5 if r[d] == 0 else 6 if r[d] == 1 else 7 for r in roots]])  # [1, L]
-        candidates = torch.tensor([[[5, 6]] * len(roots)])  # [1, L, 2]: every root's ranks are 5, then 6
-        counter.add(d, candidates, torch.nn.functional.one_hot(truth, 8).float())
-    acc = counter.table()
-    assert acc == [[0.5, 0.25], [0.5, 0.5], [1.0, 0.0]]  # over every root: 2/3 and 1 at depths 1 and 2
-    chain_lengths = [3, 1, 0, 0]  # top-1 accepted in a row from each root
-    tau = 1 + sum(torch.tensor([row[0] for row in acc[: k + 1]]).prod().item() for k in range(3))
-    assert tau == pytest.approx(1 + sum(chain_lengths) / len(chain_lengths))
-
-
 def test_grow_tree_by_hand():
     # candidates: (0,) .6  (0,0) .3  (1,) .2  (0,1) .12  (2,) .1  (1,0) .1  (2,0) .05  (1,1) .04 ...
     assert grow_tree(ACC, 4) == Tree.from_paths([(0,), (1,), (0, 0), (0, 1)])
