@@ -270,12 +270,19 @@ def test_a_phase_before_the_runs_counts_down():
 
 
 def test_threads_default_to_the_idle_cores(monkeypatch):
+    busy = progress_module.busy_cores(2, 0.05)  # /proc/stat on Linux: the share of the cores busy just now
+    assert busy is None or 0.0 <= busy <= 2.0
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(progress_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for now, threads in ((0.3, 2), (1.2, 1), (2.6, 1)):
+        monkeypatch.setattr(progress_module, "busy_cores", lambda cores, now=now: now)
+        chosen, line = default_threads("cpu")
+        assert chosen == threads and f"{now:.1f} busy now" in line and "threads=N" in line
+    monkeypatch.setattr(progress_module, "busy_cores", lambda cores: None)  # no /proc/stat: the load average
     for load, threads in ((0.3, 2), (1.2, 1), (2.6, 1)):
         monkeypatch.setattr(progress_module.os, "getloadavg", lambda load=load: (load, load, load))
         chosen, line = default_threads("cpu")
-        assert chosen == threads and f"load average {load:.1f}" in line and "threads=N" in line
+        assert chosen == threads and f"{load:.1f} load average" in line and "threads=N" in line
     assert default_threads("cuda")[0] is None
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert default_threads("cpu") == (None, "threads: OMP_NUM_THREADS=1 (threads=N sets them)")

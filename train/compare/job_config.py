@@ -18,7 +18,8 @@ from treespec.tree_spec import check_tree_spec
 from treespec.walker import ACCEPTANCE_MODES
 
 REFERENCE_TARGET = "reference:target"
-REFERENCE_DRAFTERS = ("draft", "prompt_lookup", "recycling", "suffix", "medusa", "eagle")  # drafters: null, reference
+# drafters: null on the reference target; its draft model runs as the assisted-generation baseline
+REFERENCE_DRAFTERS = ("prompt_lookup", "recycling", "suffix", "medusa", "eagle")
 MODEL_FREE = ("prompt_lookup", "recycling", "suffix")  # drafters: null on any other target, beside given sources
 SOURCES = ("reference", "jsonl", "dataset", "texts")
 

@@ -11,8 +11,8 @@ config through these):
 - ``available.<label>.parts``: a combined drafter's parts (conf/drafter/combined.yaml), other entries of
   ``available``, each checked, loaded and made as it is alone, then combined into one Drafter.
 - ``baselines``: transformers' own methods (peers.PEERS: greedy, assisted, prompt_lookup) measured as methods
-  of the main pass, interleaved prompt by prompt with vanilla and every drafter, rather than in the separate
-  peer pass (``peers=true``) that times each drafter's best again beside them.
+  of the main pass, interleaved prompt by prompt with vanilla and every drafter (null, the default: all three),
+  rather than in the separate peer pass (``peers=true``) that times each drafter's best again beside them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ def own_trees(cfg, label: str) -> list[dict] | None:
 
 
 def check_baselines(cfg) -> list[str]:
-    """``baselines``: a list of ``PEERS``' kinds, only with ``peers=false`` (the peer pass measures them all)."""
+    """``baselines``: a list of ``PEERS``' kinds, only with ``peers=false`` (the peer pass measures them all); null:
+    all three without the peer pass, none with it."""
+    if cfg.get("baselines") is None:
+        return [] if cfg.get("peers", False) else list(PEERS)
     baselines = cfg.get("baselines") or []
     if isinstance(baselines, str) or not OmegaConf.is_list(baselines) and not isinstance(baselines, list):
         raise ValueError(f"baselines must be a list of {', '.join(PEERS)}, got {baselines!r}")

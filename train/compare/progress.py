@@ -15,22 +15,44 @@ import time
 import torch
 
 
+def busy_cores(cores: int, seconds: float = 0.5) -> float | None:
+    """How many cores other work keeps busy now: the non-idle share of /proc/stat's CPU time over ``seconds``,
+    times ``cores``; None where /proc/stat is missing. Not the load average: its minute-long memory still counts a
+    job that just ended (``scripts/setup.sh``'s pip, an earlier run), and a run started right after one took a
+    single thread of an idle machine."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return cores * (1 - (idle1 - idle0) / (total1 - total0))
+
+
 def default_threads(device: str = "cpu") -> tuple[int | None, str]:
-    """(threads for ``threads: null``, the line that says why): the cores this process may use minus the whole
-    cores' worth of load on them (the 1-minute load average), at least 1. None (torch's own choice) off the CPU,
-    when ``OMP_NUM_THREADS`` chooses, or where no load average exists."""
+    """(threads for ``threads: null``, the line that says why): the cores this process may use minus the cores
+    other work keeps busy (``busy_cores``; the 1-minute load average where /proc/stat is missing), at least 1.
+    None (torch's own choice) off the CPU, when ``OMP_NUM_THREADS`` chooses, or where neither measure exists."""
     if not str(device).startswith("cpu"):
         return None, ""
     if os.environ.get("OMP_NUM_THREADS"):
         return None, f"threads: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (threads=N sets them)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None, ""
-    threads = max(1, min(cores, cores - int(load)))
-    return threads, (f"threads: {threads} ({cores} cores, load average {load:.1f} before this run; threads=N sets "
-                     "them)")
+    busy, what = busy_cores(cores), "busy now"
+    if busy is None:
+        try:
+            busy, what = os.getloadavg()[0], "load average"
+        except (AttributeError, OSError):
+            return None, ""
+    threads = max(1, min(cores, cores - int(busy + 0.5)))
+    return threads, (f"threads: {threads} ({cores} cores, {busy:.1f} {what} before this run; threads=N sets them)")
 
 
 def set_threads(threads: int | None, device: str = "cpu", log=print) -> None:
