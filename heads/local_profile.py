@@ -55,7 +55,7 @@ def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAU
     step = drafting_step(drafter)
     after = measure_cost_curve(target, tuple(sizes), past_len=past_len, before=step) if step is not None else curve
     drafter.reset()
-    fixed, per_depth = drafting_costs(drafter, forward_step(target, 1, past_len))
+    fixed, per_depth = drafting_costs(drafter, forward_step(target, 1, past_len)).on(cost_at(curve, 1))
     engine = measure_engine_cost(target, past_len=past_len, repeats=engine_rounds)
     return CostModel(after, fixed, per_depth, cost_at(curve, 1), engine)
 

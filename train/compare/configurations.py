@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from treespec.autotree import CostModel, EngineCost, auto_chooser, cost_model
 from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.heads.kind import DraftingCost
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree
 
@@ -30,6 +31,8 @@ class DrafterSpec:
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
     chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
     trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
+    drafting_cost: DraftingCost | None = None  # as fractions of a pass timed alongside: the setup rescales the
+                                               # seconds above onto its own curve (heads/kind.py)
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule

@@ -120,11 +120,13 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
         # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
         # each other: the first call's extra cost is charged once per step
-        fixed, per_depth = drafting_costs(drafter, target_step)
+        cost = drafting_costs(drafter, target_step)
+        fixed, per_depth = cost.on()  # in seconds of this moment's pass; the run's setup puts them on its curve
         if fixed or per_depth:
             log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
         specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
+                                 drafting_cost=cost,
                                  max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
                                  drafting_step=step, entry=entry_record(cfg, label), chain_tau=chain,
                                  trees=own_trees(cfg, label)))
