@@ -122,7 +122,8 @@ def test_a_jsonl_corpus_of_conversations_trains_a_model_on_chatml(tmp_path):
     corpus_file = tmp_path / "chat.jsonl"
     corpus_file.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(ValueError, match="validation split holds .* tokens, less than one window"):
-        run(lm_config(tmp_path / "small", f"data.corpus.source={corpus_file}", "data.corpus.val_fraction=0.01"))
+        # no row hashes into validation: the last document, the short text row, is kept for it
+        run(lm_config(tmp_path / "small", f"data.corpus.source={corpus_file}", "data.corpus.val_fraction=0.0"))
     run(lm_config(tmp_path / "run", f"data.corpus.source={corpus_file}", "data.corpus.val_fraction=0.3"))
     from transformers import AutoTokenizer
 
@@ -135,8 +136,8 @@ def test_a_jsonl_corpus_of_conversations_trains_a_model_on_chatml(tmp_path):
     im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     turns = sum(len(r.get("messages") or r.get("conversations")) for r in rows[:40])
     assert stream.count(im_start) == stream.count(im_end) == turns  # the bad row is skipped, the text has none
-    first = tok.decode(stream[: stream.index(tok.eos_token_id)])
-    assert first == tok.apply_chat_template(normalize(rows[0]), tokenize=False)
+    first = tok.decode(stream[: stream.index(tok.eos_token_id)])  # which row comes first: the split's hash says
+    assert first in {tok.apply_chat_template(normalize(r), tokenize=False) for r in rows[:40]}
     corpus_file.write_text(json.dumps({"prompt": "hi"}))
     with pytest.raises(ValueError, match="line 1 holds no 'text' string nor conversation"):
         load_corpus(str(corpus_file), render=lambda row: "x")
