@@ -45,8 +45,8 @@ class DraftingCost(NamedTuple):
     """A drafter's cost as fractions of a one-token target pass timed alongside it (``drafting_costs``), and that
     pass's seconds then; ``on(t)`` is (seconds per proposal, seconds per drafted depth) on a curve whose one-token
     pass takes ``t``. Ratios, because a shared machine's speed drifts between the moment the drafter is timed and
-    the moment the target's cost curve is: a drafting depth once timed at 4.3 ms where decoding then spent
-    2.4-3.0 ms, and the prediction took a third off every tree's speedup (docs/results.md)."""
+    the moment the target's cost curve is, and seconds timed in a slow spell skew every prediction
+    (docs/results.md, "Predictions on a user-built chat target")."""
 
     fixed: float      # × the pass: a step's first drafting call beyond a warm one
     per_depth: float  # × the pass: one drafted depth

@@ -34,8 +34,8 @@ def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: i
     for batch in windows.split(batch_size):
         batch = batch.to(model.device)
         features, target_logits = target_states(target, batch, model.aux_layers)
+        first = max(0, first_root - 1)  # entry r guesses token r + 2 at depth 1: root r + 1
         for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), depth - 1, by_root=True):
-            first = max(0, first_root - 1)  # entry r guesses token r + 2 at depth 1: root r + 1
             counter.add(i, model.logits(out[:, first:]).topk(top_k, dim=-1).indices, target_logits[:, 1 + i + first :])
     model.train(was_training)
     return counter.table()

@@ -100,9 +100,8 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
         target_step = forward_step(target, 1, past_len, batch=size)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
         for d in drafters:
-            fixed, per_depth = drafting_costs(d.drafter, target_step, size).on(cost_at(curve, 1))
-            out["draft_costs"].setdefault(d.name, {})[str(size)] = [fixed, per_depth]
-            at_size = dataclasses.replace(d, draft_cost_fixed=fixed, draft_cost_per_depth=per_depth)
+            at_size = dataclasses.replace(d, drafting_cost=drafting_costs(d.drafter, target_step, size))
+            out["draft_costs"].setdefault(d.name, {})[str(size)] = list(at_size.drafting_seconds(cost_at(curve, 1)))
             costs = at_size.cost_model(curve, engine=engine)  # a vanilla step: the curve's T(1) and the engine's
             for label, spec in specs:
                 tree, reason = resolve(spec, at_size, costs)

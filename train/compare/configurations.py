@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treespec.autotree import CostModel, EngineCost, auto_chooser, cost_model
+from treespec.autotree import CostModel, EngineCost, auto_chooser, cost_at, cost_model
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads.kind import DraftingCost
 from treespec.tree import Tree
@@ -23,7 +23,7 @@ class DrafterSpec:
     name: str
     drafter: object
     accuracy: list | None = None        # acc[d][r] for accuracy-grown trees and predictions
-    draft_cost_per_depth: float = 0.0   # seconds, for predictions
+    draft_cost_per_depth: float = 0.0   # seconds, for predictions, where no ``drafting_cost`` was timed
     draft_cost_fixed: float = 0.0
     max_depth: int | None = None        # deepest tree it can fill (Medusa: number of heads)
     drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
@@ -31,8 +31,8 @@ class DrafterSpec:
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
     chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
     trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
-    drafting_cost: DraftingCost | None = None  # as fractions of a pass timed alongside: the setup rescales the
-                                               # seconds above onto its own curve (heads/kind.py)
+    drafting_cost: DraftingCost | None = None  # as fractions of a one-token pass timed alongside (heads/kind.py):
+                                               # put on the cost model's own pass, in place of the seconds above
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
@@ -41,8 +41,16 @@ class DrafterSpec:
 
     def cost_model(self, curve: dict[int, float], baseline: float | None = None,
                    engine: EngineCost | None = None) -> CostModel:
-        """Its steps' cost model on ``curve`` (the target's, timed after its drafting calls where it drafts)."""
-        return cost_model(curve, self.draft_cost_per_depth, self.draft_cost_fixed, baseline, engine)
+        """Its steps' cost model on ``curve`` (the target's, timed after its drafting calls where it drafts);
+        ``baseline``: the target's one-token pass alone, which a timed ``drafting_cost`` is put on."""
+        fixed, per_depth = self.drafting_seconds(baseline or cost_at(curve, 1))
+        return cost_model(curve, per_depth, fixed, baseline, engine)
+
+    def drafting_seconds(self, one_token_pass: float) -> tuple[float, float]:
+        """(seconds per proposal, seconds per drafted depth) beside a one-token pass of ``one_token_pass``."""
+        if self.drafting_cost is not None and self.drafting_cost.target_pass > 0:
+            return self.drafting_cost.on(one_token_pass)
+        return self.draft_cost_fixed, self.draft_cost_per_depth
 
 
 def expand_specs(specs) -> list[dict]:

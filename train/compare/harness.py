@@ -105,11 +105,11 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
     # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
     # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
     curves, baseline = {}, cost_at(curve, 1)  # vanilla's pass: the target alone
-    for d in drafters:  # drafting as fractions of a pass timed alongside it, put on this curve's pass
+    for d in drafters:  # drafting timed as fractions of a pass alongside it (heads/kind.py), on this curve's pass
         if d.drafting_cost is not None and d.drafting_cost.target_pass > 0:
-            d.draft_cost_fixed, d.draft_cost_per_depth = d.drafting_cost.on(baseline)
-            log(f"drafting cost of {d.name} on this curve: {1e3 * d.draft_cost_fixed:.2f} ms per step + "
-                f"{1e3 * d.draft_cost_per_depth:.2f} ms per depth ({d.drafting_cost.per_depth:.2f} of a pass)")
+            fixed, per_depth = d.drafting_seconds(baseline)
+            log(f"drafting cost of {d.name} on this curve: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms "
+                f"per depth ({d.drafting_cost.per_depth:.2f} of a pass)")
     for d in drafters:
         if d.drafting_step is not None:
             curves[d.name] = measure_cost_curve(target, cost_sizes, past_len=context, before=d.drafting_step())

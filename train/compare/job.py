@@ -125,8 +125,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         if fixed or per_depth:
             log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
-        specs.append(DrafterSpec(label, drafter, accuracy, draft_cost_per_depth=per_depth, draft_cost_fixed=fixed,
-                                 drafting_cost=cost,
+        specs.append(DrafterSpec(label, drafter, accuracy, drafting_cost=cost,
                                  max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
                                  drafting_step=step, entry=entry_record(cfg, label), chain_tau=chain,
                                  trees=own_trees(cfg, label)))

@@ -110,8 +110,8 @@ def chat_workload(chat, val_conversations: int, *, timed: int = 16, held_out: in
     run held ``val_conversations`` out) → (overrides, a note for the reader). ``workload.chat_validation`` selects
     exactly the conversations the run's split put in validation (train/compare/workload.py); of them ``held_out``
     at most (a third) measure the drafter's accuracies, ``timed`` at most are timed. More held out than timed:
-    acceptance differs from one conversation to the next, and with 8 held out a 2.5M chat target's predicted τ
-    missed its 16 timed conversations' by a quarter (docs/results.md)."""
+    acceptance differs from one conversation to the next, and a few held out predict τ poorly (docs/results.md,
+    "Predictions on a user-built chat target")."""
     source = str(chat.source)
     if Path(source).is_file() and Path(source).suffix in (".jsonl", ".json"):
         overrides = ["workload=jsonl", f"workload.path={hydra_value(source)}"]
