@@ -1,11 +1,13 @@
 """Caches keyed by content: the token cache by the corpus files' bytes, the self-distillation cache by
 the target's weights and the prompt stream; neither is ever unpickled."""
 
+import json
 import os
 import time
 
 import torch
 
+from treespec.corpus import load_corpus
 from treespec.io import weights_digest
 from treespec.train.training import data
 from treespec.train.training.data import corpus_digest, prepare_tokens, self_distill
@@ -74,6 +76,19 @@ def test_corpus_digest_sees_contents_names_and_file_sets(tmp_path):
     (tmp_path / "corpus" / "extra.py").write_text("")
     assert corpus_digest(**cfg) != renamed
     assert corpus_digest(**{**cfg, "max_files": 2}) != corpus_digest(**cfg)
+
+
+def test_a_jsonl_corpus_splits_by_row_content_wherever_it_lives(tmp_path):
+    """A JSONL row's split is a hash of the row itself: the same file in two folders (a test's tmp_path, a user's
+    copy on another machine) holds out the same rows, and a row keeps its side when others are added before it."""
+    rows = [json.dumps({"text": f"document {i}"}) for i in range(60)]
+    for folder in ("a", "b/c"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "corpus.jsonl").write_text("\n".join(rows))
+    held = [[t for _, t in load_corpus(str(tmp_path / f / "corpus.jsonl"), val_fraction=0.3).val] for f in ("a", "b/c")]
+    assert held[0] == held[1] and 5 < len(held[0]) < 40
+    (tmp_path / "a" / "corpus.jsonl").write_text("\n".join([json.dumps({"text": "new"})] + rows))
+    assert set(held[0]) <= {t for _, t in load_corpus(str(tmp_path / "a" / "corpus.jsonl"), val_fraction=0.3).val}
 
 
 DISTILL = dict(n_prompts=2, prompt_tokens=4, new_tokens=3, temperature=0.0, batch_size=2, seed=0, eos_token_id=1)

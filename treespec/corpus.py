@@ -4,10 +4,11 @@ held out from both.
 
 The default corpus is the running interpreter's standard library (no download needed): every ``.py`` file under
 ``sysconfig.get_paths()["stdlib"]`` except site-packages. Documents are split into train/validation
-deterministically by a hash of their name (a file's relative path), so the split never depends on directory order
-or on the machine. Any other directory of text files, or a JSONL file of ``{"text": ...}`` records, can be
-selected instead; a JSONL corpus may also hold conversations (``messages``/``conversations`` rows), which the caller's
-``render`` turns into text (a language model trained here learns them in ChatML: train/training/data.py).
+deterministically by a hash of their name (a file's relative path; a JSONL row's own text), so the split never
+depends on directory order, on where the corpus lives or on the machine. Any other directory of text files, or a
+JSONL file of ``{"text": ...}`` records, can be selected instead; a JSONL corpus may also hold conversations
+(``messages``/``conversations`` rows), which the caller's ``render`` turns into text (a language model trained here
+learns them in ChatML: train/training/data.py).
 
     corpus = load_corpus(**STDLIB_CORPUS)     # Corpus(train=[(name, text), ...], val=[...])
     corpus_digest(**STDLIB_CORPUS)            # sha1 of what load_corpus reads: caches are keyed by it
@@ -80,10 +81,12 @@ def load_corpus(
     ``.jsonl`` file of ``{"text": ...}`` records; with ``render`` (row → text, or None to skip the row), its
     conversation rows too. Raises ValueError when nothing is found or a row is neither."""
     docs: list[tuple[str, str]] = []
+    keys: list[str] = []  # what decides each document's split (is_validation)
     if source == "stdlib" or Path(source).is_dir():
         root, paths = corpus_files(source, pattern, max_files)
         for path in paths:
             docs.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
+            keys.append(docs[-1][0])
     elif source.endswith(".jsonl") and Path(source).is_file():
         skipped = 0
         with open(source, encoding="utf-8") as f:
@@ -91,14 +94,18 @@ def load_corpus(
                 if not line.strip():
                     continue
                 row = json.loads(line)
+                # a row's split follows its content, not its file's path: a corpus copied elsewhere splits the same
+                key = line.strip()
                 if isinstance(row, dict) and isinstance(row.get("text"), str):
                     docs.append((f"{source}:{i}", row["text"]))
+                    keys.append(key)
                 elif render is not None and isinstance(row, dict) and ("messages" in row or "conversations" in row):
                     text = render(row)
                     if text is None:
                         skipped += 1
                         continue
                     docs.append((f"{source}:{i}", text))
+                    keys.append(key)
                 else:
                     what = "'text' string nor conversation" if render is not None else "'text' string"
                     raise ValueError(f"corpus {source} line {i + 1} holds no {what}: "
@@ -111,8 +118,9 @@ def load_corpus(
         raise ValueError(f"corpus source {source!r} is neither 'stdlib', a directory nor a .jsonl file")
     if not docs:
         raise ValueError(f"corpus source {source!r} holds no documents matching {pattern!r}")
-    train = [d for d in docs if not is_validation(d[0], val_fraction)]
-    val = [d for d in docs if is_validation(d[0], val_fraction)]
+    held = [is_validation(key, val_fraction) for key in keys]
+    train = [d for d, h in zip(docs, held, strict=True) if not h]
+    val = [d for d, h in zip(docs, held, strict=True) if h]
     if not val:  # tiny corpora: keep at least one validation document
         val, train = train[-1:], train[:-1] or train
     return Corpus(train=train, val=val)

@@ -93,6 +93,8 @@ def prepare_tokens(corpus_cfg: dict, vocab_size: int, cache_dir: str | os.PathLi
         key_data["tokenizer"] = hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest()
     else:  # a tokenizer trained here: one cached before the chat markers existed is not reused
         key_data["special_tokens"] = SPECIAL_TOKENS
+    if str(corpus_cfg.get("source", "")).endswith(".jsonl"):  # cached before a row's split followed its content
+        key_data["split"] = "row content"
     key = hashlib.sha1(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"tokens-{key}"
     tokens_file = cache / TOKENS_FILE
