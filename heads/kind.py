@@ -14,9 +14,7 @@ loader and the scripts.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
-from typing import NamedTuple
 
 from torch import nn
 
@@ -39,43 +37,6 @@ def drafting_step(drafter: Drafter, batch: int = 1) -> Callable[[], object] | No
 def fills_tree_at_once(drafter: Drafter) -> bool:
     """Whether one drafting call of ``drafter`` fills the whole tree (Medusa's heads) rather than one depth."""
     return bool(getattr(drafter, "fills_tree_at_once", False))
-
-
-class DraftingCost(NamedTuple):
-    """A drafter's cost as fractions of a one-token target pass timed alongside it (``drafting_costs``), and that
-    pass's seconds then; ``on(t)`` is (seconds per proposal, seconds per drafted depth) on a curve whose one-token
-    pass takes ``t``. Ratios, because a shared machine's speed drifts between the moment the drafter is timed and
-    the moment the target's cost curve is, and seconds timed in a slow spell skew every prediction
-    (docs/results.md, "Predictions on a user-built chat target")."""
-
-    fixed: float      # × the pass: a step's first drafting call beyond a warm one
-    per_depth: float  # × the pass: one drafted depth
-    target_pass: float  # seconds of the one-token pass timed alongside
-
-    def on(self, one_token_pass: float | None = None) -> tuple[float, float]:
-        t = self.target_pass if one_token_pass is None else one_token_pass
-        return self.fixed * t, self.per_depth * t
-
-
-def drafting_costs(drafter: Drafter, target_step: Callable[[], object], batch: int = 1,
-                   rounds: int = 3) -> DraftingCost:
-    """``drafter``'s cost for ``batch`` rows, as the comparison measures it at one row: a step's first drafting call
-    follows a target pass (``target_step``), which pushed the drafter's weights out of the caches, so that extra
-    cost is charged once per step. Timed in ``rounds`` rounds of (cold call, warm call, the target pass alone),
-    each round's times taken relative to its own pass (DraftingCost), the median over rounds."""
-    step = drafting_step(drafter, batch)
-    if step is None:
-        return DraftingCost(0.0, 0.0, 0.0)
-    fixed, per_depth, passes = [], [], []
-    for _ in range(rounds):
-        cold = median_time(step, repeats=10, before=target_step)
-        warm = 0.0 if fills_tree_at_once(drafter) else median_time(step, repeats=10)
-        t = median_time(target_step, repeats=10)
-        fixed.append((cold if not warm else max(0.0, cold - warm)) / t)
-        per_depth.append(warm / t)
-        passes.append(t)
-    drafter.reset()
-    return DraftingCost(statistics.median(fixed), statistics.median(per_depth), statistics.median(passes))
 
 
 class DrafterKind:

@@ -3,10 +3,10 @@ when the drafter's folder holds none measured here, and caches (treespec/profile
 
 - The cost model (treespec.autotree.CostModel), measured as the comparison measures it: the target's cost curve
   alone (vanilla's pass), again with every forward right after one of the drafter's drafting calls (its weights
-  push the target's out of the caches), the drafting costs (heads/kind.py), and the engine's cost per step
-  (treespec/engine_cost.py). A folder's own cost_curve.json is used instead when it was measured on this machine
-  for this target and these weights (training writes one: train/training/drafter_job.py); the shipped drafters'
-  were not, so theirs are measured here.
+  push the target's out of the caches), the drafting costs measured in the loop (treespec/drafting_cost.py), and
+  the engine's cost per step (treespec/engine_cost.py). A folder's own cost_curve.json is used instead when it was
+  measured on this machine for this target and these weights (training writes one: train/training/drafter_job.py);
+  the shipped drafters' were not, so theirs are measured here.
 - The chain τ of sampled candidates at a sampling the folder's chain_tau.json lacks, on the target's own
   continuations of the first prompt decoded at it (treespec.chain_tau.measure_on_prompt).
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 
 from treespec import chain_tau
 from treespec.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_curve, read_cost_curve
+from treespec.drafting_cost import measure_drafting_cost, own_text_prompts
 from treespec.engine_cost import measure_engine_cost
-from treespec.heads.kind import drafting_costs, drafting_step
+from treespec.heads.kind import drafting_step
 from treespec.profile_cache import cached, cost_key, fingerprint, key, machine, measured_here
-from treespec.timing import forward_step
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 PAST_LEN = 256  # cached tokens the cost curve is timed after (the comparison times at its prompts' context)
@@ -48,16 +48,18 @@ def about(target, drafter_key: str, past_len: int = PAST_LEN) -> dict:
 
 
 def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES,
-                       engine_rounds: int = 3) -> CostModel:
+                       engine_rounds: int = 3, prompts=None) -> CostModel:
     """``drafter``'s cost model on ``target`` on this device (module docstring): the curves at ``sizes`` tree tokens,
-    the engine's cost in ``engine_rounds`` rounds."""
+    the engine's cost in ``engine_rounds`` rounds, the drafting decoding ``prompts`` ([1, P] each; None: text the
+    target writes itself, treespec/drafting_cost.py)."""
     curve = measure_cost_curve(target, tuple(sizes), past_len=past_len)
     step = drafting_step(drafter)
     after = measure_cost_curve(target, tuple(sizes), past_len=past_len, before=step) if step is not None else curve
     drafter.reset()
-    fixed, per_depth = drafting_costs(drafter, forward_step(target, 1, past_len)).on(cost_at(curve, 1))
+    prompts = own_text_prompts(target) if prompts is None else prompts
+    fixed, per_depth, per_node = measure_drafting_cost(target, drafter, prompts).on(cost_at(curve, 1))
     engine = measure_engine_cost(target, past_len=past_len, repeats=engine_rounds)
-    return CostModel(after, fixed, per_depth, cost_at(curve, 1), engine)
+    return CostModel(after, fixed, per_depth, cost_at(curve, 1), engine, per_node)
 
 
 def cost_record(target, drafter, folder, log=print) -> dict:

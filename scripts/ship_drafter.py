@@ -82,7 +82,8 @@ def main() -> None:
         costs = measure_cost_model(target, registry.load(out, target))
         write_cost_record(out / COST_CURVE_FILE, costs.record(**about(target, files_fingerprint(out))))
         print(f"{out}/cost_curve.json: drafting {costs.draft_cost_fixed * 1e3:.2f} ms per step + "
-              f"{costs.draft_cost_per_depth * 1e3:.2f} ms per depth; engine {costs.engine}")
+              f"{costs.draft_cost_per_depth * 1e3:.2f} ms per depth + {costs.draft_cost_per_node * 1e3:.3f} ms per "
+              f"node; engine {costs.engine}")
     if not reference_target:
         return
     windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")

@@ -111,7 +111,9 @@ def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):
     # EAGLE's predictions use its own curve, timed after its drafting calls, against vanilla's target-alone cost,
     # and the engine's own cost per step: one cost model, kept in results.json
     after = {int(n): t for n, t in saved["cost_curves_after_drafting"]["eagle"].items()}
-    assert set(saved["cost_curves_after_drafting"]) == {"eagle"} and set(after) == {1, 2, 4}
+    assert set(saved["cost_curves_after_drafting"]) == {"eagle"} and {1, 2, 4} <= set(after)
+    # and at the size of every tree it verifies (root included), not interpolated
+    assert {r["nodes"] + 1 for r in saved["records"] if r["drafter"] == "eagle" and r["nodes"]} <= set(after)
     costs = CostModel.from_record(saved["cost_models"]["eagle"])
     engine = EngineCost.from_record(saved["engine"])
     assert costs.curve == after and costs.draft_cost_per_depth == drafters[2].draft_cost_per_depth
@@ -184,9 +186,9 @@ def test_tiny_comparison_across_batch_sizes(tmp_path):
     assert set(section["engines"]) == {"1", "2"}
     for r in auto:
         size = str(r["batch_size"])
-        fixed, per_depth = section["draft_costs"]["draft"][size]
+        fixed, per_depth, per_node = section["draft_costs"]["draft"][size]
         costs = CostModel({int(n): t for n, t in section["cost_curves"][size].items()}, fixed, per_depth,
-                          engine=EngineCost.from_record(section["engines"][size]))
+                          engine=EngineCost.from_record(section["engines"][size]), draft_cost_per_node=per_node)
         assert len(choose_tree(drafters[0].accuracy, costs, max_nodes=4)[0].tree) == r["nodes"]
     assert {s["config"] for s in section["skipped"]} == {"prompt_lookup | auto"}  # no accuracies to grow from
     md = (tmp_path / "batch.md").read_text()

@@ -22,10 +22,12 @@ with in generate() is saved beside the drafter (``save_cost_curve``, cost_curve.
 
 A step costs more than its target pass and its drafting calls: the engine walks the logits, compacts the cache,
 builds the masks and runs its Python around them (``EngineCost``, measured in the loop itself by
-treespec/engine_cost.py). ``CostModel`` holds every term, one object for generate()'s "auto" and the comparison:
+treespec/engine_cost.py; the drafting terms are measured in the loop too, by treespec/drafting_cost.py).
+``CostModel`` holds every term, one object for generate()'s "auto" and the comparison:
 
-    step(tree)  = T(N) + draft_fixed + depth · draft_per_depth + engine_fixed + engine_per_node · N
-    vanilla     = T(1) + engine_vanilla                                     (N: tree nodes, root included)
+    step(tree)  = T(N) + draft_fixed + depth · draft_per_depth + N · draft_per_node
+                  + engine_fixed + engine_per_node · N
+    vanilla     = T(1) + engine_vanilla                           (N: tree nodes, root included)
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class CostModel:
     draft_cost_per_depth: float = 0.0
     baseline: float | None = None
     engine: EngineCost = field(default_factory=EngineCost)
+    draft_cost_per_node: float = 0.0  # seconds of drafting per tree node (root included; treespec/drafting_cost.py)
 
     def vanilla(self) -> float:
         """Seconds per token of vanilla decoding."""
@@ -143,27 +146,28 @@ class CostModel:
     def step(self, tree: Tree) -> float:
         """Seconds of one speculative step verifying ``tree``."""
         return (cost_at(self.curve, tree.num_nodes) + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
-                + self.engine.step(tree.num_nodes))
+                + tree.num_nodes * self.draft_cost_per_node + self.engine.step(tree.num_nodes))
 
     @classmethod
     def from_record(cls, record: dict) -> CostModel:
         """The cost model a ``cost_curve_record`` (cost_curve.json) holds."""
         return cls({int(n): float(t) for n, t in record["curve"].items()}, float(record.get("draft_cost_fixed") or 0.0),
                    float(record.get("draft_cost_per_depth") or 0.0), record.get("baseline"),
-                   EngineCost.from_record(record))
+                   EngineCost.from_record(record), float(record.get("draft_cost_per_node") or 0.0))
 
     def record(self, **about) -> dict:
         return cost_curve_record(self.curve, draft_cost_fixed=self.draft_cost_fixed,
                                  draft_cost_per_depth=self.draft_cost_per_depth, baseline=self.baseline,
-                                 engine=self.engine, **about)
+                                 engine=self.engine, draft_cost_per_node=self.draft_cost_per_node, **about)
 
 
 def cost_model(curve, draft_cost_per_depth: float = 0.0, draft_cost_fixed: float = 0.0, baseline: float | None = None,
-               engine: EngineCost | None = None) -> CostModel:
+               engine: EngineCost | None = None, draft_cost_per_node: float = 0.0) -> CostModel:
     """``curve`` as is when it is a CostModel, else the CostModel of these terms."""
     if isinstance(curve, CostModel):
         return curve
-    return CostModel(curve, draft_cost_fixed, draft_cost_per_depth, baseline, engine or EngineCost())
+    return CostModel(curve, draft_cost_fixed, draft_cost_per_depth, baseline, engine or EngineCost(),
+                     draft_cost_per_node)
 
 
 class RankAccuracy:
@@ -286,13 +290,15 @@ def auto_chooser(curve: dict[int, float] | CostModel, draft_cost_fixed: float = 
 
 # -- a saved cost curve (what "auto" chooses with in generate()) ------------------------------------------------
 def cost_curve_record(curve: dict[int, float], *, draft_cost_fixed: float = 0.0, draft_cost_per_depth: float = 0.0,
-                      baseline: float | None = None, engine: EngineCost | None = None, **about) -> dict:
-    """What cost_curve.json holds: the curve {tree tokens: seconds}, the drafting costs (seconds per
-    proposal, per depth), the target's one-token forward alone (None: the curve's one-token cost), the engine's
-    cost per step (``EngineCost.record``: engine_vanilla, engine_fixed, engine_per_node), and ``about`` (device,
+                      baseline: float | None = None, engine: EngineCost | None = None,
+                      draft_cost_per_node: float = 0.0, **about) -> dict:
+    """What cost_curve.json holds: the curve {tree tokens: seconds}, the drafting costs (seconds per proposal, per
+    depth, per node), the target's one-token forward alone (None: the curve's one-token cost), the engine's cost per
+    step (``EngineCost.record``: engine_vanilla, engine_fixed, engine_per_node), and ``about`` (device,
     machine, context length) for the reader."""
     return {"curve": {int(n): float(t) for n, t in curve.items()}, "draft_cost_fixed": float(draft_cost_fixed),
-            "draft_cost_per_depth": float(draft_cost_per_depth), "baseline": baseline,
+            "draft_cost_per_depth": float(draft_cost_per_depth), "draft_cost_per_node": float(draft_cost_per_node),
+            "baseline": baseline,
             **(engine or EngineCost()).record(), **about}
 
 

@@ -30,11 +30,10 @@ import torch
 from treespec.autotree import cost_at, measure_cost_curve, predict
 from treespec.bench import Config, measure, own_copy
 from treespec.compat import NO_EOS
+from treespec.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.engine_cost import measure_engine_cost
-from treespec.heads.kind import drafting_costs
 from treespec.inputs import left_padded
 from treespec.result import GenerationResult, RowResult
-from treespec.timing import forward_step
 from treespec.tree import Tree
 
 TRANSFORMERS = "transformers batched"  # the peer's config name
@@ -84,7 +83,7 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
                     pad_token_id: int = 0, seed: int = 0, log=print) -> dict:
     """Measure every drafter × tree at every batch size (module docstring) → results.json's "batch" section:
     {batch_sizes, batches, cost_curves {B: {N: s}}, engines {B: EngineCost.record()}, draft_costs {drafter: {B:
-    [fixed, per depth]}}, records}.
+    [fixed, per depth, per node]}}, records}.
 
     ``drafters``: the comparison's DrafterSpecs (train/compare/job.py); ``specs``: (label, tree spec) pairs;
     ``resolve(spec, drafter_spec, costs)`` → (tree, None) or (None, why not), as the comparison resolves trees
@@ -97,10 +96,12 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
         out["cost_curves"][str(size)] = curve
         engine = measure_engine_cost(target, past_len=past_len, batch=size, steps=8, repeats=2)
         out["engines"][str(size)] = engine.record()
-        target_step = forward_step(target, 1, past_len, batch=size)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
         for d in drafters:
-            at_size = dataclasses.replace(d, drafting_cost=drafting_costs(d.drafter, target_step, size))
+            # drafting at B rows, in the loop, for a drafter whose configurations are predicted
+            cost = measure_drafting_cost(target, d.drafter, prompts[:2], batch=size) \
+                if d.accuracy is not None else NO_DRAFTING
+            at_size = dataclasses.replace(d, drafting_cost=cost)
             out["draft_costs"].setdefault(d.name, {})[str(size)] = list(at_size.drafting_seconds(cost_at(curve, 1)))
             costs = at_size.cost_model(curve, engine=engine)  # a vanilla step: the curve's T(1) and the engine's
             for label, spec in specs:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from treespec.autotree import CostModel, EngineCost, auto_chooser, cost_at, cost_model
 from treespec.drafter import SAMPLED_CANDIDATES
-from treespec.heads.kind import DraftingCost
+from treespec.drafting_cost import DraftingCost
 from treespec.tree import Tree
 from treespec.tree_spec import NEEDS_ACCURACY, build_tree
 
@@ -31,8 +31,9 @@ class DrafterSpec:
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
     chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
     trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
-    drafting_cost: DraftingCost | None = None  # as fractions of a one-token pass timed alongside (heads/kind.py):
-                                               # put on the cost model's own pass, in place of the seconds above
+    drafting_cost: DraftingCost | None = None  # measured in the loop, as fractions of a one-token pass
+                                               # (treespec/drafting_cost.py): put on the cost model's own pass, in
+                                               # place of the seconds above
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
@@ -43,14 +44,14 @@ class DrafterSpec:
                    engine: EngineCost | None = None) -> CostModel:
         """Its steps' cost model on ``curve`` (the target's, timed after its drafting calls where it drafts);
         ``baseline``: the target's one-token pass alone, which a timed ``drafting_cost`` is put on."""
-        fixed, per_depth = self.drafting_seconds(baseline or cost_at(curve, 1))
-        return cost_model(curve, per_depth, fixed, baseline, engine)
+        fixed, per_depth, per_node = self.drafting_seconds(baseline or cost_at(curve, 1))
+        return cost_model(curve, per_depth, fixed, baseline, engine, per_node)
 
-    def drafting_seconds(self, one_token_pass: float) -> tuple[float, float]:
-        """(seconds per proposal, seconds per drafted depth) beside a one-token pass of ``one_token_pass``."""
+    def drafting_seconds(self, one_token_pass: float) -> tuple[float, float, float]:
+        """(seconds per proposal, per drafted depth, per tree node) beside a one-token pass of ``one_token_pass``."""
         if self.drafting_cost is not None and self.drafting_cost.target_pass > 0:
             return self.drafting_cost.on(one_token_pass)
-        return self.draft_cost_fixed, self.draft_cost_per_depth
+        return self.draft_cost_fixed, self.draft_cost_per_depth, 0.0
 
 
 def expand_specs(specs) -> list[dict]:

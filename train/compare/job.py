@@ -25,12 +25,11 @@ from transformers import AutoTokenizer
 from treespec import reference
 from treespec.chain_tau import measure_chain_tau
 from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.heads import registry
-from treespec.heads.kind import drafting_costs
 from treespec.heads.vocab import DraftVocab
 from treespec.io import single_run
 from treespec.sampling import Sampling
-from treespec.timing import forward_step
 from treespec.train.compare.configurations import DrafterSpec
 from treespec.train.compare.entries import drafter_checksum, entry_record, made, max_depth_of
 from treespec.train.compare.harness import run_comparison
@@ -87,14 +86,25 @@ def rank_accuracy_on(kind, target, module, held: HeldOutText, sampling: Sampling
     return out
 
 
-def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
+def calibration_prompts(held: HeldOutText | None, prompts: list[torch.Tensor], count: int = 2) -> list[torch.Tensor]:
+    """What drafting is timed on in the loop (treespec/drafting_cost.py): the first ``count`` held-out windows, whole
+    (decoding goes on from the target's own text, so the drafter accepts as it will), else the first timed
+    prompts (a workload with nothing held out; only the cost is taken from them)."""
+    if held is None:
+        return [p.reshape(1, -1) for p in prompts[:count]]
+    rows = [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])]
+    return rows[:count]
+
+
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print,
+                  calibration=lambda: []) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
     target's own continuations of the workload's held-out part, what verification will see; the accuracies
     shipped beside a drafter were measured on human-written text and underestimate τ.
-    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head)."""
+    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head);
+    ``calibration()`` the prompts a predicted drafter's drafting is timed on, in the loop."""
     specs = []
-    target_step = forward_step(target, 1)  # drafting is timed right after a target pass, as in decoding
     missing = unshipped(cfg, drafter_labels(cfg))
     for label, source in missing.items():
         log(f"drafter {label} left out: {source} is not shipped in this checkout yet (skip_unshipped=true)")
@@ -117,13 +127,14 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
                                       generator=torch.Generator().manual_seed(0))
             log(f"predicted τ of {label}'s sampled chains γ = 0..{depth} ({chain.drafts} drafts): " + "; ".join(
                 f"{rule} " + " ".join(f"{t:.2f}" for t in chain.tau[rule]) for rule in chain.tau))
-        # as it drafts (lean or not, reduced vocabulary or not). A step's first drafting call follows a target pass,
-        # which pushed the drafter's weights out of the caches (~10-30 % slower on a CPU); later depths follow
-        # each other: the first call's extra cost is charged once per step
-        cost = drafting_costs(drafter, target_step)
-        fixed, per_depth = cost.on()  # in seconds of this moment's pass; the run's setup puts them on its curve
-        if fixed or per_depth:
-            log(f"drafting cost of {label}: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per depth")
+        # as it drafts (lean or not, reduced vocabulary or not), in the decoding loop: only for a drafter whose
+        # configurations are predicted (the others' predictions do not exist to use it)
+        cost = NO_DRAFTING
+        if (accuracy is not None or chain is not None) and calibration():
+            cost = measure_drafting_cost(target, drafter, calibration())
+            fixed, per_depth, per_node = cost.on()  # in seconds of this moment's pass: the setup puts them on its curve
+            log(f"drafting cost of {label}, in the loop: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per "
+                f"depth + {1e3 * per_node:.3f} ms per node")
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
         specs.append(DrafterSpec(label, drafter, accuracy, drafting_cost=cost,
                                  max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
@@ -252,7 +263,9 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
             return DraftVocab.most_frequent(counts(), spec)
         return DraftVocab.load(spec)
 
-    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of)
+    calibration = functools.cache(lambda: calibration_prompts(windows(), prompts))
+    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of,
+                             calibration=calibration)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     w = cfg.workload
     workload_record = {

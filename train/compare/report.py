@@ -315,11 +315,14 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
     _write_csv(out_dir / "results.csv", csv_rows(a))
     _write_csv(out_dir / "summary.csv", summary_records(a))
     # seconds: the target alone; after_<drafter>: each forward timed right after that drafter's drafting call
-    after = result.get("cost_curves_after_drafting") or {}
-    _write_csv(out_dir / "cost_curve.csv", [{"tree_tokens": n, "seconds": round(t, 6),
-                                             **{f"after_{name}": round(c[n], 6)
-                                                for name, c in after.items()}}
-                                            for n, t in result["cost_curve"].items()])
+    # (each curve also holds the sizes its own trees verify: blank where a curve was not timed at that size)
+    curves = {"seconds": result["cost_curve"], **{f"after_{name}": c for name, c in
+                                                  (result.get("cost_curves_after_drafting") or {}).items()}}
+    curves = {column: {int(n): t for n, t in c.items()} for column, c in curves.items()}
+    sizes = sorted(set().union(*map(set, curves.values())))
+    _write_csv(out_dir / "cost_curve.csv", [{"tree_tokens": n, **{column: round(c[n], 6) if n in c else None
+                                                                  for column, c in curves.items()}}
+                                            for n in sizes])
     _write_csv(out_dir / "by_category.csv", category_rows(result, a))
     specbench = specbench_rows(result, a)
     if specbench:

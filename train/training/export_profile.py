@@ -42,7 +42,9 @@ def save_profile(folder, target, kind_name: str, module, drafter, windows: torch
     held-out token windows, the first ``chain_windows`` continued for chain τ; ``cost_sizes`` and ``engine_rounds``
     as ``heads.local_profile.measure_cost_model`` takes them (conf/train_heads.yaml's eval.profile)."""
     folder = Path(folder)
-    costs = measure_cost_model(target, drafter, sizes=cost_sizes, engine_rounds=engine_rounds)
+    calibration = [windows[i : i + 1] for i in range(min(2, len(windows)))] if windows is not None else None
+    costs = measure_cost_model(target, drafter, sizes=cost_sizes, engine_rounds=engine_rounds,
+                               prompts=calibration or None)  # drafting timed decoding on from held-out text
     record = costs.record(**about(target, files_fingerprint(folder)))
     write_cost_record(folder / COST_CURVE_FILE, record)
     kind = registry.get(kind_name)

@@ -1,0 +1,125 @@
+"""What a comparison measures before its first run (the journal's ``setup``; train/compare/harness.py runs it): the
+target's cost curve and prefill curve, each drafter's curve timed after its drafting calls (at the sizes its trees
+verify too), the engine's cost per step, and every drafter × tree × rule resolved into the tree it verifies, with
+its prediction.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from treespec.autotree import (
+    cost_at,
+    measure_cost_curve,
+    measure_prefill_curve,
+    predict,
+    predict_generation,
+    tau_source,
+)
+from treespec.engine_cost import measure_engine_cost
+from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
+from treespec.tree import Tree
+from treespec.tree_spec import tree_to_spec
+
+
+def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], rules: list[str],
+                  prompt_info: list[dict], cost_sizes, context: int, max_nodes: int, log=print) -> dict:
+    """What is measured before the first run (the journal's ``setup``): the target's cost curve and prefill
+    curve, each drafter's curve, and every drafter × tree × rule resolved to the tree it verifies, with its
+    prediction ({name, drafter, rule, tree_spec, same_as} under ``configs``, their report fields under ``meta``),
+    or why not (``skipped``). A configuration whose tree equals an earlier one's of the same drafter and rule
+    (``auto`` or ``accuracy 4`` resolving to ``chain γ=4``) would measure the same generations again: it is
+    measured once and reported under both names (``same_as``)."""
+    log(f"cost curve: target forward over N tree tokens after {context} cached ones (the prompts' median context), "
+        f"N in {list(cost_sizes)}")
+    curve = measure_cost_curve(target, cost_sizes, past_len=context)
+    log("  " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in curve.items()))
+    lengths = sorted(p["prompt_tokens"] for p in prompt_info)
+    prefill = measure_prefill_curve(target, {lengths[0], lengths[len(lengths) // 2], lengths[-1]})
+    log("prefill: " + ", ".join(f"{n} tokens: {1e3 * t:.1f} ms" for n, t in prefill.items()))
+    # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
+    # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
+    curves, baseline = {}, cost_at(curve, 1)  # vanilla's pass: the target alone
+    for d in drafters:  # drafting measured in the loop as fractions of a pass (treespec/drafting_cost.py)
+        if d.drafting_cost is not None and d.drafting_cost.target_pass > 0:
+            fixed, per_depth, per_node = d.drafting_seconds(baseline)
+            log(f"drafting cost of {d.name} on this curve: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms "
+                f"per depth + {1e3 * per_node:.3f} ms per node ({d.drafting_cost.per_depth:.2f} of a pass per depth)")
+    for d in drafters:
+        if d.drafting_step is not None:
+            curves[d.name] = measure_cost_curve(target, cost_sizes, past_len=context, before=d.drafting_step())
+            d.drafter.reset()
+            log(f"  after {d.name}'s drafting: " + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in
+                                                           curves[d.name].items()))
+    # the loop's own work around each pass (walk, compaction, masks, Python), timed in the loop at this context
+    engine = measure_engine_cost(target, past_len=context)
+    log(f"engine, beyond the curve's pass: {1e3 * engine.vanilla:.2f} ms per vanilla step, {1e3 * engine.fixed:.2f} ms "
+        f"+ {1e3 * engine.per_node:.3f} ms per tree node per speculative step")
+    # each drafter's own trees (DrafterSpec.trees, e.g. Spec-Bench's one per method), else the run's
+    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs)
+               for rule in rules]
+    for _ in range(2):  # the curves at the sizes the trees have; "auto" may choose again on the finer curve
+        costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}
+        resolved = [resolve_tree(spec, d, costs[d.name], max_nodes, rule=rule)[0] for d, spec, rule in planned]
+        measure_tree_sizes(target, drafters, planned, resolved, curve, curves, context, log)
+    costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}
+    configs, meta, skipped, seen = [], {}, [], {}
+    for d, spec, rule in planned:
+        tree, reason = resolve_tree(spec, d, costs[d.name], max_nodes, rule=rule)
+        name = f"{d.name} | {spec_label(spec)}" + (f" | {rule}" if len(rules) > 1 else "")
+        if tree is not None and rule == "block" and not (isinstance(tree, Tree) and tree.is_chain):
+            tree, reason = None, "block verification verifies chains"
+        if tree is None:
+            log(f"  skip {name}: {reason}")
+            skipped.append({"config": name, "drafter": d.name, "tree": spec_label(spec), "reason": reason})
+            continue
+        same_as = seen.setdefault((d.name, rule, tree), name) if isinstance(tree, Tree) else name
+        if same_as != name:
+            log(f"  {name}: the tree of {same_as}, measured once for both")
+        configs.append({"name": name, "drafter": d.name, "rule": rule, "tree_spec": tree_to_spec(tree),
+                        "same_as": same_as if same_as != name else None})
+        # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
+        source = d.tau_source(rule)
+        pred = predict(tree, source, costs[d.name]) \
+            if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None
+        # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
+        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill)
+                                  for p in prompt_info) if pred else None
+        meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
+                      "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
+                      "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
+                      "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
+                      "predicted_step_ms": 1e3 * pred.step_cost if pred else None,
+                      "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name),
+                      **({"same_tree_as": same_as} if same_as != name else {})}
+    meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
+                       "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
+    return {"cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill, "configs": configs,
+            "meta": meta, "skipped": skipped, "engine": engine.record(),
+            "cost_models": {name: c.record() for name, c in costs.items()}}
+
+
+def measure_tree_sizes(target, drafters: list[DrafterSpec], planned: list, resolved: list, curve: dict,
+                       curves: dict, context: int, log=print) -> None:
+    """Add to each drafter's curve (``curves[name]``, timed after its drafting calls, else the target's ``curve``)
+    the sizes its resolved trees verify that it lacks. A CPU's pass is not smooth in N: on the code reference a pass
+    over 3 tokens took longer than one over 4 or 5 (docs/results.md, "Drafting measured in the loop"), which a
+    curve at powers of two interpolates away."""
+    by_name = {d.name: d for d in drafters}
+    sizes: dict[str, set[int]] = {}
+    for (d, _, _), tree in zip(planned, resolved, strict=True):
+        if isinstance(tree, Tree) and len(tree):
+            own = curves.get(d.name, curve)
+            if tree.num_nodes not in own:
+                sizes.setdefault(d.name if d.name in curves else "", set()).add(tree.num_nodes)
+    for name, missing in sizes.items():
+        step = by_name[name].drafting_step() if name else None
+        extra = measure_cost_curve(target, tuple(sorted(missing)), past_len=context, before=step)
+        if name:
+            by_name[name].drafter.reset()
+        own = curves[name] if name else curve
+        merged = dict(sorted({**own, **extra}.items()))  # kept in order of size, as measured ones are
+        own.clear()
+        own.update(merged)
+        log(f"  at the trees' own sizes{f' after {name} drafting' if name else ''}: "
+            + ", ".join(f"N={n}: {1e3 * t:.1f} ms" for n, t in sorted(extra.items())))

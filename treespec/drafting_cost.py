@@ -1,0 +1,167 @@
+"""A drafter's cost per decoding step, measured in the decoding loop itself (``DraftingCost``), as the engine's own
+cost is (treespec/engine_cost.py).
+
+Why in the loop: a drafter's calls timed alone miss how decoding drives them. An EAGLE step's first call feeds
+the tokens the last step accepted (τ of them), and every later depth only the frontier (one node on a chain), while a
+timing call feeds a fixed number; a call timed ten times in a row also finds its weights warm where decoding finds
+them pushed out by a target pass. On the code reference, calls timed alone put an EAGLE depth at 0.46 of a target
+pass where decoding spent 0.28-0.38, and every speedup was predicted low (docs/results.md, "Drafting measured in the
+loop").
+
+How: generate() decodes a few real prompts with the drafter itself, once per calibration tree (chains and
+branching trees), a ``CallTimer`` timing each of the drafter's calls: a step's proposal (the median over the steps
+that drafted the whole tree) and its updates.
+Right before each generation the target's one-token pass is timed alone, and each generation's drafting per pass is
+taken as a fraction of it, so a machine that speeds up or slows down between this and the cost curve moves neither.
+The fractions are fitted as fixed + per_depth · depth + per_node · nodes (``fit_drafting``), each term ≥ 0, and put
+on the cost model's own pass (``DraftingCost.on``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+
+from treespec.drafter import Drafter
+from treespec.generate import generate
+from treespec.timing import DRAFT, UPDATE, StepTimer, forward_time
+from treespec.tree import Tree
+
+#: the trees drafting is timed on (depth, nodes with the root): chains 2 and 6, a binary tree of depth 3, and a
+#: wide shallow one, so that depth and width each move the fit
+DRAFTING_TREES = (Tree.chain(2), Tree.chain(6), Tree.full(2, 3), Tree.full(4, 2))
+
+
+class DraftingCost(NamedTuple):
+    """A drafter's cost per decoding step as fractions of the target's one-token pass timed alongside, and that
+    pass's seconds then: ``fixed`` per step, ``per_depth`` per drafted depth, ``per_node`` per tree node (root
+    included). ``on(t)``: the three in seconds beside a one-token pass of ``t`` seconds."""
+
+    fixed: float
+    per_depth: float
+    target_pass: float  # seconds of the one-token pass timed alongside
+    per_node: float = 0.0
+
+    def on(self, one_token_pass: float | None = None) -> tuple[float, float, float]:
+        t = self.target_pass if one_token_pass is None else one_token_pass
+        return self.fixed * t, self.per_depth * t, self.per_node * t
+
+
+NO_DRAFTING = DraftingCost(0.0, 0.0, 0.0)
+
+
+def fit_drafting(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """(fixed, per_depth, per_node) of points (tree depth, tree nodes, drafting per step) by least squares, every
+    term ≥ 0: among the fits of each subset of the terms whose coefficients are all ≥ 0, the one with the smallest
+    residual (a drafter that fills its tree at once has no per-depth cost, a chain-only drafter no per-node one)."""
+    if not points:
+        raise ValueError("fit_drafting needs at least one (depth, nodes, seconds) point")
+    columns = {"fixed": [1.0] * len(points), "per_depth": [float(d) for d, _, _ in points],
+               "per_node": [float(n) for _, n, _ in points]}
+    y = torch.tensor([[float(s)] for _, _, s in points], dtype=torch.float64)
+    best, best_residual = {}, float(y.square().sum())  # no term at all: nothing is charged
+    for size in (1, 2, 3):
+        for terms in itertools.combinations(columns, size):
+            x = torch.tensor([list(row) for row in zip(*(columns[t] for t in terms), strict=True)], dtype=torch.float64)
+            coef = torch.linalg.lstsq(x, y, driver="gelsd").solution[:, 0]
+            if (coef < 0).any():
+                continue
+            residual = float((x @ coef[:, None] - y).square().sum())
+            if residual < best_residual - 1e-15:
+                best, best_residual = dict(zip(terms, coef.tolist(), strict=True)), residual
+    return best.get("fixed", 0.0), best.get("per_depth", 0.0), best.get("per_node", 0.0)
+
+
+def calibration_trees(max_depth: int | None = None, trees=DRAFTING_TREES) -> list[Tree]:
+    """``trees`` cut to a drafter's deepest tree (Medusa: its heads); a chain deeper than that becomes a chain of
+    that depth, a full tree keeps its width."""
+    if max_depth is None:
+        return list(trees)
+    out = []
+    for tree in trees:
+        depth = min(tree.depth, max_depth)
+        fitted = tree if depth == tree.depth else Tree.chain(depth) if tree.is_chain else \
+            Tree.full(len(tree.children[0]), depth)
+        if fitted not in out:
+            out.append(fitted)
+    return out
+
+
+class CallTimer(StepTimer):
+    """A StepTimer that also keeps each timed call's seconds, in order, per part: generate()'s drafter calls are
+    its prefill, then one proposal per verification pass (and, as rows retire, ``keep_rows``)."""
+
+    def __init__(self, synchronize: bool = True, device=None):
+        super().__init__(synchronize, device)
+        self.calls = {part: [] for part in self.seconds}
+
+    @contextmanager
+    def timing(self, part: str):
+        before = self.seconds[part]
+        with super().timing(part):
+            yield
+        self.calls[part].append(self.seconds[part] - before)
+
+
+def whole_tree_steps(accept_lengths: list[int], depth: int, max_new_tokens: int) -> list[int]:
+    """The steps (0-based) that drafted the whole tree: generate() cuts a step's tree to the tokens its budget has
+    left (``step_tree_of``), so near the end a step drafts less, which is not the cost of the tree."""
+    committed, steps = 1, []  # the prefill commits the first token
+    for i, accepted in enumerate(accept_lengths):
+        if max_new_tokens - committed - 1 >= depth:
+            steps.append(i)
+        committed += accepted
+    return steps
+
+
+def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAFTING_TREES,
+                          max_new_tokens: int = 32, batch: int = 1) -> DraftingCost:
+    """``drafter``'s DraftingCost (module docstring) on ``target``, decoding each of ``prompts`` ([1, P] token ids;
+    each as ``batch`` rows) greedily once per calibration tree, after one untimed generation (lazy
+    initialisation). A generation's drafting is its median proposal over the steps that drafted the whole tree,
+    plus its updates per pass (the prefill's drafting call is not a step's); each tree's fraction is the median
+    over prompts."""
+    if not prompts:
+        raise ValueError("measure_drafting_cost needs at least one prompt to decode")
+    trees = calibration_trees(drafter.max_tree_depth, trees)
+    rows = [p.to(target.device).expand(batch, -1) for p in prompts]
+    generate(target, rows[0], drafter=drafter, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
+    drafter.reset()
+    fractions, passes = {tree: [] for tree in trees}, []
+    for prompt in rows:
+        for tree in trees:
+            alone = forward_time(target, n_tokens=1, past_len=prompt.shape[1], repeats=8, batch=batch)
+            timer = CallTimer(synchronize=True, device=target.device)
+            result = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
+                              observer=timer)
+            drafter.reset()
+            proposals = timer.calls[DRAFT][1 : 1 + result.target_passes]  # after the prefill's call
+            whole = whole_tree_steps(result.rows[0].accept_lengths, tree.depth, max_new_tokens)
+            if not whole:
+                continue
+            drafting = statistics.median(proposals[i] for i in whole)
+            updates = timer.seconds[UPDATE] / max(1, result.target_passes)  # accept (and observe_pass) per pass
+            fractions[tree].append((drafting + updates) / alone)
+            passes.append(alone)
+    points = [(tree.depth, tree.num_nodes, statistics.median(f)) for tree, f in fractions.items() if f]
+    if not points:
+        raise ValueError(f"max_new_tokens={max_new_tokens} left no step of any calibration tree whole: raise it")
+    fixed, per_depth, per_node = fit_drafting(points)
+    return DraftingCost(fixed, per_depth, statistics.median(passes), per_node)
+
+
+def own_text_prompts(target, count: int = 2, seed_tokens: int = 16, length: int = 96, seed: int = 0
+                     ) -> list[torch.Tensor]:
+    """``count`` prompts ([1, ``seed_tokens`` + ``length``]) of text the target writes itself, greedily, after a few
+    random tokens: where no real prompt is at hand (a drafter's first use in generate()), decoding goes on from the
+    target's own text, which a drafter trained on it accepts as it will in use, where random tokens it would not."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    out = []
+    for i in range(count):
+        start = torch.randint(0, vocab, (1, seed_tokens), generator=torch.Generator().manual_seed(seed + i))
+        out.append(generate(target, start.to(target.device), max_new_tokens=length).sequences)
+    return out
