@@ -26,7 +26,7 @@ from treespec.heads.medusa import Medusa
 from treespec.host_reads import reads_per_step
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
-from treespec.train.compare import harness
+from treespec.train.compare import setup_costs
 from treespec.train.compare.job import run_from_config
 from treespec.walker import row_by_row
 
@@ -317,8 +317,8 @@ def test_the_comparison_runs_drafter_combined(tmp_path, monkeypatch):
     """conf/drafter/combined.yaml in the comparison: its parts (suffix, eagle3) made as they are alone, combined, run
     beside vanilla and reported, with the line that makes it again. The setup's timing (the target's cost curve and
     the engine's cost per step, for predictions a combination has none of) is stubbed."""
-    monkeypatch.setattr(harness, "measure_engine_cost", lambda target, **kw: EngineCost())
-    monkeypatch.setattr(harness, "measure_cost_curve", lambda target, sizes, **kw: {n: 1e-3 * n for n in sizes})
+    monkeypatch.setattr(setup_costs, "measure_engine_cost", lambda target, **kw: EngineCost())
+    monkeypatch.setattr(setup_costs, "measure_cost_curve", lambda target, sizes, **kw: {n: 1e-3 * n for n in sizes})
     cfg = compose_cfg("compare", ["drafters=[combined]", "prompts=1", "max_new_tokens=8", "cost_sizes=[1,2]",
                                   "peers=false", "assistant=null", "logger=none", "threads=1",
                                   "trees=[{kind: default}, {kind: chain, depth: 2}]",

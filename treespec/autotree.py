@@ -33,6 +33,8 @@ treespec/engine_cost.py; the drafting terms are measured in the loop too, by tre
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +44,7 @@ from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
 from treespec.io import atomic_write_json, read_json
-from treespec.timing import forward_time, median_time
+from treespec.timing import forward_steps, median_time, wait_for
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -55,12 +57,24 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
     ``batch`` rows (a batch's cost curve is over B × N tokens). ``before``: a drafting call to run (untimed)
     ahead of each forward, so the curve is what verification costs while that drafter alternates with the
     target (its weights push the target's out of the caches)."""
-    # two passes, sizes up then down, and each size's faster median: a slow spell of a shared machine during one
-    # pass (once a one-token forward at 5.7 ms against 4.5 ms in the same run's decoding) does not set the curve
-    passes = [{n: forward_time(model, n_tokens=n, past_len=past_len, repeats=repeats, before=before, batch=batch)
-               for n in order}
-              for order in (sorted(sizes), sorted(sizes, reverse=True))]
-    return {n: min(p[n] for p in passes) for n in sizes}
+    # sizes interleaved forward by forward (up, then down, 2 × ``repeats`` rounds), each size the median of its
+    # forwards: a shared machine's slow spell then falls on every size alike and bends no part of the curve. Timed
+    # size by size, a spell on one size once put a pass over 5 tokens below one over 4 (docs/results.md,
+    # "Drafting measured in the loop")
+    sizes = sorted({int(n) for n in sizes})
+    steps = forward_steps(model, sizes, past_len, batch=batch)
+    times = {n: [] for n in sizes}
+    for round_ in range(2 * repeats + 1):  # the first round untimed: lazy initialisation
+        for n in sizes if round_ % 2 == 0 else sizes[::-1]:
+            if before is not None:
+                before()
+            wait_for()
+            start = time.perf_counter()
+            steps[n]()
+            wait_for()
+            if round_:
+                times[n].append(time.perf_counter() - start)
+    return {n: statistics.median(times[n]) for n in sizes}
 
 
 def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:

@@ -94,21 +94,32 @@ def forward_time(model, n_tokens: int = 1, past_len: int = 256, repeats: int = 3
                        before=before)
 
 
-@torch.no_grad()
 def forward_step(model, n_tokens: int = 1, past_len: int = 256, *, preallocate: bool = True,
                  batch: int = 1) -> Callable[[], None]:
     """A call that runs one forward over ``n_tokens`` new tokens per row after ``past_len`` cached ones, for
     ``batch`` rows, for timing."""
+    return forward_steps(model, [n_tokens], past_len, preallocate=preallocate, batch=batch)[n_tokens]
+
+
+@torch.no_grad()
+def forward_steps(model, sizes, past_len: int = 256, *, preallocate: bool = True, batch: int = 1
+                  ) -> dict[int, Callable[[], None]]:
+    """{N: a call that runs one forward over N new tokens per row after ``past_len`` cached ones} for each of
+    ``sizes``, for ``batch`` rows, all on one cache of that prefix (each call leaves it as it found it)."""
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (batch, past_len), generator=gen).to(model.device)
-    new = torch.randint(0, vocab, (batch, n_tokens), generator=gen).to(model.device)
     cache = TreeCache(model.config, preallocate=preallocate)
     model(input_ids=prefix, **cache_arg(cache), use_cache=True)
 
-    @torch.no_grad()
-    def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
-        model(input_ids=new, **cache_arg(cache), use_cache=True)
-        cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+    def step_of(n_tokens: int) -> Callable[[], None]:
+        new = torch.randint(0, vocab, (batch, n_tokens), generator=gen).to(model.device)
 
-    return step
+        @torch.no_grad()
+        def step():  # the new tokens' entries are dropped again so every call sees past_len cached ones
+            model(input_ids=new, **cache_arg(cache), use_cache=True)
+            cache.crop(-n_tokens)  # transformers 5: a negative count removes the newest entries
+
+        return step
+
+    return {int(n): step_of(int(n)) for n in sizes}
