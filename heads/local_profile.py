@@ -26,6 +26,9 @@ from treespec.heads.kind import drafting_step
 from treespec.profile_cache import cached, cost_key, fingerprint, key, machine, measured_here
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+#: how a cost record was measured; a folder's record of another format is measured again. 2: drafting timed in the
+#: decoding loop (treespec/drafting_cost.py), with a per-node term
+COST_FORMAT = 2
 PAST_LEN = 256  # cached tokens the cost curve is timed after (the comparison times at its prompts' context)
 
 
@@ -44,7 +47,7 @@ def files_fingerprint(folder) -> str:
 def about(target, drafter_key: str, past_len: int = PAST_LEN) -> dict:
     """What a cost record says it was measured for: the device and machine, the target, the drafter's weights."""
     return {"device": str(target.device), "machine": machine(target.device), "target": fingerprint(target),
-            "drafter": drafter_key, "past_len": past_len}
+            "drafter": drafter_key, "past_len": past_len, "cost_format": COST_FORMAT}
 
 
 def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES,
@@ -67,7 +70,8 @@ def cost_record(target, drafter, folder, log=print) -> dict:
     measured here for these models, else the cache's, else measured now and cached."""
     drafter_key = files_fingerprint(folder)
     saved = read_cost_curve(folder)
-    if measured_here(saved, target) and saved.get("drafter") == drafter_key:
+    if measured_here(saved, target) and saved.get("drafter") == drafter_key and \
+            saved.get("cost_format") == COST_FORMAT:  # an older one was timed otherwise: measured again
         return saved
     return cached("cost_model", cost_key(target, drafter_key),
                   lambda: measure_cost_model(target, drafter).record(**about(target, drafter_key)), log)

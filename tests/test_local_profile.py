@@ -81,6 +81,12 @@ def test_a_folders_own_curve_is_used_only_when_measured_here(eagle_folder, monke
                     **local_profile.about(target, local_profile.files_fingerprint(folder)))
     assert measured_here(read_cost_curve(folder), target)
     assert load_profile(folder, target, log=lambda *_: None).costs == mine and len(calls) == 1
+    # written before drafting was timed in the decoding loop (an older cost_format, or none): not used; this
+    # machine's measurement (cached when the first file was refused above) is
+    older = read_cost_curve(folder)
+    del older["cost_format"]
+    (folder / "cost_curve.json").write_text(json.dumps(older))
+    assert load_profile(folder, target, log=lambda *_: None).costs == FAKE and len(calls) == 1
 
 
 def test_measuring_a_cost_model_fills_every_field(eagle_folder):

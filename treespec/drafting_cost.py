@@ -4,15 +4,14 @@ cost is (treespec/engine_cost.py).
 Why in the loop: a drafter's calls timed alone miss how decoding drives them. An EAGLE step's first call feeds
 the tokens the last step accepted (τ of them), and every later depth only the frontier (one node on a chain), while a
 timing call feeds a fixed number; a call timed ten times in a row also finds its weights warm where decoding finds
-them pushed out by a target pass. On the code reference, calls timed alone put an EAGLE depth at 0.46 of a target
-pass where decoding spent 0.28-0.38, and every speedup was predicted low (docs/results.md, "Drafting measured in the
-loop").
+them pushed out by a target pass. Timed alone, an EAGLE depth came out well above what decoding spent on it, and
+every speedup was predicted low (docs/results.md, "Drafting measured in the loop").
 
 How: generate() decodes a few real prompts with the drafter itself, once per calibration tree (chains and
 branching trees), a ``CallTimer`` timing each of the drafter's calls: a step's proposal (the median over the steps
-that drafted the whole tree) and its updates.
-Right before each generation the target's one-token pass is timed alone, and each generation's drafting per pass is
-taken as a fraction of it, so a machine that speeds up or slows down between this and the cost curve moves neither.
+that drafted the whole tree) and its updates. Right before each generation the target's one-token pass is timed
+alone, and each generation's drafting per pass is taken as a fraction of it, so a machine that speeds up or slows
+down between this and the cost curve moves neither.
 The fractions are fitted as fixed + per_depth · depth + per_node · nodes (``fit_drafting``), each term ≥ 0, and put
 on the cost model's own pass (``DraftingCost.on``).
 """

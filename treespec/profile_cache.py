@@ -22,7 +22,9 @@ import torch
 from treespec.gguf_models import cache_root
 from treespec.io import atomic_write_json, read_json
 
-FORMAT = 1  # bump when what a cached record means changes: older entries are then measured again
+# bump when what a cached record means changes: older entries are then measured again (2: drafting timed in the
+# decoding loop, with a per-node term)
+FORMAT = 2
 WHAT = {"cost_model": "cost model on this machine", "chain_tau": "chain τ at this sampling"}  # for the log line
 
 
