@@ -179,4 +179,11 @@ def test_observer_charges_a_drafters_update_apart_from_its_proposals(target, pro
     rows = rows_of({"vanilla": [Measured.of(vanilla)], "recycling": [Measured.of(timed)]})
     parts = step_parts(rows[1])
     assert parts["update"] > 0 and parts["draft"] > 0 and parts["target"] > 0
-    assert sum(parts.values()) == pytest.approx(1e3 * timed.wall_time / timed.target_passes, rel=1e-3)
+    # the prefill is no pass's: kept apart (its target forward and the drafter's prefill), left out of the split
+    assert 0 < timed.prefill_target_time < timed.prefill_time < timed.wall_time
+    assert 0 <= timed.prefill_draft_time < timed.draft_time and vanilla.prefill_draft_time == 0.0
+    passes = timed.target_passes
+    assert parts["target"] == pytest.approx(1e3 * (timed.target_time - timed.prefill_target_time) / passes, rel=1e-3)
+    assert sum(parts.values()) == pytest.approx(1e3 * (timed.wall_time - timed.prefill_time) / passes, rel=1e-3)
+    untimed = generate(target, prompt, max_new_tokens=4)
+    assert 0 < untimed.prefill_time < untimed.wall_time and untimed.prefill_target_time == 0.0

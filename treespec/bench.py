@@ -67,6 +67,9 @@ class Measured(TimedRun):
     draft_time: float = 0.0
     update_time: float = 0.0  # part of draft_time: the drafter updated from verified passes (observe_pass, accept)
     walk_time: float = 0.0
+    prefill_time: float = 0.0         # of wall_time: the prefill, and its parts in target_time and draft_time
+    prefill_target_time: float = 0.0
+    prefill_draft_time: float = 0.0
     vanilla_tokens_per_s: float | None = None  # the vanilla run this one's ratio is to, when it is not the
     #                                             prompt's own (a resumed prompt: module docstring)
 
@@ -75,7 +78,9 @@ class Measured(TimedRun):
         return cls(new_tokens=int(result.new_tokens), wall_time=float(result.wall_time),
                    accept_lengths=[int(n) for n in result.accept_lengths], target_passes=int(result.target_passes),
                    target_time=float(result.target_time), draft_time=float(result.draft_time),
-                   update_time=float(result.update_time), walk_time=float(result.walk_time))
+                   update_time=float(result.update_time), walk_time=float(result.walk_time),
+                   prefill_time=float(result.prefill_time), prefill_target_time=float(result.prefill_target_time),
+                   prefill_draft_time=float(result.prefill_draft_time))
 
 
 WARMUP_TOKENS = 8  # a warm-up generation's budget: a few steps of every configuration initialise what is lazy
@@ -98,16 +103,23 @@ class Row:
     prompt_new_tokens: list[int] = field(default_factory=list)      # tokens each prompt run generated
     draft_time_per_pass: float = float("nan")  # seconds in drafter.propose/accept per verification pass
     walk_time_per_pass: float = float("nan")   # seconds in the walker (walker.py) per verification pass
-    # where a pass's wall time goes (prefill included, spread over the passes): the target's forwards, the drafter's
+    # where a pass's wall time goes (the prefill left out: it is no pass's): the target's forwards, the drafter's
     # updates from verified passes (part of draft_time_per_pass), and the whole wall time
     target_time_per_pass: float = float("nan")
     update_time_per_pass: float = float("nan")
     wall_time_per_pass: float = float("nan")
 
 
+#: each part's share of the prefill (Measured fields): what a per-pass time leaves out
+PREFILL_SHARE = {"wall_time": "prefill_time", "target_time": "prefill_target_time", "draft_time": "prefill_draft_time"}
+
+
 def _per_pass(outs: list[Measured], part: str) -> float:
-    """Seconds of that part (a Measured field) per verification pass, over every prompt run."""
-    return sum(getattr(o, part) for o in outs) / max(1, sum(o.target_passes for o in outs))
+    """Seconds of that part (a Measured field) per verification pass, over every prompt run, the prefill's share
+    left out (a run journaled before it was kept has none: its prefill stays in)."""
+    prefill = PREFILL_SHARE.get(part)
+    spent = sum(getattr(o, part) - (getattr(o, prefill) if prefill else 0.0) for o in outs)
+    return spent / max(1, sum(o.target_passes for o in outs))
 
 
 def step_parts(row: Row) -> dict[str, float] | None:

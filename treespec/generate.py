@@ -152,6 +152,8 @@ def generate(
     # one generation at a time per drafter (it holds the rows' state); with compile, its depth steps compiled too
     with in_use(run.drafter), compiled_steps(run.drafter, inputs.compile, capacity):
         state = prefill(run, inputs)
+        prefill_parts = {} if observer is None else dict(observer.seconds)  # kept out of the per-pass split
+        prefill_time = clock(observer) - start
         retire(run, state)
         while state.rows:
             step_tree = step_tree_of(run, state)
@@ -169,7 +171,9 @@ def generate(
                             target_time=spent.get(TARGET, 0.0),
                             draft_time=spent.get(DRAFT, 0.0) + spent.get(UPDATE, 0.0),
                             update_time=spent.get(UPDATE, 0.0), walk_time=spent.get(WALK, 0.0), rows=rows,
-                            passes=state.passes, tree=inputs.tree)
+                            passes=state.passes, tree=inputs.tree, prefill_time=prefill_time,
+                            prefill_target_time=prefill_parts.get(TARGET, 0.0),
+                            prefill_draft_time=prefill_parts.get(DRAFT, 0.0))
 
 
 def prefill(run: Run, inputs: Inputs) -> DecodeState:

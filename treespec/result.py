@@ -54,6 +54,9 @@ class GenerationResult(TimedRun):
     tree: Tree | DynamicTree | None = None           # the tree every step verified (Tree / DynamicTree): what a
     #                                                  spec such as {"kind": "auto"} resolved to; Tree.chain(0) when
     #                                                  nothing was drafted
+    prefill_time: float = 0.0                        # seconds of the prefill (target and drafter), in wall_time
+    prefill_target_time: float = 0.0                 # of which in the target's forward, in target_time (observer)
+    prefill_draft_time: float = 0.0                  # and in the drafter's prefill, in draft_time (observer)
 
     # ``sequences``: the prompts as given (left padding kept), then each row's new tokens and, after a row's eos,
     # the pad id up to T, the longest row's new tokens. ``accept_lengths``: one row's, or every row's one row

@@ -5,7 +5,8 @@ drafter's best configuration, as measured in the run's own decoding (treespec.be
 forwards over the tree, the drafter proposing (a draft model's or a head's depths, a model-free index's
 retrieval), the drafter updating from the verified pass (Token Recycling's matrix, SuffixDecoding's trie, EAGLE's
 accepted features), the walker, and the rest of the engine's host work (masks, the cache's compaction, Python).
-The parts sum to the pass's wall time; the prompts' prefill is spread over the passes, in the target's part.
+The parts sum to the pass's wall time. The prefill (the target's forward over the prompt and the drafter's own
+prefill) is no pass's and is left out (a run journaled before it was kept apart has it spread over the passes).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def markdown(a: dict) -> list[str]:
     if not rows:
         return []
     note = ("Milliseconds per verification pass by part, each drafter's best configuration (share of the pass in "
-            "brackets): the target's forwards (prefill included, spread over the passes), the drafter proposing its "
+            "brackets), the prefill left out: the target's forwards, the drafter proposing its "
             "tree (retrieval, draft depths), the drafter updating from the verified pass (an index's update, "
             "accepted features), the walker, and the engine's other host work. \"ms per token\": the pass ÷ τ.")
     return ["## Time per pass", ""] + md_table(header, rows) + ["", note]
