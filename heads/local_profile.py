@@ -23,13 +23,15 @@ from treespec.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_cu
 from treespec.drafting_cost import measure_drafting_cost, own_text_prompts
 from treespec.engine_cost import measure_engine_cost
 from treespec.heads.kind import drafting_step
-from treespec.profile_cache import cached, cost_key, fingerprint, key, machine, measured_here
+from treespec.profile_cache import cached, cost_key, entry, fingerprint, key, machine, measured_here
+from treespec.timing import busy_cores, usable_cores
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 #: how a cost record was measured; a folder's record of another format is measured again. 2: drafting timed in the
 #: decoding loop (treespec/drafting_cost.py), with a per-node term
 COST_FORMAT = 2
 PAST_LEN = 256  # cached tokens the cost curve is timed after (the comparison times at its prompts' context)
+BUSY = 0.5  # cores busy with other work from which a measurement is flagged
 
 
 def files_fingerprint(folder) -> str:
@@ -73,8 +75,28 @@ def cost_record(target, drafter, folder, log=print) -> dict:
     if measured_here(saved, target) and saved.get("drafter") == drafter_key and \
             saved.get("cost_format") == COST_FORMAT:  # an older one was timed otherwise: measured again
         return saved
-    return cached("cost_model", cost_key(target, drafter_key),
-                  lambda: measure_cost_model(target, drafter).record(**about(target, drafter_key)), log)
+    name = cost_key(target, drafter_key)
+
+    def measure() -> dict:
+        busy = other_work(target, entry("cost_model", name), log)
+        return measure_cost_model(target, drafter).record(**about(target, drafter_key), busy_cores=busy)
+
+    return cached("cost_model", name, measure, log)
+
+
+def other_work(target, where: Path, log=print, cores: int | None = None) -> float | None:
+    """The cores other work keeps busy right before a cost model is measured (``timing.busy_cores``; None off the
+    CPU or without /proc/stat), kept in the record. A model measured on a busy machine is cached all the same, and
+    its "auto" may then choose no speculation where an idle machine gains (docs/usage.md): so say so, and where
+    the entry lives."""
+    if target.device.type != "cpu":
+        return None
+    cores = cores or usable_cores()
+    busy = busy_cores(cores)
+    if busy is not None and busy >= BUSY:
+        log(f"warning: {busy:.1f} of {cores} cores were busy with other work as this cost model was measured; it is "
+            f"cached as measured: delete {where} to measure it again on an idle machine")
+    return busy
 
 
 def chain_tau_measurer(target, folder, log=print) -> Callable:

@@ -4,6 +4,7 @@ chain τ of sampled candidates when auto first needs it, and the error when neit
 or only counted: nothing here asserts a speed."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,3 +209,21 @@ def test_a_shipped_drafter_sampling_under_block_measures_its_chain_tau(tmp_path,
     held = profile.chain_tau_at(Sampling(1.0))
     assert out.tree.is_chain and out.tree == auto_chooser(FAKE)(held.source("block"), 64)
     assert held.drafts > 0 and held.tau["block"][0] == 1.0
+
+
+def test_a_cost_model_measured_on_a_busy_machine_says_so_and_where_it_is_cached(eagle_folder, monkeypatch):
+    """The cores other work kept busy are kept in the record; from half a core on, the log says the model is
+    cached as measured and names the file to delete (a busy machine's model would steer "auto" for good)."""
+    target, folder = eagle_folder
+    counting(monkeypatch, local_profile, "measure_cost_model", FAKE)
+    monkeypatch.setattr(local_profile, "busy_cores", lambda cores: 1.5)
+    lines = []
+    record = local_profile.cost_record(target, load(folder, target), folder, log=lines.append)
+    assert record["busy_cores"] == 1.5
+    warning = [line for line in lines if line.startswith("warning:")]
+    assert len(warning) == 1 and "1.5 of" in warning[0]
+    cached_file = warning[0].split("delete ")[1].split(" to measure")[0]
+    assert Path(cached_file).is_file()  # the entry it names is the one written
+    monkeypatch.setattr(local_profile, "busy_cores", lambda cores: 0.1)
+    assert local_profile.other_work(target, Path(cached_file), log=lines.append, cores=2) == 0.1
+    assert len([line for line in lines if line.startswith("warning:")]) == 1  # idle: nothing said

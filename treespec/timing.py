@@ -10,6 +10,7 @@ as its ``observer``, does.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -123,3 +124,29 @@ def forward_steps(model, sizes, past_len: int = 256, *, preallocate: bool = True
         return step
 
     return {int(n): step_of(int(n)) for n in sizes}
+
+
+def busy_cores(cores: int, seconds: float = 0.5) -> float | None:
+    """How many cores other work keeps busy now: the non-idle share of /proc/stat's CPU time over ``seconds``,
+    times ``cores``; None where /proc/stat is missing. Not the load average: its minute-long memory still counts a
+    job that just ended (``scripts/setup.sh``'s pip, an earlier run), and a run started right after one took a
+    single thread of an idle machine."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return cores * (1 - (idle1 - idle0) / (total1 - total0))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -14,26 +14,7 @@ import time
 
 import torch
 
-
-def busy_cores(cores: int, seconds: float = 0.5) -> float | None:
-    """How many cores other work keeps busy now: the non-idle share of /proc/stat's CPU time over ``seconds``,
-    times ``cores``; None where /proc/stat is missing. Not the load average: its minute-long memory still counts a
-    job that just ended (``scripts/setup.sh``'s pip, an earlier run), and a run started right after one took a
-    single thread of an idle machine."""
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    if total1 <= total0:
-        return None
-    return cores * (1 - (idle1 - idle0) / (total1 - total0))
+from treespec.timing import busy_cores, usable_cores
 
 
 def default_threads(device: str = "cpu") -> tuple[int | None, str]:
@@ -44,7 +25,7 @@ def default_threads(device: str = "cpu") -> tuple[int | None, str]:
         return None, ""
     if os.environ.get("OMP_NUM_THREADS"):
         return None, f"threads: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (threads=N sets them)"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     busy, what = busy_cores(cores), "busy now"
     if busy is None:
         try:
