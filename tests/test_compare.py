@@ -389,3 +389,22 @@ def test_generate_auto_chooses_the_comparisons_tree(tmp_path):
     label = "none" if not len(tree) else f"chain γ={tree.depth}" if tree.is_chain else \
         f"{len(tree)} nodes, depth {tree.depth}"
     assert f"| draft | auto → {label} |" in md
+
+
+def test_a_trees_own_size_is_put_on_the_curves_footing(monkeypatch):
+    """The sizes a run's trees verify are timed beside the curve's own sizes around them and scaled by those
+    anchors' ratio: timed in a spell twice as slow as the curve's, they still land on the curve's footing."""
+    from treespec.train.compare import setup_costs
+    from treespec.train.compare.configurations import DrafterSpec
+
+    curve = {1: 1.0, 2: 2.0, 4: 3.0, 8: 4.0, 16: 5.0}
+    slow = {1: 2.0, 2: 4.0, 3: 5.0, 4: 6.0, 5: 7.0, 8: 8.0, 16: 10.0}  # the machine twice as slow now
+    timed = []
+    monkeypatch.setattr(setup_costs, "measure_cost_curve",
+                        lambda target, sizes, **kw: timed.append(sizes) or {n: slow[n] for n in sizes})
+    d = DrafterSpec("prompt_lookup", drafter=None)
+    planned = [(d, {"kind": "chain", "depth": 2}, "rejection"), (d, {"kind": "chain", "depth": 4}, "rejection")]
+    setup_costs.measure_tree_sizes(None, [d], planned, [Tree.chain(2), Tree.chain(4)], curve, {}, 8,
+                                   log=lambda *_: None)
+    assert timed == [(1, 2, 3, 4, 5, 8)]  # the missing sizes and the curve's up to twice the largest
+    assert curve[3] == pytest.approx(2.5) and curve[5] == pytest.approx(3.5) and list(curve) == sorted(curve)
