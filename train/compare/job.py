@@ -86,24 +86,20 @@ def rank_accuracy_on(kind, target, module, held: HeldOutText, sampling: Sampling
     return out
 
 
-def calibration_prompts(held: HeldOutText | None, prompts: list[torch.Tensor], count: int = 2) -> list[torch.Tensor]:
+def calibration_prompts(held: HeldOutText, count: int = 2) -> list[torch.Tensor]:
     """What drafting is timed on in the loop (treespec/drafting_cost.py): the first ``count`` held-out windows, whole
-    (decoding goes on from the target's own text, so the drafter accepts as it will), else the first timed
-    prompts (a workload with nothing held out; only the cost is taken from them)."""
-    if held is None:
-        return [p.reshape(1, -1) for p in prompts[:count]]
-    rows = [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])]
-    return rows[:count]
+    (decoding goes on from the target's own text, so the drafter accepts as it will). A drafter is timed only when
+    it is predicted, which needs the held-out windows its accuracies or chain τ came from."""
+    return [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])][:count]
 
 
-def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print,
-                  calibration=lambda: []) -> list[DrafterSpec]:
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
     target's own continuations of the workload's held-out part, what verification will see; the accuracies
     shipped beside a drafter were measured on human-written text and underestimate τ.
-    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head);
-    ``calibration()`` the prompts a predicted drafter's drafting is timed on, in the loop."""
+    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
+    drafter's drafting is timed in the loop on the first held-out windows (``calibration_prompts``)."""
     specs = []
     missing = unshipped(cfg, drafter_labels(cfg))
     for label, source in missing.items():
@@ -130,8 +126,8 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         # as it drafts (lean or not, reduced vocabulary or not), in the decoding loop: only for a drafter whose
         # configurations are predicted (the others' predictions do not exist to use it)
         cost = NO_DRAFTING
-        if (accuracy is not None or chain is not None) and calibration():
-            cost = measure_drafting_cost(target, drafter, calibration())
+        if accuracy is not None or chain is not None:  # both came from windows(): they exist
+            cost = measure_drafting_cost(target, drafter, calibration_prompts(windows()))
             fixed, per_depth, per_node = cost.on()  # in seconds of this moment's pass: the setup puts them on its curve
             log(f"drafting cost of {label}, in the loop: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per "
                 f"depth + {1e3 * per_node:.3f} ms per node")
@@ -263,9 +259,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
             return DraftVocab.most_frequent(counts(), spec)
         return DraftVocab.load(spec)
 
-    calibration = functools.cache(lambda: calibration_prompts(windows(), prompts))
-    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of,
-                             calibration=calibration)
+    drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     w = cfg.workload
     workload_record = {

@@ -3,8 +3,9 @@ progress lines (runs done of all, which prompt run, the time left; ``Countdown``
 the target's greedy answers of a workload's earlier turns, its held-out continuations).
 
 Threads: torch starts one thread per core. On cores that other processes keep busy those threads wait for each
-other at every operation, and a forward slows several-fold. So ``threads: null`` takes the cores that the load
-average leaves idle, and says so.
+other at every operation, and a forward slows several-fold. So ``threads: null`` takes the cores that other work
+leaves idle right now (``timing.busy_cores``: /proc/stat's busy share over half a second; the load average where
+that is missing), and says so.
 """
 
 from __future__ import annotations

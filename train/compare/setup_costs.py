@@ -117,7 +117,7 @@ def measure_tree_sizes(target, drafters: list[DrafterSpec], planned: list, resol
         own = curves[name] if name else curve
         # timed interleaved with the curve's own sizes around them (anchors), and put on the curve's footing by the
         # anchors' median ratio: timed alone, minutes after the curve, they would fall in another spell of a shared
-        # machine (a pass over 5 tokens once came out 30 % below the curve's over 4)
+        # machine (docs/results.md, "Drafting measured in the loop")
         anchors = {n for n in own if n <= 2 * max(missing)}
         timed = measure_cost_curve(target, tuple(sorted(missing | anchors)), past_len=context, before=step)
         if name:
