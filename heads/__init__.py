@@ -14,6 +14,7 @@ writes one for SGLang, vLLM, speculators, SafeAILab/EAGLE or FasterDecoding/Medu
 
 from treespec.drafter import Drafter, Proposal
 from treespec.heads.combined import Combined
+from treespec.heads.dflash import DFlash, DFlashModel
 from treespec.heads.draft_model import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
@@ -29,4 +30,4 @@ from treespec.heads.suffix import SuffixDecoding
 
 __all__ = ["Drafter", "Proposal", "Combined", "DraftModel", "PromptLookup", "TokenRecycling", "SuffixDecoding",
            "Rest", "Lookahead", "Medusa", "MedusaHeads", "Hydra", "HydraHeads", "Eagle", "EagleModel", "Eagle3",
-           "Eagle3Model", "load", "load_profile", "export"]
+           "Eagle3Model", "DFlash", "DFlashModel", "load", "load_profile", "export"]

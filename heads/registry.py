@@ -21,6 +21,7 @@ from treespec.chain_tau import read_chain_tau
 from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.heads import (
     combined,
+    dflash,
     draft_model,
     eagle,
     eagle3,
@@ -52,6 +53,7 @@ KINDS: tuple[DrafterKind, ...] = (
     medusa.KIND,
     medusa.MEDUSA2,
     hydra.KIND,
+    dflash.KIND,  # before EAGLE's: its fc + hidden_norm + layers.* would read as theirs
     eagle.KIND,
     eagle3.KIND,
     combined.KIND,

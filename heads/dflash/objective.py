@@ -1,0 +1,162 @@
+"""Training a DFlash drafter on a frozen target (``scripts/train_heads.py drafter=dflash``), from the same batches as
+EAGLE-3: token windows, chat data (a loss mask), packed conversations, or stored target features
+(train/training/features.py: the drafter's target layers and the last one).
+
+**What one block sees, as decoding sees it.** At decoding time the root is the last committed token, whose target
+feature is not known yet, and the context holds the features of every token before it (heads/dflash/drafter.py).
+So a block anchored at position a of a window is [x_a, mask × (b − 1)] at positions a .. a + b − 1; it attends to
+the context features of positions < a (of a's own conversation in a packed batch) and to the whole of itself,
+never to another block; its position k = 1 .. b − 1 predicts token x_{a+k}. Many anchors per window run in one
+forward (``DFlashModel.anchored``): the window's context keys once, every block's queries, a block-sparse mask.
+
+**Anchors.** Up to ``anchors`` per window, drawn uniformly without replacement among the positions a in 1 .. S − 2
+whose next token x_{a+1} is trained on (the loss mask; with packing, in a's conversation): a root always has
+context (decoding's first root follows the prompt). The draw uses torch's global generator, which the training loop
+reseeds from (seed, step, micro-batch): a resumed run draws the same anchors. Evaluation draws from a fixed seed.
+
+**Loss.** Position k of an anchor's block is scored when x_{a+k} lies in the window, is trained on and (packed) in
+a's conversation: ``loss="kl"`` (the default) is the forward KL from the target's next-token distribution at
+a + k − 1, teacher forced on the window, to the drafter's at k; ``loss="ce"`` the cross-entropy of the window's token
+x_{a+k} (the paper's, on target-generated responses). Position k weighs ``position_decay ** (k − 1)`` (DFlash's
+decaying weights: early positions gate every later one), normalised over the scored predictions. Metrics: each
+depth's KL (``kl{k}``) and top-1 agreement with the target's argmax (``top1_{k}``), and ``tau``: 1 + the mean count
+of leading positions whose argmax is the target's, what greedy decoding of the block as a chain would accept
+(the blocks near a window's end count only the positions inside it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treespec.heads.batches import batch_parts
+from treespec.heads.dflash.drafter import DFlash, rank_accuracy
+from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
+from treespec.heads.objective import Recipe, mean_metrics
+from treespec.heads.segments import packed_positions, segment_ids
+from treespec.heads.target_states import target_states
+
+LOSSES = ("kl", "ce")
+
+
+def anchor_positions(input_ids: torch.Tensor, loss_mask: torch.Tensor | None,
+                     segments: torch.Tensor | None) -> torch.Tensor:
+    """BoolTensor [b, S]: the positions a block may be anchored at (module docstring)."""
+    b, s = input_ids.shape
+    ok = torch.zeros(b, s, dtype=torch.bool, device=input_ids.device)
+    if s < 3:
+        return ok
+    ok[:, 1 : s - 1] = True if loss_mask is None else loss_mask[:, 2:s].bool()
+    if segments is not None:
+        ok[:, 1 : s - 1] &= segments[:, 1 : s - 1] == segments[:, 2:s]
+    return ok
+
+
+def sample_anchors(allowed: torch.Tensor, count: int, generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``count`` anchors per row, uniformly without replacement among ``allowed`` [b, S] → (anchors [b, m]
+    in increasing order, real [b, m]: False where a row had fewer to give (those anchors point at position 1))."""
+    m = max(1, min(int(count), allowed.shape[1]))
+    scores = torch.rand(allowed.shape, generator=generator).to(allowed.device).masked_fill(~allowed, -1.0)
+    values, anchors = scores.topk(m, dim=1)
+    anchors, order = anchors.sort(dim=1)
+    real = values.gather(1, order) >= 0
+    return anchors.masked_fill(~real, 1), real
+
+
+def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,
+                loss: str = "kl", generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """batch: [b, S] windows or a dict batch (train/training/data.py) → (the weighted loss, metrics: ``kl{k}``,
+    ``top1_{k}`` per block position k, ``tau``, ``anchors`` per window) (module docstring)."""
+    if loss not in LOSSES:
+        raise ValueError(f"DFlash loss must be one of {LOSSES}, got {loss!r}")
+    positions = packed_positions(batch, model.device)
+    input_ids, loss_mask, target = batch_parts(batch, target, model.device)
+    features, target_logits = target_states(target, input_ids, model.feature_layers)  # [b, S, K·H], [b, S, V]
+    b, s = input_ids.shape
+    size = model.block_size
+    segments = None if positions is None else segment_ids(positions)
+    chosen, real = sample_anchors(anchor_positions(input_ids, loss_mask, segments), anchors, generator)
+    out = model.anchored(input_ids, features, chosen, positions, segments)  # [b, m, size, H]
+    k = torch.arange(1, size, device=input_ids.device)
+    at = chosen[:, :, None] + k  # [b, m, size − 1]: the token each position predicts
+    clamped = at.clamp(max=s - 1)
+    scored = (at < s) & real[:, :, None]
+    if loss_mask is not None:
+        scored &= loss_mask.bool().gather(1, clamped.flatten(1)).view_as(at)
+    if segments is not None:
+        scored &= segments.gather(1, clamped.flatten(1)).view_as(at) == segments.gather(1, chosen)[:, :, None]
+    rows = torch.arange(b, device=input_ids.device)[:, None, None].expand_as(at)[scored]
+    depth = (k - 1).expand_as(at)[scored]  # [n]: k − 1 of each scored prediction
+    logits = model.logits(out[:, :, 1:][scored]).float()  # [n, V]
+    if logits.shape[0] == 0:  # nothing to learn in this batch: zero, keeping the graph
+        return logits.sum() * 0.0, {"tau": 1.0, "anchors": 0.0}
+    log_q = torch.log_softmax(logits, dim=-1)
+    teacher = target_logits[rows, clamped[scored] - 1].float()  # [n, V]: the target's at a + k − 1
+    log_p = torch.log_softmax(teacher, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [n]
+    per = kl if loss == "kl" else -log_q.gather(1, input_ids[rows, clamped[scored]][:, None])[:, 0]
+    weights = float(position_decay) ** depth.to(log_q.dtype)
+    total = (weights * per).sum() / weights.sum()
+    with torch.no_grad():
+        hit = logits.argmax(-1) == teacher.argmax(-1)  # [n]
+        matches = torch.zeros_like(scored)
+        matches[scored] = hit
+        accepted = matches.long().cumprod(-1).sum(-1)[real].float()  # [anchors]: leading positions accepted
+        n = torch.zeros(size - 1, device=kl.device).index_add_(0, depth, torch.ones_like(kl))
+        kl_sum = torch.zeros_like(n).index_add_(0, depth, kl)
+        hit_sum = torch.zeros_like(n).index_add_(0, depth, hit.float())
+        metrics = {"tau": 1.0 + accepted.mean().item(), "anchors": real.float().sum(1).mean().item()}
+        for j, (count, kl_j, hit_j) in enumerate(zip(n.tolist(), kl_sum.tolist(), hit_sum.tolist(), strict=True)):
+            if count:
+                metrics.update({f"kl{j + 1}": kl_j / count, f"top1_{j + 1}": hit_j / count})
+    return total, metrics
+
+
+@torch.no_grad()
+def dflash_metrics(target, model: DFlashModel, windows, *, anchors: int, batch_size: int = 8, seed: int = 0) -> dict:
+    """The training metrics averaged over ``windows`` (anchors drawn from ``seed``: the same every evaluation)."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    totals = mean_metrics(lambda batch: dflash_loss(target, model, batch, anchors=anchors, generator=generator),
+                          windows, batch_size)
+    model.train(was_training)
+    return totals
+
+
+def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
+    """The target hidden states (``hidden_states`` indices) the drafter reads: what offline features must hold."""
+    return tuple(i + 1 for i in resolve_target_layers(d.target_layer_ids, num_hidden_layers, d.num_layers))
+
+
+def check_settings(d) -> None:
+    """Refuse, before any model loads, a drafter config this recipe cannot train with."""
+    for key, low in (("block_size", 2), ("num_layers", 1), ("anchors", 1), ("accuracy_depth", 1)):
+        value = d.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"drafter.{key} must be an integer >= {low}, got {value!r}")
+    decay = d.get("position_decay")
+    if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
+        raise ValueError(f"drafter.position_decay must be a number in (0, 1], got {decay!r}")
+    if d.get("loss") not in LOSSES:
+        raise ValueError(f"drafter.loss must be one of {LOSSES}, got {d.get('loss')!r}")
+
+
+def recipe(cfg, target, train_tokens=None) -> Recipe:
+    """The recipe for ``drafter=dflash`` (conf/drafter/dflash.yaml)."""
+    d = cfg.drafter
+    ids = None if d.target_layer_ids is None else [int(i) for i in d.target_layer_ids]
+    model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers), target_layer_ids=ids,
+                        mask_token_id=d.mask_token_id)
+
+    def loss(batch):
+        return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss)
+
+    def evaluate(val):
+        return {f"dflash_{k}": v for k, v in dflash_metrics(target, model, val, anchors=d.anchors).items()}
+
+    description = (f"{model.num_layers} layer(s), block of {model.block_size}, target layers "
+                   f"{list(model.target_layer_ids)} (hidden_states {list(model.feature_layers)}), mask token "
+                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss")
+    return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
+                  lambda: DFlash(model), description)
