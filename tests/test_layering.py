@@ -106,9 +106,9 @@ def test_no_import_cycles():
 TRAIN_JOBS = ("treespec.train.training", "treespec.train.compare", "treespec.train.checks")  # bottom to top
 KIND_FOLDERS = sorted(f"treespec.heads.{p.parent.name}" for p in (ROOT / "heads").glob("*/kind.py"))
 # what may reach into the kind folders: the registry (the one list of kinds), export (by the kinds' hooks), the
-# package's re-exports; and EAGLE-3, whose drafter extends EAGLE's
+# package's re-exports; and EAGLE-3, whose drafter extends EAGLE's, and DFlash, whose layer takes EAGLE-3's Llama sizes
 KIND_USERS = {"treespec.heads", "treespec.heads.registry"}
-KIND_BASES = {"treespec.heads.eagle3": {"treespec.heads.eagle"}}
+KIND_BASES = {"treespec.heads.eagle3": {"treespec.heads.eagle"}, "treespec.heads.dflash": {"treespec.heads.eagle3"}}
 
 
 def job_of(module: str) -> str | None:
@@ -140,7 +140,7 @@ def test_a_kind_folder_is_reached_only_through_the_registry(module):
 
 
 def test_the_kinds_are_found():
-    kinds = ["combined", "draft_model", "eagle", "eagle3", "hydra", "lookahead", "medusa", "prompt_lookup",
+    kinds = ["combined", "dflash", "draft_model", "eagle", "eagle3", "hydra", "lookahead", "medusa", "prompt_lookup",
              "recycling", "rest", "suffix"]
     assert KIND_FOLDERS == ["treespec.heads." + k for k in sorted(kinds)]
     assert len([m for m in GRAPH if m.startswith("treespec.train.") and m.count(".") == 2]) <= 12

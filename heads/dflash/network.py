@@ -4,7 +4,7 @@ arXiv 2602.06036), in z-lab's published layout. heads/dflash/drafter.py's ``DFla
 A few decoder layers fill a whole block at once: the last committed token (the root) followed by b − 1 mask tokens,
 embedded with the target's frozen table, at positions root .. root + b − 1; the block attends to itself without a
 causal mask and to the context, the target's hidden states at the drafter's target layers for every token before
-the root, side by side and projected (heads/dflash/layer.py):
+the root, side by side and projected (heads/dflash/block_layer.py):
 
     context = hidden_norm(fc(cat(h_{l_1}, ..., h_{l_K})))        K·H → H, per committed token before the root
     out     = norm(layers(embed([root, mask, ..., mask]), context))
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-from treespec.heads.dflash.layer import DFlashLayer, layer_config, layer_values
+from treespec.heads.dflash.block_layer import DFlashLayer, layer_config, layer_values
 from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.eagle3.layer import final_norm
 from treespec.io import check_float_weights
@@ -73,7 +73,7 @@ class DFlashModel(nn.Module):
         target_layer_ids: decoder-layer outputs it reads (None: z-lab's default for ``num_layers`` of them);
         mask_token_id: the target token id whose embedding marks a position to fill (None: the vocabulary's last,
         a reserved or padding id in large vocabularies); layer: layer values apart from the target's
-        (heads/dflash/layer.py's ``LAYER_FIELDS``)."""
+        (heads/dflash/block_layer.py's ``LAYER_FIELDS``)."""
         super().__init__()
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
             raise ValueError(f"DFlash block_size must be an integer >= 2 (the root and at least one token to fill), "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from treespec.heads.dflash.layer import LAYER_FIELDS
+from treespec.heads.dflash.block_layer import LAYER_FIELDS
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
 from treespec.heads.drafter_folder import vocab_size_of
 from treespec.heads.upstream_common import (
