@@ -422,6 +422,35 @@ def test_stopped_run_resumes_exactly(tmp_path):
     assert weights and all(torch.equal(a[k], b[k]) for k in weights)
 
 
+def test_training_from_stored_features_equals_online(tmp_path, monkeypatch):
+    """scripts/prepare_features.py's features (the drafter's target layers and the last one) train the same drafter
+    as the online target, whose decoder layers then never run."""
+    from treespec.reference import load_model
+    from treespec.train.training import drafter_job
+
+    target_dir = tiny_chat_target(tmp_path / "target")
+    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
+    common = ["drafter.block_size=4", "drafter.anchors=4", "drafter.num_layers=2", "trainer.max_steps=4",
+              "trainer.stop_after=3", "trainer.eval_every=2", "eval.expected_tau=null"]
+    features = f"data.features={tmp_path / 'feats'}"
+    index = drafter_job.prepare_features(heads_cfg(tmp_path / "unused", target_dir, source, features, *common,
+                                                   drafter="dflash"))
+    assert index["layers"] == [1, 3]  # two draft layers over a 3-layer target: outputs 0 and 2, and the last
+    drafter_job.run(heads_cfg(tmp_path / "online", target_dir, source, *common, drafter="dflash"))
+
+    def frozen_layers(spec):
+        target, tokenizer = load_model(spec)
+        for layer in target.model.layers:
+            layer.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(AssertionError("a decoder layer ran")))
+        return target, tokenizer
+
+    monkeypatch.setattr(drafter_job, "load_model", frozen_layers)
+    drafter_job.run(heads_cfg(tmp_path / "offline", target_dir, source, features, *common, drafter="dflash"))
+    online, offline = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in ("online", "offline"))
+    for name in (k for k in online if k.startswith("model.")):
+        torch.testing.assert_close(offline[name], online[name], atol=1e-5, rtol=0, msg=name)
+
+
 # -- z-lab's layout --------------------------------------------------------------------------------------------------
 def zlab_checkpoint(folder, g, *, prefix="", **config_changes):
     """A random DFlash checkpoint written as z-lab publishes one, by hand: 2 layers of 4 heads (2 KV heads, head_dim
