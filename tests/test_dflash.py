@@ -438,13 +438,16 @@ def test_training_from_stored_features_equals_online(tmp_path, monkeypatch):
     assert index["layers"] == [1, 3]  # two draft layers over a 3-layer target: outputs 0 and 2, and the last
     drafter_job.run(heads_cfg(tmp_path / "online", target_dir, source, *common, drafter="dflash"))
 
-    def frozen_layers(spec):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a decoder layer of the target ran")
+
+    def refusing_layers(spec):  # the target's weights as they were (features are keyed by them), its layers refused
         target, tokenizer = load_model(spec)
         for layer in target.model.layers:
-            layer.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(AssertionError("a decoder layer ran")))
+            layer.forward = refuse
         return target, tokenizer
 
-    monkeypatch.setattr(drafter_job, "load_model", frozen_layers)
+    monkeypatch.setattr(drafter_job, "load_model", refusing_layers)
     drafter_job.run(heads_cfg(tmp_path / "offline", target_dir, source, features, *common, drafter="dflash"))
     online, offline = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in ("online", "offline"))
     for name in (k for k in online if k.startswith("model.")):
