@@ -31,7 +31,7 @@ def job_of(config: str) -> str:
 CASES = [(job, []) for job in CHECKS]
 CASES += [(job_of(e), [f"experiment={e}", *NEEDS.get(e, [])]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
-TRAINABLE = [k.name for k in registry.KINDS if k.trainable]
+TRAINABLE = [name for k in registry.KINDS if k.trainable for name in (k.name, *k.recipes)]  # medusa2: a recipe
 CASES += [("train_heads", [f"drafter={d}"]) for d in TRAINABLE]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
 # every drafter the comparison offers (medusa2 is a training recipe: its heads pair with their own fine-tuned target)
