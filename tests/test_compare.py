@@ -408,14 +408,3 @@ def test_a_trees_own_size_is_put_on_the_curves_footing(monkeypatch):
                                    log=lambda *_: None)
     assert timed == [(1, 2, 3, 4, 5, 8)]  # the missing sizes and the curve's up to twice the largest
     assert curve[3] == pytest.approx(2.5) and curve[5] == pytest.approx(3.5) and list(curve) == sorted(curve)
-
-
-def test_another_targets_default_drafters_are_the_model_free_ones_and_the_given_sources():
-    """drafters=null on a target other than the reference: the kinds without weights that read nothing (Lookahead
-    included), then every entry given a source (REST once given its corpus)."""
-    from treespec.train.compare.job_config import drafter_labels
-
-    cfg = compose_cfg("compare", ["target=/models/mine", "available.eagle3.source=/ckpt/e3"])
-    assert drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "lookahead", "eagle3"]
-    cfg = compose_cfg("compare", ["target=/models/mine", "available.rest.source=/data/corpus"])
-    assert drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "lookahead", "rest"]

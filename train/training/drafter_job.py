@@ -43,8 +43,7 @@ from treespec.tree_spec import build_tree, check_tree_spec
 
 
 def trainable_kind(d):
-    """The registry's kind of drafter config ``d`` (heads/<kind>/kind.py), which holds its training objectives: its
-    own and its recipes' (``d.recipe``, checked here)."""
+    """The registry's kind of drafter config ``d``: its training objectives, its own and its recipe's (checked)."""
     kind = registry.get(d.name)
     if not kind.trainable:
         trainable = ", ".join(n for k in registry.KINDS if k.trainable for n in (k.name, *k.recipes))
