@@ -42,7 +42,9 @@ def fills_tree_at_once(drafter: Drafter) -> bool:
 
 class DrafterKind:
     """Base class; a kind overrides ``load``, ``new_drafter`` and, where it has them, ``rank_accuracy`` and
-    ``max_depth``."""
+    ``max_depth``, and sets the facts below that differ from the defaults. Everything known about a kind is here, so
+    that no code elsewhere compares a kind's name (tests/test_kind_names.py); a kind without weights is a
+    ``ModelFreeKind``."""
 
     #: the registry name (conf/drafter/<name>.yaml's ``name``)
     name: str = ""
