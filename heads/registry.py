@@ -51,7 +51,6 @@ KINDS: tuple[DrafterKind, ...] = (
     rest.KIND,
     lookahead.KIND,
     medusa.KIND,
-    medusa.MEDUSA2,
     hydra.KIND,
     dflash.KIND,  # before EAGLE's: its fc + hidden_norm + layers.* would read as theirs
     eagle.KIND,
