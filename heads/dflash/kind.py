@@ -20,6 +20,14 @@ class DFlashKind(DrafterKind):
     module_type = DFlashModel
     upstream_format = "dflash"
     needs_config_json = True  # heads, RoPE, target layers and the mask token are read from it
+    title = "DFlash"
+    # z-lab's README: vLLM's --speculative-config method "dflash", SGLang's --speculative-algorithm DFLASH, both on
+    # the z-lab layout export writes (not run here: docs/usage.md, "DFlash")
+    vllm_method, sglang_algorithm, serving_export = "dflash", "DFLASH", True
+    top1_metric = "dflash_top1_1"
+    top1_meaning = ("block position 1 of blocks anchored at random trained positions of the validation data, teacher "
+                    "forced, against the target's argmax")
+    layers_key = "drafter.target_layer_ids"
 
     def load(self, source, target) -> DFlashModel:
         return DFlashModel.from_pretrained(resolve(source), target)
