@@ -545,6 +545,7 @@ def test_zlab_checkpoint_loads_and_computes_the_published_math(target, prompt, t
     ({"dflash_config": {"target_layer_ids": [0, 4], "mask_token_id": 61}}, r"ids in 0..3"),
     ({"dflash_config": {"target_layer_ids": [0], "mask_token_id": 61}}, r"projects 2 target states"),
     ({"num_hidden_layers": 3}, "num_hidden_layers 3 .config.json. but the tensors hold 2 layers"),
+    ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8}, "sliding-window draft layers"),
 ])
 def test_zlab_checkpoint_for_another_target_is_refused(target, tmp_path, change, message):
     zlab_checkpoint(tmp_path, torch.Generator().manual_seed(0), **change)

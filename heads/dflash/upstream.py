@@ -79,6 +79,10 @@ def dflash_from_upstream(weights: dict, config: dict, target, where: str) -> DFl
         raise ValueError(f"{where}: made for a target of {config['num_target_layers']} layers (num_target_layers), "
                          f"the target has {n}")
     check_vocab(config, target, where)
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
+        raise ValueError(f"{where}: sliding-window draft layers (layer_types {config.get('layer_types')}, "
+                         f"sliding_window {config.get('sliding_window')}) are not supported: every DFlash layer here "
+                         "attends to the whole context")
     layers = sorted({int(LAYER_KEY.match(k).group(1)) for k in weights if LAYER_KEY.match(k)})
     if not layers or layers != list(range(len(layers))):
         raise ValueError(f"{where}: decoder layers {layers} are not numbered 0..{max(layers, default=0)}")
