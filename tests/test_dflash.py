@@ -201,6 +201,19 @@ def test_default_tree_draft_vocabulary_and_depths(target, prompt, trained):
         generate(target, prompt, drafter=DFlash(trained), tree=Tree.chain(4), max_new_tokens=8)
 
 
+def test_in_a_combination_and_timed(target, prompt, trained):
+    """Beside another drafter in a Combined (accepted paths holding the other's tokens), and its kind's cost: one
+    call per proposal."""
+    from treespec.heads import Combined, SuffixDecoding
+
+    combined = Combined([SuffixDecoding(), DFlash(trained)])
+    for tree in (Tree.full(2, 3), DynamicTree(8, 3, 2)):
+        out = generate(target, prompt, drafter=combined, tree=tree, max_new_tokens=20)
+        assert torch.equal(out.sequences, hf_greedy(target, prompt, 20))
+    fixed, per_depth = registry.get("dflash").cost(DFlash(trained))
+    assert fixed > 0 and per_depth == 0
+
+
 # -- lossless: sampling ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small():
@@ -208,22 +221,23 @@ def small():
 
 
 SAMPLED = {"sampled-tree": ("sample", Tree.full(2, 2)), "without-replacement": ("without_replacement", Tree.full(3, 2)),
-           "ddtree-topk": ("topk", DynamicTree(5, 2, 2)), "chain-topk": ("topk", Tree.chain(2))}
+           "ddtree-topk": ("topk", DynamicTree(5, 2, 2)), "chain-topk": ("topk", Tree.chain(2)),
+           "traversal-sampled-tree": ("sample", Tree.full(2, 2), "traversal")}
 
 
 @pytest.mark.parametrize("case", list(SAMPLED))
 def test_sampling_is_lossless(small, case):
-    candidates, tree = SAMPLED[case]
+    candidates, tree, *acceptance = SAMPLED[case]
     drafter = DFlash(random_dflash(small, block_size=3), candidates=candidates)
     sampling = Sampling(1.0)
-    counts = sampled_counts(small, drafter, tree, sampling, runs=1200)
+    counts = sampled_counts(small, drafter, tree, sampling, acceptance=(acceptance or ["rejection"])[0])
     assert chi2_pvalue(counts, exact_distribution(small, sampling)) > 1e-3
 
 
 def test_wrong_acceptance_is_detected(small, monkeypatch):
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
-    counts = sampled_counts(small, DFlash(random_dflash(small, block_size=3)), Tree.chain(2), sampling, runs=1200)
+    counts = sampled_counts(small, DFlash(random_dflash(small, block_size=3)), Tree.chain(2), sampling)
     assert chi2_pvalue(counts, exact_distribution(small, sampling)) < 1e-3
 
 
