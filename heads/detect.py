@@ -16,6 +16,8 @@ format             what identifies it
 ``treespec``       ``{eagle,eagle3,medusa}_config.json`` with ``"drafter"``, beside ``{kind}.safetensors``
 ``eagle``          EAGLE-1/2 (SafeAILab, vLLM, SGLang): ``fc.weight`` [H, 2H], ``layers.{i}.*``, no ``hidden_norm``
 ``eagle3``         EAGLE-3 (SafeAILab, SpecForge, SGLang, vLLM, speculators): ``fc.weight``, ``*.hidden_norm.*``
+``dflash``         z-lab's DFlash: ``dflash_config`` in config.json, or a top-level ``hidden_norm.weight`` beside
+                   ``fc.weight`` and ``layers.{i}.*`` (heads/dflash/upstream.py)
 ``medusa``         ``medusa_lm_head.{pt,safetensors}`` (Medusa-1, v2), ``medusa_head.*`` (Medusa-2), or
                    vLLM's ``blocks.{h}.layers.{l}.*`` in ``model.safetensors``
 ``transformers``   a draft model: a ``*ForCausalLM`` config.json, token embeddings and decoder layers, no
@@ -176,9 +178,9 @@ def detect(folder, kinds: tuple[DrafterKind, ...], format: str = "auto") -> Foun
         sample = ", ".join(sorted(weights)[:8]) + (", ..." if len(weights) > 8 else "")
         raise ValueError(f"{found.where}: unrecognised drafter layout (tensors: {sample}"
                          "); expected EAGLE-1 (fc.weight [H, 2H] + layers.{i}.*), EAGLE-3 (fc.weight + "
-                         "midlayer.* or layers.0.* with hidden_norm), Medusa ({h}.{j}.linear.weight), vLLM Medusa "
-                         "(blocks.{h}.layers.{l}.weight) or a transformers causal LM (a draft model: config.json "
-                         "architectures *ForCausalLM)")
+                         "midlayer.* or layers.0.* with hidden_norm), DFlash (fc.weight + hidden_norm.weight + "
+                         "layers.{i}.*), Medusa ({h}.{j}.linear.weight), vLLM Medusa (blocks.{h}.layers.{l}.weight) "
+                         "or a transformers causal LM (a draft model: config.json architectures *ForCausalLM)")
     return _agree(found, format)
 
 
