@@ -6,9 +6,11 @@ block's own.
 
 **Context keys and values.** The target's hidden states at the drafter's target layers, side by side, projected once
 (``hidden_norm(fc(·))``, heads/dflash/network.py), enter every layer through that layer's k/v projections (and its
-k_norm, and RoPE at their own positions) without the layer's input norm; the block's tokens go through the input
-norm, q/k/v, q/k norms and RoPE as in a Qwen3 layer. Decoding keeps the context's keys and values in a cache
-(heads/dflash/drafter.py); training passes the whole window's context in the same call (heads/dflash/objective.py).
+k_norm, and RoPE at their own positions) without the layer's input norm, so a layer's context keys and values
+depend on the features alone, not on the layers before it; the block's tokens go through the input norm, q/k/v,
+q/k norms and RoPE as in a Qwen3 layer. Decoding keeps the context's keys and values in a cache, added as the
+features arrive (heads/dflash/drafter.py); training computes the whole window's in the block's pass
+(heads/dflash/objective.py).
 """
 
 from __future__ import annotations
@@ -70,27 +72,25 @@ def keys_values(attn: Qwen3Attention, x: torch.Tensor, rope) -> tuple[torch.Tens
     return rotated(keys, *rope), attn.v_proj(x).view(shape).transpose(1, 2)
 
 
-def attend(attn: Qwen3Attention, x: torch.Tensor, context: torch.Tensor | None, rope, context_rope,
-           attention_mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+def held(cache, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Layer ``index``'s cached context keys and values, or None when it holds none."""
+    if cache is None or len(cache.layers) <= index or not cache.layers[index].is_initialized:
+        return None
+    return cache.layers[index].keys, cache.layers[index].values
+
+
+def attend(attn: Qwen3Attention, x: torch.Tensor, rope, attention_mask: torch.Tensor | None,
+           context: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """The block ``x`` [b, q, H] (input-normed) attending to the context and to itself → attention output [b, q, H].
 
-    ``context`` [b, c, H]: projected target features whose keys and values are added (to ``cache`` when given, else
-    for this call only); None: the context is what ``cache`` holds (nothing without one). Keys are the context's,
-    then the block's; ``attention_mask`` (float, additive) is [b or 1, 1, q, keys], None: every query sees every key.
-    ``rope`` / ``context_rope``: (cos, sin) at the block's and the new context's positions."""
+    ``context``: the context's keys and values [b, kv_heads, c, d] (``keys_values``; None: no context). Keys are the
+    context's, then the block's; ``attention_mask`` (float, additive) is [b or 1, 1, q, c + q], None: every query sees
+    every key. ``rope``: (cos, sin) at the block's positions."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
     queries = rotated(attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2), *rope)
     keys, values = keys_values(attn, x, rope)
-    held = None
     if context is not None:
-        held = keys_values(attn, context, context_rope)
-        if cache is not None:
-            held = cache.update(*held, attn.layer_idx)
-    elif cache is not None and len(cache.layers) > attn.layer_idx and cache.layers[attn.layer_idx].is_initialized:
-        layer = cache.layers[attn.layer_idx]
-        held = layer.keys, layer.values
-    if held is not None:
-        keys, values = torch.cat([held[0], keys], dim=2), torch.cat([held[1], values], dim=2)
+        keys, values = torch.cat([context[0], keys], dim=2), torch.cat([context[1], values], dim=2)
     implementation = attn.config._attn_implementation
     forward = eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
     out, _ = forward(attn, queries, keys, values, attention_mask, dropout=attn.attention_dropout if attn.training
@@ -109,6 +109,7 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, context, rope, context_rope, attention_mask, cache=None) -> torch.Tensor:
-        x = x + attend(self.self_attn, self.input_layernorm(x), context, rope, context_rope, attention_mask, cache)
+    def forward(self, x, rope, attention_mask, context) -> torch.Tensor:
+        """The block ``x`` [b, q, H] → [b, q, H]; ``context``: this layer's context keys and values (``attend``)."""
+        x = x + attend(self.self_attn, self.input_layernorm(x), rope, attention_mask, context)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -3,12 +3,13 @@ every depth of the tree at once, a chain or any tree over the block (treespec/bl
 candidates, and DDTree's best tree for a ``DynamicTree`` budget).
 
 **The context cache.** Between steps the drafter's cache holds, per layer, the keys and values of the context of
-every committed token but the root's and the tokens accepted with it: the target features of the tokens committed
-since arrive in ``accept`` (the previous root's and its accepted nodes') and are fed at the start of the next
-``propose``, in the same pass as the block, whose own keys never enter the cache. After the prompt the context is
-the prompt's features (the first root was sampled from the last of them). Rows of a batch hold different numbers
-of entries on one slot axis (treespec/rows.py), so padding and holes are masked and each row's positions are its
-own; a batch whose rows are alike takes no mask at all (the block sees everything).
+every committed token but the root: the prompt's at ``prefill`` (the first root was sampled from the last of its
+features), then at each ``accept`` the previous root's and its accepted tokens' (their target features arrive with
+it). A layer's context keys and values are projections of the features alone (heads/dflash/block_layer.py), so
+adding them runs no layer; ``propose`` is one pass of the layers over every row's block, whose own keys never enter
+the cache. Rows of a batch hold different numbers of entries on one slot axis (treespec/rows.py), so padding and
+holes are masked and each row's positions are its own; rows that hold alike take no mask at all (the block sees
+everything).
 """
 
 from __future__ import annotations
@@ -64,41 +65,46 @@ class DFlash(Drafter):
     def reset(self) -> None:
         self.cache = TreeCache(self.model.layer_config)  # the context's keys and values, per layer
         self.slots: RowSlots | None = None  # the cache's rows; made for the first batch
-        self._pending: torch.Tensor | None = None  # [b, m, K·H]: target features of committed tokens not fed yet
-        self._pending_counts: list[int] = []  # row b's are the first _pending_counts[b]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         if self.slots is not None:  # else nothing is cached yet
             self.slots.select(rows, self.cache)
-        if self._pending is not None:
-            self._pending = self._pending.index_select(0, rows.to(self._pending.device))
-            self._pending_counts = [self._pending_counts[b] for b in rows.tolist()]
 
     @torch.no_grad()
     def prefill(self, input_ids, features, attention_mask=None) -> None:
         # every prompt token's feature is context of the first root (the token its last one produced)
         lengths = [input_ids.shape[1]] * input_ids.shape[0] if attention_mask is None else \
             attention_mask.sum(-1).tolist()
-        self._pending = right_aligned(features, lengths)[:, : max(lengths)]
-        self._pending_counts = lengths
+        self._add(right_aligned(features, lengths)[:, : max(lengths)], lengths)
 
     @torch.no_grad()
     def accept(self, paths, features) -> None:
         # the previous root and every accepted token (another drafter's in a Combined too) now have features
-        self._pending_counts = [1 + len(path) for path in paths]
-        self._pending = features[:, : max(self._pending_counts)]
+        counts = [1 + len(path) for path in paths]
+        self._add(features[:, : max(counts)], counts)
+
+    def _add(self, features: torch.Tensor, counts: list[int]) -> None:
+        """Row b's first ``counts[b]`` of ``features`` [b, m, K·H] join its context, after what it holds."""
+        slots = self._rows(features.shape[0])
+        width = features.shape[1]
+        positions = slots.positions(torch.arange(width))  # [b or 1, m]: after each row's held entries
+        self.model.add_context(features.to(self.model.device), positions, self.cache)
+        slots.append(width, counts)
+
+    def _rows(self, batch: int) -> RowSlots:
+        if self.slots is None:
+            self.slots = RowSlots(batch, self.model.device)
+        return self.slots
 
     @torch.no_grad()
     def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposals:
         held = self._rows(len(committed.lengths)).counts
-        context = [c + p for c, p in zip(held, self._pending_counts, strict=False)]
-        if [n - 1 for n in committed.lengths] != context:
+        if held != [n - 1 for n in committed.lengths]:
             raise RuntimeError(f"DFlash drafter out of sync: {[n - 1 for n in committed.lengths]} committed tokens "
-                               f"before the roots but {context} in the context (was accept() called after every "
+                               f"before the roots but {held} in the context (was accept() called after every "
                                "propose()?)")
-        device = self.model.device
         index = torch.tensor(committed.lengths, device=committed.tokens.device)[:, None] - 1
-        roots = committed.tokens.gather(1, index)[:, 0].to(device)  # [b]: on the device, no read
+        roots = committed.tokens.gather(1, index)[:, 0].to(self.model.device)  # [b]: on the device, no read
         logits = self._head(self._block(roots)[:, 1:])  # [b, block_size − 1, V]: depth d's at d − 1
         if isinstance(tree, DynamicTree):
             if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
@@ -110,51 +116,27 @@ class DFlash(Drafter):
                              f"{self.model.block_size} fills")
         return static_block_proposals(logits, tree, sampling, self.candidates, generator)
 
-    def _rows(self, batch: int) -> RowSlots:
-        if self.slots is None:
-            self.slots = RowSlots(batch, self.model.device)
-        return self.slots
-
     def _block(self, roots: torch.Tensor) -> torch.Tensor:
-        """The pending context fed, then each row's block rooted at ``roots`` [b] → outputs [b, block_size, H]."""
-        slots, counts = self.slots, self._pending_counts
-        width = max(counts, default=0)
+        """Each row's block rooted at ``roots`` [b] over its cached context → outputs [b, block_size, H]."""
         size = self.model.block_size
-        features = None if width == 0 else self._pending[:, :width].to(self.model.device)
-        context_positions = slots.positions(torch.arange(width))  # [b or 1, width]: after each row's held entries
         mask = None
-        if slots.ragged or any(c != width for c in counts):  # each row sees its own entries, then its whole block
-            fed = torch.arange(width, device=self.model.device)[None] < torch.tensor(counts, device=self.model.device)[
-                :, None]  # [b, width]
-            allowed = torch.cat([fed, torch.ones_like(fed[:, :1]).expand(-1, size)], dim=1)[:, None].expand(
-                -1, size, -1)  # [b, size, width + size]
-            mask = slots_mask(slots, allowed, dtype=self.model.dtype)
-        slots.append(width, counts)
-        self._pending, self._pending_counts = None, []
-        positions = slots.positions(torch.arange(size))  # [b or 1, size]: the root's position on
-        return self.model(self.model.block_ids(roots), features, positions, context_positions, mask, self.cache)
+        if self.slots.ragged:  # each row sees its own entries, then its whole block
+            allowed = torch.ones(1, size, size, dtype=torch.bool, device=self.model.device)
+            mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
+        positions = self.slots.positions(torch.arange(size))  # [b or 1, size]: the root's position on
+        return self.model(self.model.block_ids(roots), None, positions, attention_mask=mask, cache=self.cache)
 
     @torch.no_grad()
     def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1):
         """One proposal's pass as the drafter runs it (lean or not): every row's block and its head after
         ``past_len`` cached context entries (it fills the whole tree in one call; ``n_tokens`` does not apply).
-        Each call leaves the cache as it found it; ``reset()`` when done with it."""
+        Calls leave the cache as they found it; ``reset()`` when done with it."""
         device = self.model.device
         self.reset()
-        self._rows(batch)
         width = len(self.feature_layers) * self.model.fc.out_features
-        self._pending = torch.zeros(batch, past_len, width, dtype=self.model.dtype, device=device)
-        self._pending_counts = [past_len] * batch
+        self._add(torch.zeros(batch, past_len, width, dtype=self.model.dtype, device=device), [past_len] * batch)
         roots = torch.zeros(batch, dtype=torch.long, device=device)
-        self._block(roots)  # the context, cached
-        blocks = self.model.block_ids(roots)
-        positions = self.slots.positions(torch.arange(self.model.block_size))
-
-        @torch.no_grad()
-        def step():
-            return self._head(self.model(blocks, None, positions, cache=self.cache)[:, 1:])
-
-        return step
+        return torch.no_grad()(lambda: self._head(self._block(roots)[:, 1:]))
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-from treespec.heads.dflash.block_layer import DFlashLayer, layer_config, layer_values
+from treespec.heads.dflash.block_layer import DFlashLayer, held, keys_values, layer_config, layer_values
 from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.eagle3.layer import final_norm
 from treespec.io import check_float_weights
@@ -140,19 +140,27 @@ class DFlashModel(nn.Module):
                 cache=None) -> torch.Tensor:
         """The layers over blocks ``block_ids`` [b, q] at ``positions`` [b or 1, q] → normed outputs [b, q, H].
 
-        ``features`` [b, c, K·H]: the target's features of context tokens at ``context_positions`` [b or 1, c], whose
-        keys and values join ``cache`` (when given; else they serve this call); None: the context is what ``cache``
-        holds. ``attention_mask``: float additive [b or 1, 1, q, keys] over the cached keys, the new context's, then
-        the blocks'; None: every query sees every key."""
+        The context is ``features`` [b, c, K·H], the target's features of context tokens at ``context_positions``
+        [b or 1, c], or with ``features`` None what ``cache`` holds (``add_context``; nothing without one).
+        ``attention_mask``: float additive [b or 1, 1, q, c + q] over the context's keys, then the blocks'; None:
+        every query sees every key."""
         x = self._embed[0](block_ids).to(self.dtype)
         rope = self.rotary_emb(x, positions)
-        context = context_rope = None
         if features is not None:
             context = self.project(features)
             context_rope = self.rotary_emb(x, context_positions)
-        for layer in self.layers:
-            x = layer(x, context, rope, context_rope, attention_mask, cache)
+        for i, layer in enumerate(self.layers):
+            kv = keys_values(layer.self_attn, context, context_rope) if features is not None else held(cache, i)
+            x = layer(x, rope, attention_mask, kv)
         return self.norm(x)
+
+    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache) -> None:
+        """Append the context keys and values of the target's ``features`` [b, c, K·H] at ``positions`` [b or 1, c]
+        to every layer of ``cache`` (each layer's depend on the features alone)."""
+        context = self.project(features)
+        rope = self.rotary_emb(context, positions)
+        for i, layer in enumerate(self.layers):
+            cache.update(*keys_values(layer.self_attn, context, rope), i)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Normed outputs [..., H] → logits over the target's vocabulary [..., V] (its own lm_head)."""
