@@ -15,6 +15,8 @@ features arrive (heads/dflash/drafter.py); training computes the whole window's 
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 from transformers import Qwen3Config
@@ -56,7 +58,7 @@ def layer_config(target, num_layers: int, overrides: dict | None = None) -> Qwen
 
 def layer_values(config: Qwen3Config) -> dict:
     """``LAYER_FIELDS`` of ``config``, JSON-normalised (a treespec folder's ``layer``)."""
-    return {key: getattr(config, key) for key in LAYER_FIELDS}
+    return json.loads(json.dumps({key: getattr(config, key) for key in LAYER_FIELDS}))
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
