@@ -15,13 +15,14 @@ from importlib.util import find_spec
 import pytest
 
 from treespec import gguf_models, reference
+from treespec.reference import load_model
 from treespec.train.training.chat import ChatRenderer
-from treespec.train.training.completions import stop_ids
+from treespec.train.training.completions import EmbeddedBackend, stop_ids
 from treespec.train.training.regeneration import regenerate
 from treespec.train.training.regeneration import run as regenerate_job
 from treespec.train.training.server_backend import CompletionError, ServerBackend, check_settings
 
-from .helpers import chat_tokenizer, compose_cfg, free_port, run_killed, write_jsonl
+from .helpers import chat_tokenizer, compose_cfg, free_port, run_killed, tiny_chat_target, write_jsonl
 
 QUESTIONS = [f"question {w}" for w in ("alpha", "bravo", "charlie", "delta", "echo")]
 
@@ -34,6 +35,7 @@ class FakeServer:
 
     def __init__(self, models=("fake",)):
         self.plan, self.tries, self.bodies, self.models = {}, Counter(), [], list(models)
+        self.respond = None  # body -> the payload of an "ok" answer, instead of the canned one
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,7 +77,7 @@ class FakeServer:
                 elif step == "badids":
                     self.reply(200, {**ok, "choices": [{**ok["choices"][0], "prompt_token_ids": [1, 2, 3]}]})
                 else:
-                    self.reply(200, ok)
+                    self.reply(200, fake.respond(body) if fake.respond else ok)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -210,6 +212,31 @@ def test_the_job_with_a_server_loads_the_tokenizer_alone(fake, tmp_path):
         "data.regenerate.batch_size=16", "data.regenerate.backend=server", f"data.regenerate.server.url={fake.url}",
         "data.regenerate.server.concurrency=4"]))
     assert counts["written"] == 5 and counts["assistant_tokens"] == 15 and len(out.read_text().splitlines()) == 5
+
+
+def test_a_difference_from_the_embedded_backend_is_found_and_explained(fake, tmp_path):
+    from treespec.train.checks import regen_backends
+
+    target, tok = load_model(tiny_chat_target(tmp_path / "target"))
+    renderer = ChatRenderer(tok)
+    prompts = [renderer.render([{"role": "user", "content": q}], add_generation_prompt=True) for q in QUESTIONS[:2]]
+    ours = EmbeddedBackend(target, tok, renderer.end_marker).complete(prompts, max_new_tokens=6)
+    changed = {prompts[1]: 2}  # the server's answer to the second prompt differs at its third token
+
+    def respond(body):
+        ids = list(ours[prompts.index(body["prompt"])].ids)
+        if body["prompt"] in changed:
+            ids[changed[body["prompt"]]] = (ids[changed[body["prompt"]]] + 1) % len(tok)
+        return {"choices": [{"text": tok.decode(ids, skip_special_tokens=True), "finish_reason": "length",
+                             "token_ids": ids}], "usage": {"completion_tokens": len(ids)}}
+
+    fake.respond = respond
+    rows = regen_backends.agreement(target, tok, backend(fake, tok), prompts, max_new_tokens=6, batch_size=2)
+    assert rows[0]["first_difference"] is None and rows[1]["first_difference"] == 2
+    # the target prefers its own token there (it is its argmax alone), by the margin reported
+    assert rows[1]["margin"] > 0 and rows[1]["argmax_alone"] == ours[1].ids[2]
+    assert rows[1]["why"].startswith("near-tie" if rows[1]["margin"] < regen_backends.NEAR_TIE else "NOT a near-tie")
+    assert "1 of 2 answers identical" in regen_backends.agreement_table(rows)
 
 
 # -- a real server ---------------------------------------------------------------------------------------------------
