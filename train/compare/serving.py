@@ -22,12 +22,12 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from treespec.planning.tree_spec import build_tree
 from treespec.reference import PREFIX, resolve
 from treespec.train.compare.categories import shown_path
 from treespec.train.compare.report import analyse
 from treespec.train.compare.results_file import load_result
 from treespec.tree import Tree
-from treespec.tree_spec import build_tree
 
 VLLM_METHOD = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "prompt_lookup": "ngram",
                "draft": "draft_model"}

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from treespec.autotree import CostModel, chains_only, choose_tree
+from treespec.planning.autotree import CostModel, chains_only, choose_tree
 
 # What each drafter's in-training top-1 (the validation metric the loop logs as val/<key>) counts, beside the
 # two rank accuracies measured as decoding drafts (heads/accuracy.py: every position, EAGLE drafting over its own

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from treespec.generate import generate
+from treespec.generate import decode
 from treespec.result import TimedRun
 from treespec.static_pass import static_capacity
 from treespec.timing import StepTimer
@@ -190,7 +190,7 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         if config.run is not None:
             return Measured.of(config.run(prompt, budget, temperature, top_p, gen))
         # the synchronising observer charges the target and the drafter for their own kernels
-        return Measured.of(generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
+        return Measured.of(decode(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
                                     temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
                                     acceptance=config.acceptance, compile=compile,
                                     observer=StepTimer(synchronize=True, device=target.device)))
