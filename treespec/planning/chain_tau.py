@@ -237,7 +237,8 @@ def measure_on_prompt(target, drafter: Drafter, prompt: torch.Tensor, sampling: 
         raise ValueError("chain τ is for sampled candidates: measure it at a temperature above 0")
     depth = min(depth, drafter.max_tree_depth or depth)
     gen = torch.Generator().manual_seed(seed)
+    # the loop itself, not the public generate(): this runs while a generate() call plans, before its decoding
     windows = [decode(target, prompt, max_new_tokens=new_tokens, temperature=sampling.temperature,
-                        top_p=sampling.top_p, generator=gen).sequences for _ in range(continuations)]
+                      top_p=sampling.top_p, generator=gen).sequences for _ in range(continuations)]
     return measure_chain_tau(target, drafter, windows, depth=depth, sampling=sampling, lead=prompt.shape[1],
                              generator=gen)

@@ -136,7 +136,7 @@ def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor],
             alone = forward_time(target, n_tokens=1, past_len=prompt.shape[1], repeats=8, batch=batch)
             timer = CallTimer(synchronize=True, device=target.device)
             result = decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
-                              observer=timer)
+                            observer=timer)
             drafter.reset()
             proposals = timer.calls[DRAFT][1 : 1 + result.target_passes]  # after the prefill's call
             whole = whole_tree_steps(result.rows[0].accept_lengths, tree.depth, max_new_tokens)
