@@ -196,10 +196,11 @@ def load_module(source, target, kinds: tuple[DrafterKind, ...], *, format: str =
     ``aux_layers``, ``written_by``), refused for the formats without them."""
     folder = resolve_source(source)
     found = detect(folder, kinds, format)
-    for name, value in options.items():
-        if value is not None and found.format != "eagle3":
-            raise ValueError(f"{name} applies to upstream EAGLE-3 checkpoints; {found.where} is {found.format!r}")
     kind = next(k for k in kinds if k.name == found.kind)
+    for name, value in options.items():
+        if value is not None and (found.format == "treespec" or name not in kind.upstream_options):
+            takers = " or ".join(k.title or k.name for k in kinds if name in k.upstream_options)
+            raise ValueError(f"{name} applies to upstream {takers} checkpoints; {found.where} is {found.format!r}")
     if found.format == "treespec":
         return kind.load_folder(folder, found.config, target)
     if kind.needs_config_json and not (folder / "config.json").is_file():

@@ -14,7 +14,8 @@ loader and the scripts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from torch import nn
 
@@ -41,7 +42,9 @@ def fills_tree_at_once(drafter: Drafter) -> bool:
 
 class DrafterKind:
     """Base class; a kind overrides ``load``, ``new_drafter`` and, where it has them, ``rank_accuracy`` and
-    ``max_depth``."""
+    ``max_depth``, and sets the facts below that differ from the defaults. Everything known about a kind is here, so
+    that no code elsewhere compares a kind's name (tests/test_kind_names.py); a kind without weights is a
+    ``ModelFreeKind``."""
 
     #: the registry name (conf/drafter/<name>.yaml's ``name``)
     name: str = ""
@@ -60,9 +63,43 @@ class DrafterKind:
     upstream_format: str | None = None
     #: whether its upstream checkpoints must come with a config.json
     needs_config_json: bool = False
+    #: the loader's keywords its upstream layout takes (``load(aux_layers=...)``), refused for any other format
+    upstream_options: tuple[str, ...] = ()
+    #: its name in messages ("EAGLE-3"); empty: ``name``
+    title: str = ""
+
+    # -- serving (train/compare/serving.py prints the stacks' commands from these) -----------------------------------
+    #: vLLM's ``--speculative-config`` method for it (``vllm/config/speculative.py``); None: vLLM serves no such drafter
+    vllm_method: str | None = None
+    #: SGLang's ``--speculative-algorithm`` for it (``server_args.py``); None: SGLang serves no such drafter
+    sglang_algorithm: str | None = None
+    #: whether its checkpoint is converted into each stack's layout first (scripts/export_drafter.py --to <stack>);
+    #: False: a stack loads its source as it is (a draft model's folder) or there is none
+    serving_export: bool = False
+    #: the speculative config's keys for a drafter the stack runs without a model (prompt lookup's n-gram sizes)
+    vllm_settings: Mapping[str, object] = MappingProxyType({})
+
+    # -- training facts (train/training/: its run's summary, warnings and export check) ------------------------------
+    #: the validation metric its training loop logs as its depth-1 top-1 (``val/<key>``); None: it logs none
+    top1_metric: str | None = None
+    #: what that top-1 counts, so that it is not confused with the rank accuracies measured as decoding drafts
+    top1_meaning: str = ""
+    #: the drafter setting that picks the target hidden states it fuses (named when a run fuses one twice)
+    layers_key: str | None = None
+    #: what changes its drafter config so that the serving stacks can hold it (named when export_to is refused)
+    export_hint: str | None = None
+    #: its training recipes besides its own, by name: conf/drafter/<recipe>.yaml sets ``recipe: <recipe>``, its run
+    #: and folder are named after it, and its checkpoints load as this kind (Medusa-2's heads are Medusa heads)
+    recipes: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<drafter kind {self.name!r}>"
+
+    @property
+    def reads_source(self) -> bool:
+        """Whether ``load`` reads something from its source: its weights, or for a kind without (REST) what it
+        drafts from."""
+        return self.has_weights or type(self).load is not DrafterKind.load
 
     def load(self, source, target) -> nn.Module | None:
         """The trained module for ``target`` from ``source``; None for a kind without weights."""
@@ -153,7 +190,46 @@ class DrafterKind:
     def check_training(self, cfg, world_size: int) -> None:
         """Refuse, before any model loads, settings this kind cannot train with (``world_size``: processes)."""
 
+    def run_name(self, d) -> str:
+        """The name a training run of drafter config ``d`` goes by (its run folder, logs and summary): its recipe
+        (``d.recipe``, one of ``recipes``), else the kind's name."""
+        recipe = d.get("recipe")
+        if recipe is None:
+            return self.name
+        if recipe not in self.recipes:
+            has = f"the recipes {', '.join(self.recipes)}" if self.recipes else "no recipe besides its own"
+            raise ValueError(f"drafter.recipe={recipe!r}: drafter {self.name!r} has {has} (conf/drafter/<recipe>.yaml)")
+        return recipe
+
+    def kind_of(self, module) -> DrafterKind:
+        """The kind that drives ``module``, which this kind loaded: itself ("auto": the kind it turned out to be)."""
+        return self
+
+
+class ModelFreeKind(DrafterKind):
+    """A kind without weights (prompt lookup, SuffixDecoding, Token Recycling, REST, Lookahead): nothing to score,
+    time or train. ``drafter()`` makes its Drafter; with ``reads(source, target)`` (REST: its datastore, from the
+    corpus its source names) ``load`` returns what that reads and ``drafter(it)`` gets it. ``facts``: the
+    class's other attributes it sets (``vllm_method`` and the like)."""
+
+    has_weights = False
+
+    def __init__(self, name: str, drafter: Callable[..., Drafter],
+                 reads: Callable[[object, object], object] | None = None, **facts):
+        unknown = [key for key in facts if not hasattr(DrafterKind, key) or callable(getattr(DrafterKind, key))]
+        if unknown:  # a misspelt fact would otherwise be kept unread, and the kind would silently lack it
+            raise TypeError(f"drafter kind {name!r}: {', '.join(unknown)} is not a DrafterKind attribute")
+        self.name, self.drafter, self.reads = name, drafter, reads
+        for key, value in facts.items():
+            setattr(self, key, value)
+
     @property
-    def loads_as(self) -> str:
-        """The kind its trained folder loads as (Medusa-2's heads are Medusa heads)."""
-        return self.name
+    def reads_source(self) -> bool:
+        return self.reads is not None
+
+    def load(self, source, target):
+        # read here, before anything is timed, not at the first generate()
+        return self.reads(source, target) if self.reads is not None else None
+
+    def new_drafter(self, module, candidates, draft_vocab, lean) -> Drafter:
+        return self.drafter(module) if self.reads is not None else self.drafter()

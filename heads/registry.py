@@ -50,7 +50,6 @@ KINDS: tuple[DrafterKind, ...] = (
     rest.KIND,
     lookahead.KIND,
     medusa.KIND,
-    medusa.MEDUSA2,
     hydra.KIND,
     eagle.KIND,
     eagle3.KIND,

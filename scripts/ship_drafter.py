@@ -19,7 +19,10 @@ windows are not its workload). ``--cost-curve`` re-measures cost_curve.json (the
 drafter's own drafting cost and the engine's cost per step) on this machine, as training does at its end: do it on an
 idle machine. Elsewhere ``heads.load_profile(folder, target)`` measures its own once (a curve is per machine).
 
-A Medusa-2 run's heads are measured against its own fine-tuned target (``<name>/target``), the one they pair with.
+``<name>`` is a drafter kind with weights or one of their training recipes (``medusa2``: Medusa heads trained jointly
+with the target). A run that fine-tuned its target (Medusa-2) ships it beside the drafter (``<name>/target``, stored
+in bf16); the drafter is measured against it, the target it pairs with. The drafter is measured as the kind its
+folder holds.
 """
 
 import argparse
@@ -33,6 +36,7 @@ from treespec import reference
 from treespec.heads import registry
 from treespec.heads.accuracy import write_accuracy
 from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
+from treespec.heads.objective import TARGET_FOLDER
 from treespec.planning.autotree import COST_CURVE_FILE, write_cost_record
 from treespec.train.training.data import held_out_windows
 
@@ -41,11 +45,10 @@ WINDOWS, WINDOW_LEN = 32, 256  # the training runs' validation windows (conf/tra
 
 
 def main() -> None:
-    trainable = [kind.name for kind in registry.KINDS
-                 if kind.has_weights and kind.name != "auto"]  # drafters trained by train_heads.py
-    trainable.append("medusa2")  # Medusa heads with the target they were trained jointly with
+    # drafters trained by train_heads.py (or, the draft model, train_lm.py), by kind or by training recipe
+    trained = [name for kind in registry.KINDS if kind.has_weights for name in (kind.name, *kind.recipes)]
     parser = argparse.ArgumentParser()
-    parser.add_argument("name", choices=trainable)
+    parser.add_argument("name", choices=trained)
     parser.add_argument("--skip-copy", action="store_true")
     parser.add_argument("--run-dir", type=Path, default=None, help="the training run (default: runs/heads/<name>)")
     parser.add_argument("--target", default="target", help="the target it drafts for: target (the code reference) "
@@ -55,9 +58,9 @@ def main() -> None:
                         "loading upcasts them to the target's dtype)")
     args = parser.parse_args()
     reference_target = args.target == "target"
-    if reference_target and args.name == "draft" and not args.skip_copy:
-        parser.error("the code reference's draft model is a reference model: scripts/ship_reference.py writes it "
-                     "(--skip-copy measures its head_accuracy.json)")
+    if reference_target and args.name in reference.NAMES and not args.skip_copy:
+        parser.error(f"the code reference's {args.name} model is a reference model: scripts/ship_reference.py writes "
+                     "it (--skip-copy measures its head_accuracy.json)")
     out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
     if not args.skip_copy:
         run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
@@ -71,13 +74,12 @@ def main() -> None:
         for path in out.glob("*.safetensors"):
             weights = load_file(path)
             save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, path)
-    joint = args.name == "medusa2"
+    joint = (out / TARGET_FOLDER).is_dir()  # the run fine-tuned its target (Medusa-2): the drafter pairs with it
     if joint and not args.skip_copy:  # stored in bf16 as the reference target is (loaders upcast)
-        tuned, tuned_tokenizer = reference.load_model(out / "target")
-        tuned.to(torch.bfloat16).save_pretrained(out / "target")
-        tuned_tokenizer.save_pretrained(out / "target")
-    target, tokenizer = reference.load_model(out / "target") if joint else reference.load(args.target)
-    kind = "medusa" if joint else args.name
+        tuned, tuned_tokenizer = reference.load_model(out / TARGET_FOLDER)
+        tuned.to(torch.bfloat16).save_pretrained(out / TARGET_FOLDER)
+        tuned_tokenizer.save_pretrained(out / TARGET_FOLDER)
+    target, tokenizer = reference.load_model(out / TARGET_FOLDER) if joint else reference.load(args.target)
     if args.cost_curve:
         costs = measure_cost_model(target, registry.load(out, target))
         write_cost_record(out / COST_CURVE_FILE, costs.record(**about(target, files_fingerprint(out))))
@@ -87,6 +89,7 @@ def main() -> None:
     if not reference_target:
         return
     windows = held_out_windows(tokenizer, WINDOW_LEN, WINDOWS, ROOT / ".cache" / "data")
+    kind = registry.detect(out).kind  # what the folder holds (a Medusa-2 run's: Medusa heads)
     module = registry.load_module(kind, target, out)
     acc = registry.get(kind).rank_accuracy(target, module, windows)
     write_accuracy(out, acc)

@@ -18,6 +18,7 @@ from treespec.train.training import drafter_job as train_heads
 from treespec.train.training import lm_job as lm
 from treespec.train.training.chat import ChatRenderer
 from treespec.train.training.checkpoint import CheckpointMismatch
+from treespec.train.training.completions import Completion
 from treespec.train.training.regeneration import check_responses, regenerate
 
 from .helpers import chat_tokenizer, compose_cfg, conversations, write_jsonl
@@ -196,16 +197,14 @@ def test_report_of_a_malformed_results_file_names_it(tmp_path, contents, message
 
 
 # -- data jobs --------------------------------------------------------------------------------------------------
-class SilentTarget:
+class SilentBackend:
     """A target that ends every response at once: its end-of-text token straight after the assistant header."""
 
-    device = torch.device("cpu")
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
-    def __init__(self, eos: int):
-        self.eos = eos
-
-    def generate(self, input_ids, **kwargs):
-        return torch.cat([input_ids, torch.full((input_ids.shape[0], 1), self.eos)], dim=1)
+    def complete(self, prompts, **kwargs):
+        return [Completion("", 1) for _ in prompts]
 
 
 def test_regeneration_of_nothing_but_empty_responses_fails(tmp_path):
@@ -214,7 +213,7 @@ def test_regeneration_of_nothing_but_empty_responses_fails(tmp_path):
     tok.eos_token = "<|im_end|>"
     source = write_jsonl(tmp_path / "c.jsonl", conversations(3))
     cfg = compose_cfg("train_heads", ["data=chat", f"data.chat.source={source}"])
-    counts = regenerate(SilentTarget(tok.eos_token_id), tok, cfg.data.chat, tmp_path / "out.jsonl", progress=False)
+    counts = regenerate(SilentBackend(tok), cfg.data.chat, tmp_path / "out.jsonl", progress=False)
     assert counts["written"] == 3 and counts["empty_turns"] == counts["turns"] > 0
     with pytest.raises(ValueError, match=r"regeneration failed: all \d+ regenerated assistant turns are empty"):
         check_responses(counts, None)

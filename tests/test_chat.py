@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from treespec.train.training.chat import ChatRenderer, SampleBatches, encode_conversations, prepare_chat
+from treespec.train.training.completions import EmbeddedBackend
 from treespec.train.training.conversations import load_rows, normalize
 from treespec.train.training.data import train_tokenizer
 from treespec.train.training.regeneration import regenerate
@@ -134,7 +135,8 @@ def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
     source = write_jsonl(tmp_path / "c.jsonl", rows + BAD_ROWS[:1])
     cfg = compose_cfg("train_heads", ["data=chat", f"data.chat.source={source}"])
     out = tmp_path / "regen.jsonl"
-    first = regenerate(target, tok, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
+    backend = EmbeddedBackend(target, tok, "<|im_end|>")
+    first = regenerate(backend, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
     assert first["written"] == 5 and first["bad_rows"] == {"unknown role": 1}
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["row"] for r in lines] == [0, 1, 2, 3, 4]
@@ -146,7 +148,7 @@ def test_regenerate_replaces_assistant_turns_and_resumes(tmp_path):
                [m["content"] for m in old if m["role"] == "user"]
     # a kill mid-write: the cut line is dropped and only the missing rows are generated again
     out.write_text("\n".join(out.read_text().splitlines()[:2]) + '\n{"row": 2, "mess')
-    again = regenerate(target, tok, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
+    again = regenerate(backend, cfg.data.chat, out, batch_size=2, max_new_tokens=3, progress=False)
     assert again["written"] == 3 and again["already_done"] == 2
     assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 1, 2, 3, 4]
 

@@ -31,7 +31,7 @@ def job_of(config: str) -> str:
 CASES = [(job, []) for job in CHECKS]
 CASES += [(job_of(e), [f"experiment={e}", *NEEDS.get(e, [])]) for e in group("experiment")]
 CASES += [(job_of(d), [f"debug={d}"]) for d in group("debug")]
-TRAINABLE = [k.name for k in registry.KINDS if k.trainable]
+TRAINABLE = [name for k in registry.KINDS if k.trainable for name in (k.name, *k.recipes)]  # medusa2: a recipe
 CASES += [("train_heads", [f"drafter={d}"]) for d in TRAINABLE]
 CASES += [(job, [f"tree={t}"]) for job in ("train_heads", "compare") for t in group("tree")]
 # every drafter the comparison offers (medusa2 is a training recipe: its heads pair with their own fine-tuned target)
@@ -83,3 +83,14 @@ def test_untrainable_drafter_is_refused_when_composed():
 
     with pytest.raises(MissingConfigException, match="optim/prompt_lookup"):
         compose_cfg("train_heads", ["drafter=prompt_lookup"])
+
+
+def test_another_targets_default_drafters_are_the_model_free_ones_and_the_given_sources():
+    """drafters=null on a target other than the reference: the kinds without weights that read nothing (Lookahead
+    included), then every entry given a source (REST once given its corpus)."""
+    from treespec.train.compare.job_config import drafter_labels
+
+    cfg = compose_cfg("compare", ["target=/models/mine", "available.eagle3.source=/ckpt/e3"])
+    assert drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "lookahead", "eagle3"]
+    cfg = compose_cfg("compare", ["target=/models/mine", "available.rest.source=/data/corpus"])
+    assert drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "lookahead", "rest"]

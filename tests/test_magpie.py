@@ -11,6 +11,8 @@ import pytest
 from treespec.reference import load_model
 from treespec.train.training import magpie
 from treespec.train.training.chat import ChatRenderer
+from treespec.train.training.completions import EmbeddedBackend
+from treespec.train.training.magpie_tasks import TASKS
 from treespec.train.training.regeneration import run as regenerate_job
 
 from .helpers import chat_tokenizer, compose_cfg, tiny_chat_target
@@ -19,7 +21,8 @@ from .helpers import chat_tokenizer, compose_cfg, tiny_chat_target
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory):
     target, tok = load_model(tiny_chat_target(tmp_path_factory.mktemp("target")))
-    return target, tok, ChatRenderer(tok)
+    renderer = ChatRenderer(tok)
+    return EmbeddedBackend(target, tok, renderer.end_marker), tok, renderer
 
 
 def requests(path):
@@ -34,9 +37,9 @@ def test_the_prefix_is_the_templates_user_turn_up_to_its_content():
 
 
 def test_requests_are_unique_bounded_and_never_excluded(chat_target, tmp_path):
-    target, tok, renderer = chat_target
+    backend, tok, renderer = chat_target
     common = {"count": 6, "batch_size": 4, "max_new_tokens": 8, "min_chars": 5, "max_chars": 60, "progress": False}
-    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "a.jsonl", **common)
+    counts = magpie.generate_requests(backend, renderer, tmp_path / "a.jsonl", **common)
     rows = requests(tmp_path / "a.jsonl")
     texts = [r["messages"][0]["content"] for r in rows]
     assert counts["requests"] == len(rows) == 6 and [r["row"] for r in rows] == list(range(6))
@@ -46,25 +49,25 @@ def test_requests_are_unique_bounded_and_never_excluded(chat_target, tmp_path):
     bench = tmp_path / "question.jsonl"
     bench.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": [texts[0].upper() + "  "]}) + "\n")
     exclude = magpie.excluded_texts(bench)
-    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "b.jsonl", exclude=exclude, **common)
+    counts = magpie.generate_requests(backend, renderer, tmp_path / "b.jsonl", exclude=exclude, **common)
     kept = [r["messages"][0]["content"] for r in requests(tmp_path / "b.jsonl")]
     assert counts["dropped"]["excluded"] >= 1 and texts[0] not in kept and len(kept) == 6
 
 
 def test_a_killed_run_resumes_to_the_same_file(chat_target, tmp_path):
-    target, tok, renderer = chat_target
+    backend, tok, renderer = chat_target
     common = {"count": 7, "batch_size": 3, "max_new_tokens": 8, "min_chars": 3, "progress": False}
-    magpie.generate_requests(target, tok, renderer, tmp_path / "whole.jsonl", **common)
+    magpie.generate_requests(backend, renderer, tmp_path / "whole.jsonl", **common)
     whole = (tmp_path / "whole.jsonl").read_text()
     lines = whole.splitlines(keepends=True)
     (tmp_path / "cut.jsonl").write_text("".join(lines[:4]) + lines[4][:15])  # killed mid-write
-    magpie.generate_requests(target, tok, renderer, tmp_path / "cut.jsonl", **common)
+    magpie.generate_requests(backend, renderer, tmp_path / "cut.jsonl", **common)
     assert (tmp_path / "cut.jsonl").read_text() == whole
 
 
 def test_a_model_that_repeats_itself_stops(chat_target, tmp_path):
-    target, tok, renderer = chat_target
-    counts = magpie.generate_requests(target, tok, renderer, tmp_path / "same.jsonl", count=5, batch_size=4,
+    backend, tok, renderer = chat_target
+    counts = magpie.generate_requests(backend, renderer, tmp_path / "same.jsonl", count=5, batch_size=4,
                                       temperature=1e-4, max_new_tokens=6, min_chars=1, max_batches=3,
                                       progress=False)
     assert counts["stopped_early"] and counts["requests"] == 1 and counts["dropped"]["duplicate"] == 11
@@ -85,7 +88,49 @@ def test_the_regeneration_job_answers_its_own_requests(tmp_path):
     assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in rows)
 
 
+def test_task_kinds_ask_for_each_kind_batch_by_batch(chat_target, tmp_path):
+    backend, tok, renderer = chat_target
+    tasks = ["translation", "math"]
+    magpie.generate_requests(backend, renderer, tmp_path / "t.jsonl", count=6, batch_size=3, max_new_tokens=6,
+                             min_chars=1, max_chars=400, tasks=tasks, progress=False)
+    rows = requests(tmp_path / "t.jsonl")
+    assert len(rows) == 6
+    for r in rows:
+        kind = tasks[r["batch"] % 2]
+        assert r["category"] == kind
+        # the request starts with one of its kind's openers (the model continues it)
+        assert any(r["messages"][0]["content"].startswith(o) for o in TASKS[kind].openers if o)
+    # each kind's batch was sampled under its own system prompt: the prompts differ by kind
+    assert magpie.user_prefix(renderer, TASKS["math"].system) != magpie.user_prefix(renderer, TASKS["qa"].system)
+
+
+def test_follow_ups_add_second_turns_and_a_killed_run_resumes_to_the_same_file(tmp_path):
+    target_dir = tiny_chat_target(tmp_path / "target")
+    common = ["data=chat", "data.chat.source=magpie", f"target={target_dir}", f"data.cache_dir={tmp_path / 'cache'}",
+              "data.magpie.conversations=6", "data.magpie.batch_size=3", "data.magpie.min_chars=1",
+              "data.magpie.max_new_tokens=6", "data.regenerate.max_new_tokens=3", "data.regenerate.batch_size=2",
+              "data.magpie.second_turns=0.5", "data.magpie.tasks=[qa,coding]"]
+    whole = tmp_path / "whole.jsonl"
+    counts = regenerate_job(compose_cfg("train_heads", [*common, f"data.regenerate.out={whole}"]))
+    rows = requests(whole)
+    chosen = [r for r in rows if len(r["messages"]) == 4]
+    assert counts["written"] == 6 and counts["assistant_tokens"] > 0
+    # the chosen share got a follow-up request (a new user turn) and its answer; the rest one turn
+    assert chosen and len(chosen) < 6 and all(len(r["messages"]) in (2, 4) for r in rows)
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant", "user", "assistant"] for r in chosen)
+    assert all(r["category"] in ("qa", "coding") for r in rows)
+    # a kill mid-write: the cut line is dropped and the rerun writes what an uninterrupted run wrote
+    killed = tmp_path / "killed.jsonl"
+    (tmp_path / "killed.jsonl.requests.jsonl").write_bytes((tmp_path / "whole.jsonl.requests.jsonl").read_bytes())
+    lines = whole.read_text().splitlines(keepends=True)
+    killed.write_text("".join(lines[:2]) + lines[2][:20])
+    regenerate_job(compose_cfg("train_heads", [*common, f"data.regenerate.out={killed}"]))
+    assert killed.read_text() == whole.read_text()
+
+
 @pytest.mark.parametrize("override, message", [
+    ("data.magpie.tasks=[poetry]", r"data.magpie.tasks: unknown task kind\(s\) \['poetry'\]"),
+    ("data.magpie.second_turns=2", r"data.magpie.second_turns"),
     ("data.magpie.min_chars=2000", r"min_chars=2000 exceeds data.magpie.max_chars"),
     ("data.magpie.exclude=/nonexistent/q.jsonl", r"data.magpie.exclude=/nonexistent/q.jsonl: no such file"),
     ("data.magpie.temperature=0", r"data.magpie.temperature"),

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from treespec import Tree, generate
+from treespec.heads import registry
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.heads.medusa.objective import medusa_loss
 from treespec.planning.analysis import grow_tree
@@ -125,7 +126,8 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
     assert backbone and all(torch.equal(v, original.state_dict()[k]) for k, v in backbone.items())  # untouched
     resumed = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "resume=true"]))
     whole = heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'b'}"]))
-    assert whole["steps"] == resumed["steps"] == 40
+    assert whole["steps"] == resumed["steps"] == 40 and whole["drafter"] == "medusa2"  # the recipe names its run
+    assert registry.detect(tmp_path / "b" / "final").kind == "medusa"  # its folder holds Medusa heads
     for name in ("medusa.safetensors", "target/model.safetensors"):
         a, b = (load_file(tmp_path / r / "final" / name) for r in "ab")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
@@ -140,6 +142,23 @@ def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_pat
     for tree in (Tree.chain(3), Tree.full(2, 2)):
         out = generate(tuned, prompt, drafter=Medusa(heads), tree=tree, max_new_tokens=24)
         assert torch.equal(out.sequences, hf_greedy(tuned, prompt, 24))
+
+
+def test_medusa2_is_a_medusa_training_recipe_not_a_kind():
+    """drafter=medusa2 composes a Medusa config with the joint recipe; its run keeps its own folder, the registry
+    lists no medusa2 kind, and a recipe Medusa does not have is refused before anything loads."""
+    from treespec.train.training import drafter_job as heads_training
+
+    cfg = compose_cfg("train_heads", ["drafter=medusa2"])
+    assert (cfg.drafter.name, cfg.drafter.recipe) == ("medusa", "medusa2") and cfg.run_dir.endswith("heads/medusa2")
+    assert compose_cfg("train_heads", ["drafter=medusa"]).run_dir.endswith("heads/medusa")
+    assert "medusa2" not in [k.name for k in registry.KINDS] and "medusa2" in registry.get("medusa").recipes
+    with pytest.raises(ValueError, match="unknown drafter 'medusa2'"):
+        registry.get("medusa2")
+    with pytest.raises(ValueError, match=r"drafter.recipe='medusa3': drafter 'medusa' has the recipes medusa2"):
+        heads_training.check_config(compose_cfg("train_heads", ["drafter=medusa2", "drafter.recipe=medusa3"]))
+    with pytest.raises(ValueError, match=r"drafter.recipe='medusa2': drafter 'eagle' has no recipe besides its own"):
+        heads_training.check_config(compose_cfg("train_heads", ["drafter=eagle", "+drafter.recipe=medusa2"]))
 
 
 def test_medusa2_refuses_settings_it_cannot_train():

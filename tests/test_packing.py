@@ -153,7 +153,7 @@ def recipe_of(name, target, samples):
                  *(["drafter.prefix_attention=true", "drafter.distill=true"] if name == "hydra" else [])]
     cfg = compose_cfg("train_heads", overrides)
     torch.manual_seed(0)
-    recipe = registry.get(name).recipe(cfg, target, samples.trained_tokens())
+    recipe = registry.get(cfg.drafter.name).recipe(cfg, target, samples.trained_tokens())  # medusa2: a Medusa recipe
     recipe.module.eval()  # no feature noise: the two batches' losses are then comparable
     if name == "medusa2":
         recipe.module.set_step(10**6)  # joint: the backbone's LM terms count too

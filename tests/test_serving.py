@@ -3,10 +3,16 @@ trees a stack cannot represent rounded and said so, treespec's own names turned 
 
 import json
 import shlex
+from types import SimpleNamespace
 
 from treespec import Tree
+from treespec.dynamic_tree import DynamicTree
+from treespec.heads import registry
 from treespec.reference import resolve
-from treespec.train.compare.serving import markdown, settings
+from treespec.train.compare.entries import entry_record
+from treespec.train.compare.serving import markdown, run_settings, settings
+
+from .helpers import compose_cfg
 
 
 def vllm_config(line: str) -> dict:
@@ -67,3 +73,76 @@ def test_paths_with_spaces_stay_one_argument():
     assert shlex.split(s.vllm)[2] == "/my models/t" and vllm_config(s.vllm)["model"] == "/my exports/eagle3-vllm"
     assert flags(s.sglang)["--speculative-draft-model-path"] == "/my exports/eagle3-sglang"
     assert shlex.split(s.exports[0])[2] == "/my runs/eagle3"
+
+
+def comparison_run(folder, label: str, entry: dict, tree_spec: dict, tree: str):
+    """A comparison run's folder whose only drafter, ``label`` (its ``drafter_entries`` record ``entry``), won with
+    ``tree_spec``: the results.json serve_settings reads."""
+    records = [{"config": "vanilla", "drafter": "none", "tree": "vanilla", "nodes": 0, "speedup": 1.0, "tau": 1.0},
+               {"config": f"{label} | {tree}", "drafter": label, "tree": tree, "nodes": 4, "speedup": 1.8,
+                "tau": 2.5, "tree_spec": tree_spec}]
+    result = {"format": 3, "stamp": {"target": {"source": "org/target"}}, "settings": {}, "cost_curve": {"1": 0.01},
+              "records": records, "drafter_entries": {label: entry}}
+    (folder / "results.json").write_text(json.dumps(result))
+    return folder
+
+
+def test_a_checkpoint_loaded_through_auto_is_served_as_the_kind_it_was_detected_as(tmp_path):
+    """drafter=upstream's entry is named "auto"; what serves it is the kind its checkpoint turned out to be:
+    recorded by the comparison, or (a run from before that was recorded) detected again from its source."""
+    chain = {"kind": "chain", "depth": 3}
+    recorded = comparison_run(tmp_path, "upstream", {"name": "auto", "source": "/ckpt/e3", "kind": "eagle3"}, chain,
+                              "chain γ=3")
+    (served,) = run_settings(recorded)
+    assert vllm_config(served.vllm) == {"method": "eagle3", "num_speculative_tokens": 3,
+                                        "model": "exports/upstream-vllm"}
+    assert flags(served.sglang)["--speculative-algorithm"] == "EAGLE3" and served.notes == []
+    checkpoint = tmp_path / "e3"
+    checkpoint.mkdir()
+    (checkpoint / "eagle3_config.json").write_text(json.dumps({"drafter": {}}))  # what detection reads
+    older = tmp_path / "older"
+    older.mkdir()
+    comparison_run(older, "upstream", {"name": "auto", "source": str(checkpoint)}, chain, "chain γ=3")
+    assert vllm_config(run_settings(older)[0].vllm)["method"] == "eagle3"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    comparison_run(gone, "upstream", {"name": "auto", "source": str(tmp_path / "moved")}, chain, "chain γ=3")
+    (unread,) = run_settings(gone)
+    assert unread.vllm is None and "could not be read to tell which kind it is" in unread.notes[0]
+
+
+def test_a_dynamic_winner_is_served_with_its_own_numbers():
+    """EAGLE-2's dynamic tree is SGLang's own: depth, top-k and tokens (root included) exactly; vLLM takes chains
+    only, so it gets the chain of the tree's depth, and the output says so."""
+    s = settings("eagle", "eagle", "reference:eagle", DynamicTree(total_tokens=10, depth=4, top_k=3), "org/t")
+    assert flags(s.sglang) == {"--model-path": "org/t", "--speculative-algorithm": "EAGLE",
+                               "--speculative-draft-model-path": "exports/eagle-sglang",
+                               "--speculative-num-steps": "4", "--speculative-eagle-topk": "3",
+                               "--speculative-num-draft-tokens": "11"}
+    assert vllm_config(s.vllm)["num_speculative_tokens"] == 4
+    assert len(s.notes) == 1 and s.notes[0].startswith("vLLM: its speculative config takes chains only")
+
+
+def test_serve_settings_keeps_a_winner_whose_best_tree_is_dynamic(tmp_path):
+    dynamic = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
+    run = comparison_run(tmp_path, "eagle3", {"name": "eagle3", "source": "runs/heads/eagle3/final"}, dynamic,
+                         "dynamic 8")
+    (served,) = run_settings(run)
+    assert flags(served.sglang)["--speculative-num-draft-tokens"] == "9" and served.vllm
+    text = markdown([served])
+    assert "## eagle3: dynamic 8" in text and "python -m sglang.launch_server" in text and "chains only" in text
+
+
+def test_every_kind_the_stacks_serve_says_how():
+    """The serving facts are the kinds' own: each one a stack serves gets its method, the others are refused."""
+    for kind in registry.KINDS:
+        s = settings(kind.name, kind, "/x", Tree.chain(2), "org/t")
+        assert (s.vllm is not None) == (kind.vllm_method is not None)
+        assert (s.sglang is not None) == (kind.sglang_algorithm is not None)
+        assert bool(s.exports) == kind.serving_export
+
+
+def test_the_comparison_records_the_kind_an_auto_entry_turned_out_to_be():
+    cfg = compose_cfg("compare", ["available.upstream.source=/ckpt/e3"])
+    assert entry_record(cfg, "upstream", SimpleNamespace(kind="eagle3"))["kind"] == "eagle3"
+    assert "kind" not in entry_record(cfg, "eagle", SimpleNamespace(kind="eagle"))  # its name says it already

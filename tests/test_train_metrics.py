@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from treespec.dynamic_tree import DynamicTree
+from treespec.heads import registry
 from treespec.heads.eagle3 import Eagle3Model
 from treespec.heads.export import CONSUMERS, formats
 from treespec.train.training import run_summary
@@ -43,11 +44,22 @@ def test_measured_tau_is_set_beside_the_expected_one():
 
 
 def test_duplicate_aux_layers_warn_with_the_layers_and_the_reason():
-    warning = run_summary.duplicate_layers_warning("eagle3", (1, 1, 1), 2)
+    eagle3, eagle, medusa = (registry.get(name) for name in ("eagle3", "eagle", "medusa"))
+    warning = run_summary.duplicate_layers_warning(eagle3, (1, 1, 1), 2)
     assert "(1, 1, 1)" in warning and "2-layer target" in warning and "drafter.aux_layers" in warning
-    assert run_summary.duplicate_layers_warning("eagle3", (2, 3, 4), 7) is None
-    assert "drafter.feature_layers" in run_summary.duplicate_layers_warning("eagle", (1, 1, -1), 2)  # -1 = 2: fine
-    assert run_summary.duplicate_layers_warning("medusa", (), 2) is None
+    assert run_summary.duplicate_layers_warning(eagle3, (2, 3, 4), 7) is None
+    assert "drafter.feature_layers" in run_summary.duplicate_layers_warning(eagle, (1, 1, -1), 2)  # -1 = 2: fine
+    assert run_summary.duplicate_layers_warning(medusa, (), 2) is None
+
+
+def test_each_kind_names_its_in_training_top1():
+    """The in-training top-1 a run's summary shows is the kind's own metric, with what it counts."""
+    lines = run_summary.top1_lines(registry.get("eagle3"), {"eagle3_top1_0": 0.5, "depth1_top1": 0.9}, {}, None)
+    assert lines == ["0.500 in training (val/eagle3_top1_0: step 0, teacher forced on the validation windows, only "
+                     "positions whose target token is in the draft vocabulary, against the target's argmax over "
+                     "that vocabulary)"]
+    assert run_summary.top1_lines(registry.get("medusa"), {"depth1_top1": 0.25}, {}, None)[0].startswith("0.250")
+    assert run_summary.top1_lines(registry.get("prompt_lookup"), {"top1": 0.3}, {}, None) == []
 
 
 def test_resume_command_drops_stop_after_and_keeps_the_run():

@@ -394,7 +394,7 @@ def test_comparison_on_a_chat_workload_reports_by_category(chat_models, tmp_path
         "workload.max_new_tokens={math: 4}", "trees=[{kind: chain, depth: 2}, {kind: accuracy, nodes: 3}]",
         "cost_sizes=[1,2,4]", "logger=none", f"paths.data={tmp_path / 'cache'}"])
     # another target: the model-free drafters + given sources
-    assert compare.drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "draft"]
+    assert compare.drafter_labels(cfg) == ["prompt_lookup", "recycling", "suffix", "lookahead", "draft"]
     result = compare.run_from_config(cfg, tmp_path / "run")
     info = result["prompt_info"]
     assert {p["category"] for p in info} == {"math", "writing"}

@@ -28,6 +28,11 @@ class DraftModelKind(DrafterKind):
     reduces_vocab = True
     module_type = PreTrainedModel
     upstream_format = "transformers"
+    title = "draft model"
+    vllm_method, sglang_algorithm = "draft_model", "STANDALONE"  # both load its transformers folder as it is
+    top1_metric = "top1"
+    top1_meaning = ("the draft model's argmax against the target's, teacher forced on the validation data's scored "
+                    "positions")
 
     def load(self, source, target):
         return load_model(source, dtype=target.dtype)[0].to(target.device)

@@ -20,6 +20,12 @@ class EagleKind(DrafterKind):
     module_type = EagleModel
     upstream_format = "eagle"
     needs_config_json = True  # heads, RoPE and norms are read from it
+    title = "EAGLE"
+    vllm_method, sglang_algorithm, serving_export = "eagle", "EAGLE", True
+    top1_metric = "top1_0"
+    top1_meaning = "step 0 fed the target's features, teacher forced on the validation windows"
+    layers_key = "drafter.feature_layers"
+    export_hint = "drafter.variant=upstream, no fusion"  # the layout SafeAILab's EAGLE, vLLM and SGLang read
 
     def load(self, source, target) -> EagleModel:
         return EagleModel.from_pretrained(resolve(source), target)

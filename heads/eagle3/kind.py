@@ -26,6 +26,14 @@ class Eagle3Kind(DrafterKind):
     module_type = Eagle3Model
     upstream_format = "eagle3"
     needs_config_json = True  # heads, RoPE and norms are read from it
+    upstream_options = ("aux_layers", "written_by")  # what its config may leave unsaid (heads/eagle3/upstream.py)
+    title = "EAGLE-3"
+    vllm_method, sglang_algorithm, serving_export = "eagle3", "EAGLE3", True
+    top1_metric = "eagle3_top1_0"
+    top1_meaning = ("step 0, teacher forced on the validation windows, only positions whose target token is in the "
+                    "draft vocabulary, against the target's argmax over that vocabulary")
+    layers_key = "drafter.aux_layers"
+    export_hint = "drafter.layer=llama"  # the decoder layer the serving stacks implement
 
     def load(self, source, target) -> Eagle3Model:
         return Eagle3Model.from_pretrained(resolve(source), target)

@@ -19,6 +19,9 @@ class HydraKind(DrafterKind):
     name = "hydra"
     module_type = HydraHeads
     candidate_modes = ("topk", "sample", "without_replacement")  # children per node: its own distribution
+    title = "Hydra"
+    top1_metric = "depth1_top1"
+    top1_meaning = "head 1 on the target's hidden states of the validation windows, its path the window's next token"
 
     def load(self, source, target) -> HydraHeads:
         return HydraHeads.from_pretrained(resolve(source), target)

@@ -1,5 +1,6 @@
-"""The Medusa kinds: Medusa-1 heads on a frozen target (conf/drafter/medusa.yaml), and Medusa-2, the same heads
-trained jointly with the target (conf/drafter/medusa2.yaml), whose folders load as Medusa heads."""
+"""The Medusa kind: Medusa heads (conf/drafter/medusa.yaml), trained on a frozen target (Medusa-1) or, with the
+recipe ``medusa2`` (conf/drafter/medusa2.yaml: ``recipe: medusa2``), jointly with the target (heads/medusa/
+medusa2.py); either run's folder holds Medusa heads and loads as this kind."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ class MedusaKind(DrafterKind):
     """Medusa heads; upstream checkpoints (Medusa-1 ``medusa_lm_head``, Medusa-2, vLLM's blocks) too."""
 
     name = "medusa"
+    title = "Medusa"
     reduces_vocab = True
     module_type = MedusaHeads
     upstream_format = "medusa"
+    vllm_method, serving_export = "medusa", True  # SGLang serves no Medusa heads
+    top1_metric = "depth1_top1"
+    top1_meaning = "head 1 on the target's hidden states of the validation windows"
+    recipes = ("medusa2",)  # Medusa-2: the heads trained jointly with the target
 
     def load(self, source, target) -> MedusaHeads:
         return MedusaHeads.from_pretrained(resolve(source), target)
@@ -42,25 +48,12 @@ class MedusaKind(DrafterKind):
         return config, tensors, "medusa_lm_head.pt" if to == "medusa" else "model.safetensors"
 
     def recipe(self, cfg, target, train_tokens=None):
-        return objective.recipe(cfg, target, train_tokens)
-
-
-class Medusa2Kind(MedusaKind):
-    """Medusa-2: trained with the target (heads/medusa/medusa2.py); its run's heads are Medusa heads."""
-
-    name = "medusa2"
-    upstream_format = None  # its folders are Medusa's: read through "medusa"
-
-    def recipe(self, cfg, target, train_tokens=None):
-        return medusa2.recipe(cfg, target, train_tokens)
+        joint = self.run_name(cfg.drafter) in self.recipes
+        return (medusa2 if joint else objective).recipe(cfg, target, train_tokens)
 
     def check_training(self, cfg, world_size: int) -> None:
-        medusa2.check_settings(cfg, world_size)
-
-    @property
-    def loads_as(self) -> str:
-        return "medusa"
+        if self.run_name(cfg.drafter) in self.recipes:
+            medusa2.check_settings(cfg, world_size)
 
 
 KIND = MedusaKind()
-MEDUSA2 = Medusa2Kind()

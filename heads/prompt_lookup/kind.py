@@ -1,19 +1,13 @@
-"""The prompt-lookup kind: no weights, so nothing to load, score, time or train."""
+"""The prompt-lookup kind (conf/drafter/prompt_lookup.yaml): n-gram matches in the context; no weights, so nothing
+to load, score, time or train. vLLM serves it as its ``ngram`` method, SGLang as ``NGRAM``."""
 
 from __future__ import annotations
 
-from treespec.heads.kind import DrafterKind
+from treespec.heads.kind import ModelFreeKind
 from treespec.heads.prompt_lookup.drafter import PromptLookup
 
-
-class PromptLookupKind(DrafterKind):
-    """Prompt lookup (conf/drafter/prompt_lookup.yaml): no weights, so nothing to load, score or time."""
-
-    name = "prompt_lookup"
-    has_weights = False
-
-    def new_drafter(self, module, candidates, draft_vocab, lean) -> PromptLookup:
-        return PromptLookup()
-
-
-KIND = PromptLookupKind()
+_DEFAULTS = PromptLookup()
+KIND = ModelFreeKind(
+    "prompt_lookup", PromptLookup, vllm_method="ngram", sglang_algorithm="NGRAM",
+    # vLLM's n-gram sizes are PromptLookup's own defaults, so that the stack drafts as the comparison measured
+    vllm_settings={"prompt_lookup_max": _DEFAULTS.max_ngram, "prompt_lookup_min": _DEFAULTS.min_ngram})

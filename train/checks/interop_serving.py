@@ -220,9 +220,10 @@ def _served(python: str, target, tokenizer, work: Path, run: str | None) -> dict
     work.mkdir(parents=True, exist_ok=True)
     run_dir = Path(run) if run else small_comparison(work)
     result, _ = load_result(run_dir)
+    eagle3 = registry.get("eagle3")
     with contextlib.chdir(ROOT):  # paths printed as the user sees them from the checkout
         servings = [s for s in run_settings(run_dir, out_dir=str(work / "exports")) if s.vllm
-                    and printed_vllm(s.vllm)[1].get("method") == "eagle3"]
+                    and printed_vllm(s.vllm)[1].get("method") == eagle3.vllm_method]
     if len(servings) != 1:
         raise ValueError(f"{run_dir}: {len(servings)} EAGLE-3 serving commands printed, expected one")
     s = servings[0]
@@ -237,7 +238,7 @@ def _served(python: str, target, tokenizer, work: Path, run: str | None) -> dict
     end = list(result["settings"].get("end_token_ids") or [])
     alias_vllm(python)
     theirs = vllm_side(str(Path(python).with_name("vllm")), args, prompts, end, work / "vllm-serve.log")
-    entry = (result.get("drafter_entries") or {}).get(s.label) or {"name": "eagle3", "source": None}
+    entry = (result.get("drafter_entries") or {}).get(s.label) or {"name": eagle3.name, "source": None}
     drafter = registry.build(entry["name"], target, source=entry.get("source"),
                              candidates=entry.get("candidates", "topk"))
     ours = [treespec_side(target, drafter, p, k, end) for p in prompts]

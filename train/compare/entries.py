@@ -62,11 +62,16 @@ def max_depth_of(cfg, label: str, module) -> int | None:
     return min((d for d in depths if d is not None), default=None)
 
 
-def entry_record(cfg, label: str) -> dict:
+def entry_record(cfg, label: str, module=None) -> dict:
     """How to make drafter ``label`` again (results.json, the saved trees, results.md's usage lines): its registry
-    name, source and candidates; a combination's mode, budget and parts too."""
+    name, source and candidates; a combination's mode, budget and parts too. With the ``module`` it loaded, an
+    "auto" entry (drafter=upstream) records the kind its checkpoint turned out to be (``kind``): what serves it
+    (train/compare/serving.py)."""
     entry = cfg.available[label]
     record = {"name": entry.name, "source": entry.get("source"), "candidates": entry.get("candidates", "topk")}
+    kind = registry.get(entry.name)
+    if module is not None and kind.kind_of(module) is not kind:
+        record["kind"] = kind.kind_of(module).name
     parts = parts_of(cfg, label)
     if parts:
         record |= {"mode": entry.get("mode", "union"), "nodes": entry.get("nodes"),

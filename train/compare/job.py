@@ -134,7 +134,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         step = functools.partial(kind.drafting_step, drafter) if kind.has_weights else None
         specs.append(DrafterSpec(label, drafter, accuracy, drafting_cost=cost,
                                  max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
-                                 drafting_step=step, entry=entry_record(cfg, label), chain_tau=chain,
+                                 drafting_step=step, entry=entry_record(cfg, label, module), chain_tau=chain,
                                  trees=own_trees(cfg, label)))
     return specs
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from treespec import reference
+from treespec.heads import registry
 from treespec.planning.tree_spec import check_tree_spec
 from treespec.train.compare.configurations import expand_specs
 from treespec.train.compare.entries import check_entry
@@ -20,7 +21,6 @@ from treespec.walker import ACCEPTANCE_MODES
 REFERENCE_TARGET = "reference:target"
 # drafters: null on the reference target; its draft model runs as the assisted-generation baseline
 REFERENCE_DRAFTERS = ("prompt_lookup", "recycling", "suffix", "medusa", "eagle")
-MODEL_FREE = ("prompt_lookup", "recycling", "suffix")  # drafters: null on any other target, beside given sources
 SOURCES = ("reference", "jsonl", "dataset", "texts")
 
 
@@ -40,7 +40,16 @@ def drafter_labels(cfg) -> list[str]:
     given = [label for label, entry in cfg.available.items() if "source" in entry
              and not OmegaConf.is_missing(entry, "source") and entry.source is not None
              and not str(entry.source).startswith(reference.PREFIX)]
-    return [*MODEL_FREE, *given]
+    return [*(label for label in model_free(cfg) if label not in given), *given]
+
+
+def model_free(cfg) -> list[str]:
+    """The entries of ``available`` whose drafter needs nothing trained or read for the target: kinds without
+    weights or parts that read no source. REST reads its corpus (its default is the code reference's stdlib, minutes
+    to encode with another tokenizer and unlike its text): it runs when given one, as an entry given a source."""
+    kinds = {label: registry.get(entry.name) for label, entry in cfg.available.items()}
+    return [label for label, kind in kinds.items()
+            if not kind.has_weights and not kind.has_parts and not kind.reads_source]
 
 
 def tree_specs_of(cfg) -> list[dict]:

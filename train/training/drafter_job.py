@@ -42,12 +42,13 @@ from treespec.train.training.loop import OptimConfig, train
 from treespec.train.training.packing import PackedBatches, check_packing
 
 
-def trainable_kind(name: str):
-    """The registry's kind ``name`` (heads/<kind>/kind.py), which holds its training objective."""
-    kind = registry.get(name)
+def trainable_kind(d):
+    """The registry's kind of drafter config ``d``: its training objectives, its own and its recipe's (checked)."""
+    kind = registry.get(d.name)
     if not kind.trainable:
-        trainable = ", ".join(k.name for k in registry.KINDS if k.trainable)
-        raise ValueError(f"drafter={name!r} cannot be trained; trainable drafters: {trainable}")
+        trainable = ", ".join(n for k in registry.KINDS if k.trainable for n in (k.name, *k.recipes))
+        raise ValueError(f"drafter={d.name!r} cannot be trained; trainable drafters: {trainable}")
+    kind.run_name(d)
     return kind
 
 
@@ -59,7 +60,7 @@ def eval_tree_spec(cfg):
 
 def check_config(cfg) -> None:
     """Everything that can be wrong in the config, raised before any model is loaded or trained."""
-    kind = trainable_kind(cfg.drafter.name)
+    kind = trainable_kind(cfg.drafter)
     spec = eval_tree_spec(cfg)
     if spec is None:
         raise ValueError("no evaluation tree: set tree=... or the drafter's eval_tree")
@@ -213,7 +214,7 @@ def decoding_eval(cfg, target, recipe, accuracy, prompts, tree16=None, choose=No
     """Decode held-out prompts with the trained drafter on the evaluation tree (an "auto" one chosen by ``choose``,
     the saved cost model's chooser), against vanilla, and on ``tree16`` when given (the expected τ's 16-node
     accuracy tree) → (metrics, the drafter's row, the tree, tree16's row or None)."""
-    e, spec, name = cfg.eval, eval_tree_spec(cfg), cfg.drafter.name
+    e, spec, name = cfg.eval, eval_tree_spec(cfg), registry.get(cfg.drafter.name).run_name(cfg.drafter)
     tree = build_tree(spec, accuracy=accuracy, choose=choose)
     configs = [Config(name, recipe.drafter(), tree)]
     if tree16 is not None:
@@ -279,6 +280,7 @@ def run(cfg) -> dict:
 def _run(cfg, ctx) -> dict:
     t, d = cfg.trainer, cfg.drafter
     kind = registry.get(d.name)
+    label = kind.run_name(d)  # a recipe's run goes by the recipe's name (Medusa-2's: medusa2)
     target, tokenizer = load_target(cfg, ctx)
     check_export_targets(cfg, target, kind.recipe, log=ctx.is_main)  # every rank refuses alike
     with distributed.rank0_first(ctx):  # rank 0 fills the data caches, the others read them
@@ -290,11 +292,11 @@ def _run(cfg, ctx) -> dict:
     total_steps = t.max_steps or math.ceil(t.epochs * data.batches.steps_per_epoch)
     n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     n_layers = target.config.num_hidden_layers
-    warning = run_summary.duplicate_layers_warning(d.name, kind.target_layers(d, n_layers), n_layers)
+    warning = run_summary.duplicate_layers_warning(kind, kind.target_layers(d, n_layers), n_layers)
     warnings = [warning] if warning else []
     if ctx.is_main:
         where = f", {ctx.world_size} ranks ({ctx.strategy})" if ctx.distributed else ""
-        print(f"{d.name}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps"
+        print(f"{label}: {recipe.description}, {n_params / 1e6:.2f}M trainable parameters, {total_steps} steps"
               f"{where}")
         for warning in warnings:
             print(warning)
@@ -303,7 +305,7 @@ def _run(cfg, ctx) -> dict:
     logger = None
     if ctx.is_main:
         logger = RunLogger(cfg.run_dir, use_wandb=cfg.logger.use_wandb, project=cfg.logger.project,
-                           name=f"heads-{d.name}", config=OmegaConf.to_container(cfg, resolve=True), resume=cfg.resume)
+                           name=f"heads-{label}", config=OmegaConf.to_container(cfg, resolve=True), resume=cfg.resume)
 
     def evaluate() -> dict:
         metrics = recipe.evaluate(data.val)
@@ -328,7 +330,7 @@ def _run(cfg, ctx) -> dict:
         recipe.module.load_state_dict(result.full_state, strict=False)
         if probe is not None:
             probe.rank_accuracy = recipe.rank_accuracy
-    summary = {"drafter": d.name, "trainable_parameters": n_params, "steps": result.step,
+    summary = {"drafter": label, "trainable_parameters": n_params, "steps": result.step,
                "tokens_seen": result.tokens_seen, "train_wall_time_s": result.wall_time,
                "train_loss": result.train_loss, "world_size": ctx.world_size, **data.info}
     if warnings:
@@ -338,7 +340,7 @@ def _run(cfg, ctx) -> dict:
     else:
         resume = run_summary.resume_command(run_summary.hydra_overrides(), cfg.run_dir, ctx.world_size)
         print(run_summary.text([("resume", [resume])],
-                               f"{d.name} run stopped at step {result.step} of {total_steps} (trainer.stop_after="
+                               f"{label} run stopped at step {result.step} of {total_steps} (trainer.stop_after="
                                f"{t.stop_after}); its checkpoint is in {cfg.run_dir}. To continue it:"))
     logger.summary(summary)
     logger.finish()
@@ -362,7 +364,7 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
     # beside the accuracies, this machine's cost model (and the chain τ of sampled candidates), measured as
     # load_profile and the comparison measure them: what generate(tree={"kind": "auto"}) chooses with
     measured = cfg.eval.get("profile") or {}
-    costs = save_profile(cfg.export_dir, decoder, registry.get(d.name).loads_as, recipe.module, recipe.drafter(),
+    costs = save_profile(cfg.export_dir, decoder, d.name, recipe.module, recipe.drafter(),
                          data.val_windows, eval_temperature=cfg.eval.get("temperature", 0.0), seed=cfg.seed,
                          **{k: v for k, v in measured.items() if k in ("cost_sizes", "engine_rounds", "chain_windows")})
     summary.update(final_metrics)
@@ -388,17 +390,16 @@ def end_of_run(cfg, target, tokenizer, recipe, probe, data: TrainingData, result
         rows.append(("τ", [*lines, f"expected at the last evaluation, chain of {len(probe_acc)}: {tau['chain']:.2f}"]))
     else:
         rows.append(("τ", [f"measured {row.tau:.2f} (decoding evaluation; eval.expected_tau is off)"]))
-    rows.append(("top-1 @ 1", run_summary.top1_lines(d.name, result.eval_metrics, summary, probe_acc)))
+    rows.append(("top-1 @ 1", run_summary.top1_lines(registry.get(d.name), result.eval_metrics, summary, probe_acc)))
     rows.append(("export", run_summary.export_lines(formats, cfg.export_dir, target_name)))
-    loads_as = registry.get(d.name).loads_as  # Medusa-2's heads load as the medusa kind
     workload, on = run_summary.training_workload(cfg.data, summary)
     trees, best = run_summary.suggested_trees(probe_acc if probe_acc is not None else accuracy, costs)
-    summary["compare_command"] = run_summary.compare_command(loads_as, cfg.export_dir, target_name, workload, trees)
+    summary["compare_command"] = run_summary.compare_command(d.name, cfg.export_dir, target_name, workload, trees)
     rows.append(("compare", [summary["compare_command"], f"on {on}", best]))
     if summary.get("warnings"):
         rows.append(("warnings", summary["warnings"]))
-    title = (f"{d.name} run finished: {step} steps, {result.tokens_seen:,} tokens, {result.wall_time:.0f} s of "
-             f"training; speedup {eval_metrics['eval_speedup']:.2f}x over vanilla decoding")
+    title = (f"{summary['drafter']} run finished: {step} steps, {result.tokens_seen:,} tokens, "
+             f"{result.wall_time:.0f} s of training; speedup {eval_metrics['eval_speedup']:.2f}x over vanilla decoding")
     return run_summary.text(rows, title)
 
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from treespec.heads import registry
 from treespec.heads.drafter_folder import vocab_size_of
 from treespec.heads.export import CONSUMERS, formats
-
-# what changes a drafter config so that the serving stacks can hold it
-HINTS = {"eagle3": "drafter.layer=llama", "eagle": "drafter.variant=upstream, no fusion"}
 
 
 def check_export_names(cfg) -> list[str]:
@@ -53,7 +51,8 @@ def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
             print(f"  not to {', '.join(consumers)}: {why}")
     blocked = [c for c in wanted if reach[c] is not None]
     if blocked:
-        hint = f" ({HINTS[name]} reaches the serving stacks)" if name in HINTS else ""
+        hint = registry.get(name).export_hint  # what changes the config so that the serving stacks can hold it
+        hint = f" ({hint} reaches the serving stacks)" if hint else ""
         raise ValueError(f"export_to names {', '.join(blocked)}, which this {name} drafter cannot be exported to: "
                          + "; ".join(f"{c}: {reach[c]}" for c in blocked)
                          + f". Change the drafter config{hint} or drop them from export_to")

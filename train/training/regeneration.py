@@ -9,7 +9,10 @@ removed. Under torchrun each rank writes its share of the rows; rank 0 merges th
 that ends on a user turn gets the target's answer appended.
 
 ``data.chat.source=magpie`` needs no conversations: the target first writes its own requests
-(train/training/magpie.py, ``data.magpie``) into ``<out>.requests.jsonl``, then answers them.
+(train/training/magpie.py, ``data.magpie``) into ``<out>.requests.jsonl``, then answers them; with
+``data.magpie.second_turns`` a share of them gets a follow-up request, written by the target too, and its answer.
+
+Answers come from a backend (train/training/completions.py): treespec's own batched decoding by default.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from treespec.io import atomic_write, single_run
 from treespec.reference import load_model
 from treespec.train.training import config_checks, distributed, magpie
 from treespec.train.training.chat import ChatRenderer, chat_settings
+from treespec.train.training.completions import EmbeddedBackend
 from treespec.train.training.conversations import BadRow, load_rows, normalize
+from treespec.train.training.magpie_tasks import check_tasks
 
 KEPT_FIELDS = ("id", "category")  # carried from a source row to its regenerated row (workloads read them)
 
@@ -50,19 +55,20 @@ def _done_rows(out: Path) -> set[int]:
     return done
 
 
-@torch.no_grad()
-def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8,
-               max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+def regenerate(backend, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8, max_new_tokens: int = 512,
+               temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, follow_ups: magpie.FollowUps | None = None,
                cache_dir: str | os.PathLike | None = None, rank: int = 0, world_size: int = 1,
                progress: bool = True) -> dict:
     """Replace every assistant turn of ``data.chat.source`` with the target's own response, generated turn
-    by turn (each sees the regenerated turns before it), ``batch_size`` conversations at a time (left-padded).
+    by turn (each sees the regenerated turns before it), ``batch_size`` conversations at a time, by ``backend``
+    (train/training/completions.py). ``follow_ups`` (magpie.FollowUps): after the last turn, the chosen
+    conversations get a user follow-up written by the target, and its answer.
     Writes OpenAI-style rows ``{"row", "messages"}`` to ``out`` (JSONL), with the source row's ``id`` and
     ``category`` when it has them (a workload read from ``out`` keeps its categories), flushed after every batch;
     a rerun skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
-    Returns counts (written, skipped as bad, already done)."""
+    Returns counts (written, skipped as bad, already done, turns, assistant tokens)."""
     settings = chat_settings(chat_cfg)
-    renderer = ChatRenderer(tokenizer, settings["template"])
+    renderer = ChatRenderer(backend.tokenizer, settings["template"])
     out = Path(out) if world_size == 1 else Path(f"{out}.rank{rank}")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_rows(out)
@@ -82,51 +88,54 @@ def regenerate(target, tokenizer, chat_cfg, out: str | os.PathLike, *, batch_siz
         if messages[-1]["role"] == "user":  # a prompt without its answer: the target writes it
             messages.append({"role": "assistant", "content": ""})
         todo.append((i, messages, {k: row[k] for k in KEPT_FIELDS if row.get(k) is not None}))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stop = [renderer.end_marker] if renderer.end_marker else None
-    padding_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", dynamic_ncols=True)
-    turns = empty = 0
-    try:
-        with open(out, "a", encoding="utf-8") as f:
-            for b in range(0, len(todo), batch_size):
-                chunk = todo[b : b + batch_size]
-                convs = [[m for m in msgs] for _, msgs, _ in chunk]
-                n_turns = max(sum(m["role"] == "assistant" for m in msgs) for msgs in convs)
-                for turn in range(n_turns):
-                    where = []  # (conversation, index of its turn-th assistant message)
-                    for c, msgs in enumerate(convs):
-                        idx = [j for j, m in enumerate(msgs) if m["role"] == "assistant"]
-                        if turn < len(idx):
-                            where.append((c, idx[turn]))
-                    prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
-                    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-                    enc = {k: v.to(target.device) for k, v in enc.items()}
-                    torch.manual_seed(seed + chunk[0][0] * 1009 + turn)  # by row: a resumed run draws alike
-                    gen = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                          temperature=temperature if temperature > 0 else None,
-                                          top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0
-                                          else None, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-                                          stop_strings=stop, tokenizer=tokenizer if stop else None)
-                    new = gen[:, enc["input_ids"].shape[1]:].cpu()
-                    for (c, j), ids in zip(where, new, strict=True):
-                        text = tokenizer.decode(ids, skip_special_tokens=True)
-                        if renderer.end_marker and renderer.end_marker in text:
-                            text = text.split(renderer.end_marker)[0]
-                        convs[c][j] = {"role": "assistant", "content": text.strip()}
-                        turns, empty = turns + 1, empty + (not text.strip())
-                # one write a batch: a kill loses at most the batch in flight, and a rerun redoes it whole
-                f.write("".join(json.dumps({"row": i, **kept, "messages": msgs}, ensure_ascii=False) + "\n"
-                                for (i, _, kept), msgs in zip(chunk, convs, strict=True)))
-                f.flush()
-                os.fsync(f.fileno())
-                bar.update(len(chunk))
-    finally:
-        tokenizer.padding_side = padding_side
-        bar.close()
+    bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", unit="conv", dynamic_ncols=True)
+    turns = empty = tokens = 0
+
+    def answer(chunk_rows: list[int], convs: list[list[dict]], where: list[tuple[int, int]], turn: int) -> None:
+        """The target's answer to each (conversation, assistant message index) in ``where``, in place."""
+        nonlocal turns, empty, tokens
+        prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
+        # seeded by row, not by batch position: a resumed run draws alike
+        answers = backend.complete(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                   seed=seed + chunk_rows[0] * 1009 + turn)
+        for (c, j), completion in zip(where, answers, strict=True):
+            text = completion.text.strip()
+            convs[c][j] = {"role": "assistant", "content": text}
+            turns, empty, tokens = turns + 1, empty + (not text), tokens + completion.tokens
+
+    with open(out, "a", encoding="utf-8") as f:
+        for b in range(0, len(todo), batch_size):
+            chunk = todo[b : b + batch_size]
+            chunk_rows = [i for i, _, _ in chunk]
+            convs = [[dict(m) for m in msgs] for _, msgs, _ in chunk]
+            n_turns = max(sum(m["role"] == "assistant" for m in msgs) for msgs in convs)
+            for turn in range(n_turns):
+                where = []  # (conversation, index of its turn-th assistant message)
+                for c, msgs in enumerate(convs):
+                    idx = [j for j, m in enumerate(msgs) if m["role"] == "assistant"]
+                    if turn < len(idx):
+                        where.append((c, idx[turn]))
+                answer(chunk_rows, convs, where, turn)
+            if follow_ups is not None:
+                asked = follow_ups.ask(chunk_rows, convs)
+                where = []
+                for c, request in enumerate(asked):
+                    if request is not None:
+                        convs[c] += [{"role": "user", "content": request}, {"role": "assistant", "content": ""}]
+                        where.append((c, len(convs[c]) - 1))
+                if where:
+                    answer(chunk_rows, convs, where, n_turns)
+            # one write a batch: a kill loses at most the batch in flight, and a rerun redoes it whole
+            f.write("".join(json.dumps({"row": i, **kept, "messages": msgs}, ensure_ascii=False) + "\n"
+                            for (i, _, kept), msgs in zip(chunk, convs, strict=True)))
+            f.flush()
+            os.fsync(f.fileno())
+            bar.update(len(chunk))
+            bar.set_postfix(tokens=tokens, refresh=False)
+    bar.close()
     return {"written": len(todo), "bad_rows": dict(bad), "already_done": len(done), "out": str(out),
-            "turns": turns, "empty_turns": empty}
+            "turns": turns, "empty_turns": empty, "assistant_tokens": tokens,
+            **({"follow_ups_dropped": follow_ups.dropped} if follow_ups is not None else {})}
 
 
 def check_responses(counts: dict, template) -> None:
@@ -140,22 +149,44 @@ def check_responses(counts: dict, template) -> None:
                          f"{counts['out']} holds the empty rows: delete it before rerunning")
 
 
-def magpie_requests(cfg, target, tokenizer, ctx) -> str:
+def magpie_requests(cfg, backend, ctx) -> str:
     """``data.chat.source=magpie``: the target's own requests (train/training/magpie.py), written once by rank 0
     to ``<data.regenerate.out>.requests.jsonl`` (resumable) → that file, the source to answer."""
     m, chat = cfg.data.magpie, cfg.data.chat
     out = f"{cfg.data.regenerate.out}.requests.jsonl"
     if ctx.is_main:
-        renderer = ChatRenderer(tokenizer, chat_settings(chat)["template"])
-        exclude = magpie.excluded_texts(m.exclude) if m.get("exclude") else set()
+        renderer = ChatRenderer(backend.tokenizer, chat_settings(chat)["template"])
         counts = magpie.generate_requests(
-            target, tokenizer, renderer, out, count=m.conversations, batch_size=m.batch_size,
+            backend, renderer, out, count=m.conversations, batch_size=m.batch_size,
             temperature=m.temperature, top_p=m.top_p, max_new_tokens=m.max_new_tokens, min_chars=m.min_chars,
-            max_chars=m.max_chars, exclude=exclude, system_prompt=chat.get("system_prompt"), seed=cfg.seed,
-            progress=True)
+            max_chars=m.max_chars, exclude=excluded(m), system_prompt=chat.get("system_prompt"),
+            tasks=check_tasks(m.get("tasks")), seed=cfg.seed, progress=True)
         print(f"magpie requests: {counts}")
     distributed.barrier(ctx)
     return out
+
+
+def exclude_files(m) -> list[str]:
+    """``data.magpie.exclude``: one file or a list of them."""
+    files = m.get("exclude") or []
+    return [files] if isinstance(files, str) else list(files)
+
+
+def excluded(m) -> set[str]:
+    """The request keys of every ``data.magpie.exclude`` file (a benchmark's questions, conversations already
+    had), never kept as requests."""
+    return set().union(*(magpie.excluded_texts(path) for path in exclude_files(m)))
+
+
+def follow_ups(cfg, backend) -> magpie.FollowUps | None:
+    """``data.magpie.second_turns``: the share of self-written conversations that get a follow-up request."""
+    m = cfg.data.magpie
+    if cfg.data.chat.source != "magpie" or not m.get("second_turns"):
+        return None
+    renderer = ChatRenderer(backend.tokenizer, chat_settings(cfg.data.chat)["template"])
+    return magpie.FollowUps(backend, renderer, fraction=m.second_turns, temperature=m.temperature, top_p=m.top_p,
+                            max_new_tokens=m.max_new_tokens, min_chars=m.min_chars, max_chars=m.max_chars,
+                            exclude=excluded(m), system_prompt=cfg.data.chat.get("system_prompt"), seed=cfg.seed)
 
 
 def check_magpie(m) -> None:
@@ -165,8 +196,11 @@ def check_magpie(m) -> None:
     config_checks.number(m.get("top_p"), "data.magpie.top_p", 0, 1, low_open=True)
     if m.min_chars > m.max_chars:
         raise ValueError(f"data.magpie.min_chars={m.min_chars} exceeds data.magpie.max_chars={m.max_chars}")
-    if m.get("exclude") and not Path(m.exclude).is_file():
-        raise ValueError(f"data.magpie.exclude={m.exclude}: no such file (a JSONL of questions never to train on)")
+    for path in exclude_files(m):
+        if not Path(path).is_file():
+            raise ValueError(f"data.magpie.exclude={path}: no such file (a JSONL of questions never to train on)")
+    check_tasks(m.get("tasks"))
+    config_checks.number(m.get("second_turns", 0), "data.magpie.second_turns", 0, 1)
 
 
 def run(cfg) -> dict:
@@ -198,14 +232,17 @@ def run(cfg) -> dict:
         target, tokenizer = load_model(cfg.target)
         target.to(ctx.device)
         chat = cfg.data.chat
+        end_marker = ChatRenderer(tokenizer, chat_settings(chat)["template"]).end_marker
+        backend = EmbeddedBackend(target, tokenizer, end_marker)
         if self_written:
-            chat = OmegaConf.merge(chat, {"source": magpie_requests(cfg, target, tokenizer, ctx)})
+            chat = OmegaConf.merge(chat, {"source": magpie_requests(cfg, backend, ctx)})
         with distributed.rank0_first(ctx):  # rank 0 converts the source with datasets first (its cache)
             load_rows(chat.source, split=chat.split or "train", cache_dir=cfg.data.cache_dir)
-        counts = regenerate(target, tokenizer, chat, r.out, batch_size=r.get("batch_size", 8),
+        counts = regenerate(backend, chat, r.out, batch_size=r.get("batch_size", 8),
                             max_new_tokens=r.get("max_new_tokens", 512), temperature=r.get("temperature", 0.0),
-                            top_p=r.get("top_p", 1.0), seed=cfg.seed, cache_dir=cfg.data.cache_dir, rank=ctx.rank,
-                            world_size=ctx.world_size, progress=ctx.is_main)
+                            top_p=r.get("top_p", 1.0), seed=cfg.seed, follow_ups=follow_ups(cfg, backend),
+                            cache_dir=cfg.data.cache_dir, rank=ctx.rank, world_size=ctx.world_size,
+                            progress=ctx.is_main)
         check_responses(counts, cfg.data.chat.get("template"))
         distributed.barrier(ctx)
         if ctx.distributed and ctx.is_main:

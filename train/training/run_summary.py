@@ -13,36 +13,22 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from treespec.heads.kind import DrafterKind
 from treespec.planning.autotree import CostModel, chains_only, choose_tree
 
-# What each drafter's in-training top-1 (the validation metric the loop logs as val/<key>) counts, beside the
-# two rank accuracies measured as decoding drafts (heads/accuracy.py: every position, EAGLE drafting over its own
-# outputs): at export on the run's held-out windows (head_accuracy.json) and during training on the target's
-# own continuations (eval/acc_depth_k, train/training/expected_tau.py).
-IN_TRAINING_TOP1 = {
-    "eagle": ("top1_0", "step 0 fed the target's features, teacher forced on the validation windows"),
-    "eagle3": ("eagle3_top1_0", "step 0, teacher forced on the validation windows, only positions whose target "
-                                "token is in the draft vocabulary, against the target's argmax over that vocabulary"),
-    "medusa": ("depth1_top1", "head 1 on the target's hidden states of the validation windows"),
-    "hydra": ("depth1_top1", "head 1 on the target's hidden states of the validation windows, its path the window's "
-                             "next token"),
-    "draft": ("top1", "the draft model's argmax against the target's, teacher forced on the validation data's scored "
-                      "positions"),
-}
-LAYER_KEYS = {"eagle": "drafter.feature_layers", "eagle3": "drafter.aux_layers"}  # where a run sets the fused layers
 
-
-def duplicate_layers_warning(name: str, layers: Sequence[int], num_hidden_layers: int) -> str | None:
-    """A warning when the drafter fuses one target hidden state more than once (EAGLE-3's default low/mid/high
-    aux layers on a target of fewer than 4 layers: (1, 1, 1) on 2 layers), else None. ``layers`` index
-    ``hidden_states`` (negative ones from the end)."""
+def duplicate_layers_warning(kind: DrafterKind, layers: Sequence[int], num_hidden_layers: int) -> str | None:
+    """A warning when a drafter of ``kind`` fuses one target hidden state more than once (EAGLE-3's default
+    low/mid/high aux layers on a target of fewer than 4 layers: (1, 1, 1) on 2 layers), else None. ``layers`` index
+    ``hidden_states`` (negative ones from the end); the warning names the kind's setting for them
+    (``kind.layers_key``)."""
     n = int(num_hidden_layers)
     resolved = [int(i) % (n + 1) for i in layers]
     repeated = sorted({i for i in resolved if resolved.count(i) > 1})
     if not repeated:
         return None
-    key = LAYER_KEYS.get(name, "the drafter's layer setting")
-    return (f"warning: {name} fuses target hidden state(s) {', '.join(map(str, repeated))} more than once (layers "
+    key = kind.layers_key or "the drafter's layer setting"
+    return (f"warning: {kind.name} fuses target hidden state(s) {', '.join(map(str, repeated))} more than once (layers "
             f"{tuple(resolved)}): the {n}-layer target has too few layers for distinct low, mid and high features, "
             f"so the fused input repeats a layer and carries less of the target than the method intends; choose "
             f"distinct layers with {key}=[...] or train on a deeper target")
@@ -187,17 +173,21 @@ def export_lines(formats: dict[str, str | None], export_dir, target: str) -> lis
     return lines
 
 
-def top1_lines(name: str, val_metrics: dict, summary: dict, probe_acc: list[list[float]] | None) -> list[str]:
-    """Depth-1 top-1 agreement under each definition the run logged, named so that they are not confused."""
+def top1_lines(kind: DrafterKind, val_metrics: dict, summary: dict, probe_acc: list[list[float]] | None) -> list[str]:
+    """Depth-1 top-1 agreement under each definition the run logged, named so that they are not confused: the two
+    rank accuracies measured as decoding drafts (heads/accuracy.py: every position, EAGLE drafting over its own
+    outputs), during training on the target's own continuations (eval/acc_depth_k, train/training/expected_tau.py)
+    and at export on the run's held-out windows (head_accuracy.json), and the in-training top-1 that ``kind``'s
+    loop logs as a validation metric (``kind.top1_metric``, counting ``kind.top1_meaning``)."""
     lines = []
     if probe_acc:
         lines.append(f"{probe_acc[0][0]:.3f} on the target's own continuations (eval/acc_depth_1; what τ follows)")
     if "depth1_top1" in summary:
         lines.append(f"{summary['depth1_top1']:.3f} on the run's held-out windows (head_accuracy.json, depth1_top1: "
                      "every position, drafted as decoding drafts)")
-    key, meaning = IN_TRAINING_TOP1.get(name, (None, None))
-    if key in val_metrics:
-        lines.append(f"{val_metrics[key]:.3f} in training (val/{key}: {meaning})")
+    key = kind.top1_metric
+    if key is not None and key in val_metrics:
+        lines.append(f"{val_metrics[key]:.3f} in training (val/{key}: {kind.top1_meaning})")
     return lines
 
 
