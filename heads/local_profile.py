@@ -1,14 +1,14 @@
 """A drafter's profile on this machine: what ``heads.load_profile(source, target)`` measures once on first use
-when the drafter's folder holds none measured here, and caches (treespec/profile_cache.py).
+when the drafter's folder holds none measured here, and caches (treespec/planning/profile_cache.py).
 
-- The cost model (treespec.autotree.CostModel), measured as the comparison measures it: the target's cost curve
-  alone (vanilla's pass), again with every forward right after one of the drafter's drafting calls (its weights
-  push the target's out of the caches), the drafting costs measured in the loop (treespec/drafting_cost.py), and
-  the engine's cost per step (treespec/engine_cost.py). A folder's own cost_curve.json is used instead when it was
-  measured on this machine for this target and these weights (training writes one: train/training/drafter_job.py);
-  the shipped drafters' were not, so theirs are measured here.
+- The cost model (treespec.planning.autotree.CostModel), measured as the comparison measures it: the target's cost
+  curve alone (vanilla's pass), again with every forward right after one of the drafter's drafting calls (its
+  weights push the target's out of the caches), the drafting costs measured in the loop
+  (treespec/planning/drafting_cost.py), and the engine's cost per step (treespec/planning/engine_cost.py). A folder's
+  own cost_curve.json is used instead when it was measured on this machine for this target and these weights (training
+  writes one: train/training/drafter_job.py); the shipped drafters' were not, so theirs are measured here.
 - The chain τ of sampled candidates at a sampling the folder's chain_tau.json lacks, on the target's own
-  continuations of the first prompt decoded at it (treespec.chain_tau.measure_on_prompt).
+  continuations of the first prompt decoded at it (treespec.planning.chain_tau.measure_on_prompt).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from treespec import chain_tau
-from treespec.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_curve, read_cost_curve
-from treespec.drafting_cost import measure_drafting_cost, own_text_prompts
-from treespec.engine_cost import measure_engine_cost
 from treespec.heads.kind import drafting_step
-from treespec.profile_cache import cached, cost_key, entry, fingerprint, key, machine, measured_here
+from treespec.planning import chain_tau
+from treespec.planning.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_curve, read_cost_curve
+from treespec.planning.drafting_cost import measure_drafting_cost, own_text_prompts
+from treespec.planning.engine_cost import measure_engine_cost
+from treespec.planning.profile_cache import cached, cost_key, entry, fingerprint, key, machine, measured_here
 from treespec.timing import busy_cores, usable_cores
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 #: how a cost record was measured; a folder's record of another format is measured again. 2: drafting timed in the
-#: decoding loop (treespec/drafting_cost.py), with a per-node term
+#: decoding loop (treespec/planning/drafting_cost.py), with a per-node term
 COST_FORMAT = 2
 PAST_LEN = 256  # cached tokens the cost curve is timed after (the comparison times at its prompts' context)
 BUSY = 0.5  # cores busy with other work from which a measurement is flagged
@@ -56,7 +56,7 @@ def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAU
                        engine_rounds: int = 3, prompts=None) -> CostModel:
     """``drafter``'s cost model on ``target`` on this device (module docstring): the curves at ``sizes`` tree tokens,
     the engine's cost in ``engine_rounds`` rounds, the drafting decoding ``prompts`` ([1, P] each; None: text the
-    target writes itself, treespec/drafting_cost.py)."""
+    target writes itself, treespec/planning/drafting_cost.py)."""
     curve = measure_cost_curve(target, tuple(sizes), past_len=past_len)
     step = drafting_step(drafter)
     after = measure_cost_curve(target, tuple(sizes), past_len=past_len, before=step) if step is not None else curve

@@ -8,7 +8,7 @@ conf/drafter/<name>.yaml describes each one's settings once. Adding a kind: its 
     kind = registry.get("eagle")
     drafter = registry.build("eagle", target, source="reference:eagle", candidates="sample")
     drafter = load("/path/to/any/checkpoint", target)              # the "auto" kind: treespec.heads.load
-    profile = load_profile("/path/to/any/checkpoint")              # its measurements (treespec/profile.py)
+    profile = load_profile("/path/to/any/checkpoint")              # its measurements (treespec/planning/profile.py)
     profile = load_profile("reference:eagle", target)              # what lacks on this machine measured (cached)
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from treespec.autotree import read_cost_curve
-from treespec.chain_tau import read_chain_tau
 from treespec.drafter import CANDIDATE_MODES, Drafter
 from treespec.heads import (
     combined,
@@ -40,7 +38,9 @@ from treespec.heads.detect import detect as detect_in
 from treespec.heads.detect import load_module as read_module
 from treespec.heads.kind import DrafterKind
 from treespec.heads.vocab import DraftVocab
-from treespec.profile import DrafterProfile
+from treespec.planning.autotree import read_cost_curve
+from treespec.planning.chain_tau import read_chain_tau
+from treespec.planning.profile import DrafterProfile
 
 #: every kind, in the order the comparison lists them (the "auto" kind, any checkpoint, follows them)
 KINDS: tuple[DrafterKind, ...] = (
@@ -151,9 +151,9 @@ def load(source, target, *, format: str = "auto", aux_layers=None, written_by: s
 
 def load_profile(source, target=None, *, log=print) -> DrafterProfile:
     """What a drafter's folder holds beside its weights, so that generate(..., profile=) can grow
-    ``{"kind": "accuracy"}`` and ``{"kind": "auto"}`` trees for it (treespec.tree_spec): its measured accuracies
-    (head_accuracy.json), its cost curve (cost_curve.json) and its chain τ of sampled candidates (chain_tau.json).
-    Any may be missing (None).
+    ``{"kind": "accuracy"}`` and ``{"kind": "auto"}`` trees for it (treespec.planning.tree_spec): its measured
+    accuracies (head_accuracy.json), its cost curve (cost_curve.json) and its chain τ of sampled candidates
+    (chain_tau.json). Any may be missing (None).
 
     With its ``target``, what is missing on this machine is measured once on first use and cached
     (heads/local_profile.py): the cost curve, when the folder holds none measured here for this target (the

@@ -7,8 +7,8 @@
 Per model and implementation:
 1. T(N)/T(1): the median time of one target pass over an N-node tree (the first N nodes of a 4-ary tree, its real
    tree mask, as generate builds it) after P cached tokens, over the one-token pass's time, for each P.
-2. Decoding: treespec.bench.measure, vanilla first and interleaved prompt by prompt: tokens/s, τ and the speedup
-   over vanilla decoding under the same implementation; "× sdpa vanilla" divides by sdpa's vanilla tokens/s.
+2. Decoding: treespec.planning.bench.measure, vanilla first and interleaved prompt by prompt: tokens/s, τ and the
+   speedup over vanilla decoding under the same implementation; "× sdpa vanilla" divides by sdpa's vanilla tokens/s.
    The reference target decodes held-out code with its shipped EAGLE (a static and a dynamic tree); the
    random-weight 8B-shaped Llama has no drafter that knows it, so it runs prompt lookup on a prompt that repeats
    itself (its τ says how much that found).
@@ -29,11 +29,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from cost_curve import SHAPES  # this folder's shapes: Llama-3-8B's and a toy one
 from treespec import Tree, reference
 from treespec.attention_kernels import flash_available
-from treespec.bench import Config, measure
 from treespec.cache import TreeCache
 from treespec.compat import cache_arg
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import PromptLookup, load
+from treespec.planning.bench import Config, measure
 from treespec.timing import median_time
 from treespec.visibility import TreeAttention
 

@@ -1,5 +1,6 @@
-"""Predicted against measured τ of each lossless rule on sampled chains (treespec/chain_tau.py, docs/sampling.md
-"Predicting each rule's τ"): the shipped reference target and a shipped drafter sampling its candidates at T = 1.
+"""Predicted against measured τ of each lossless rule on sampled chains (treespec/planning/chain_tau.py,
+docs/sampling.md "Predicting each rule's τ"): the shipped reference target and a shipped drafter sampling its candidates
+at T = 1.
 
 Predicted: the closed form per draft, averaged over one D-deep sampled chain per context, the contexts cut from
 the target's own sampled continuations of the first half of the held-out prompts. Measured: mean tokens per
@@ -18,8 +19,8 @@ import time
 import torch
 
 from treespec import generate, reference
-from treespec.chain_tau import measure_chain_tau
 from treespec.heads import registry
+from treespec.planning.chain_tau import measure_chain_tau
 from treespec.sampling import Sampling
 from treespec.train.training.data import own_continuations
 from treespec.tree import Tree

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from treespec import reference
-from treespec.autotree import DEFAULT_SIZES, measure_cost_curve
+from treespec.planning.autotree import DEFAULT_SIZES, measure_cost_curve
 
 # Llama-3-8B's shape (random weights: timing needs none trained); "tiny" keeps the dry run to seconds
 SHAPES = {

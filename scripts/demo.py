@@ -10,8 +10,8 @@ import argparse
 import torch
 
 from treespec import Tree, generate, reference
-from treespec.bench import Config, markdown_table, measure
 from treespec.heads import DraftModel, PromptLookup, load, load_profile
+from treespec.planning.bench import Config, markdown_table, measure
 
 
 def main() -> None:

@@ -11,7 +11,7 @@
    tree) over the target's vocabulary, with random drafts (nothing accepted early: the traversal's worst case)
    and with the target's own top-k: ms and % of one target forward over the 65 tree tokens.
 4. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
-   (treespec.bench.measure): the median of per-prompt ratios.
+   (treespec.planning.bench.measure): the median of per-prompt ratios.
 
 Medians of repeated timings in one process; on a shared machine compare the ratios, not the milliseconds.
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from treespec import reference
-from treespec.bench import Config, measure
 from treespec.drafter import Proposal
 from treespec.heads import registry
 from treespec.heads.kind import fills_tree_at_once
+from treespec.planning.bench import Config, measure
 from treespec.sampling import Sampling
 from treespec.timing import forward_time, median_time
 from treespec.train.compare.peers import hf_peer

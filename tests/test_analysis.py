@@ -1,4 +1,5 @@
-"""treespec.analysis: the seed's worked numbers (Leviathan et al. 2023), tree expectations, Medusa's tree growth."""
+"""treespec.planning.analysis: the seed's worked numbers (Leviathan et al. 2023), tree expectations, Medusa's tree
+growth."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import pytest
 import torch
 
-from treespec.analysis import (
+from treespec.planning.analysis import (
     expected_tokens_per_round,
     expected_tree_tokens,
     expected_tree_tokens_from_rank_accuracy,

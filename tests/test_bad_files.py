@@ -272,7 +272,7 @@ def test_a_head_accuracy_file_out_of_range_is_refused_at_load(medusa_folder, val
 
 def test_a_tree_file_whose_kind_is_not_a_string_is_named(tmp_path):
     from treespec import Tree
-    from treespec.tree_spec import build_tree, load_tree
+    from treespec.planning.tree_spec import build_tree, load_tree
 
     path = tmp_path / "tree.json"
     path.write_text(json.dumps({"kind": ["paths"], "paths": [[0]]}))

@@ -1,4 +1,4 @@
-"""Each rule's τ on sampled chains in closed form (treespec/chain_tau.py), and what tree=auto chooses from it.
+"""Each rule's τ on sampled chains in closed form (treespec/planning/chain_tau.py), and what tree=auto chooses from it.
 
 The closed form given a draft, averaged exactly over every draft of a tiny vocabulary, must equal the walker's
 exact expected accepted length: for block verification the law of its trials (walker.sequence_trials), for
@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
-from treespec import chain_tau
-from treespec.autotree import ChainTable, choose_tree, predict
-from treespec.chain_tau import ChainTau, block_accepted, draft_chain, measure_chain_tau, token_level_accepted
 from treespec.drafter import Proposal
+from treespec.planning import chain_tau
+from treespec.planning.autotree import ChainTable, choose_tree, predict
+from treespec.planning.chain_tau import ChainTau, block_accepted, draft_chain, measure_chain_tau, token_level_accepted
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
 from treespec.walker import sequence_trials, walk
@@ -191,10 +191,10 @@ def test_generate_auto_uses_the_drafters_chain_tau():
     """generate(tree=auto) with a sampling drafter whose chain τ is measured: block verification is handed a chain
     chosen from block's τ (rank accuracies could grow a branching tree, which block refuses)."""
     from treespec import generate
-    from treespec.autotree import auto_chooser
     from treespec.heads import DraftModel
-    from treespec.profile import DrafterProfile
-    from treespec.tree_spec import build_tree
+    from treespec.planning.autotree import auto_chooser
+    from treespec.planning.profile import DrafterProfile
+    from treespec.planning.tree_spec import build_tree
 
     target = tiny_llama(vocab=32, hidden=16, layers=1, seed=3)
     drafter = DraftModel(tiny_llama(vocab=32, hidden=16, layers=1, seed=5), candidates="sample")

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from treespec import Tree, generate, reference
-from treespec.autotree import EngineCost
 from treespec.drafter import NOT_PROPOSED, Proposal, own_nodes
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import Combined, DraftModel, PromptLookup, SuffixDecoding, TokenRecycling, registry
@@ -24,6 +23,7 @@ from treespec.heads.eagle3 import Eagle3
 from treespec.heads.hydra import Hydra
 from treespec.heads.medusa import Medusa
 from treespec.host_reads import reads_per_step
+from treespec.planning.autotree import EngineCost
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
 from treespec.train.compare import setup_costs

@@ -9,7 +9,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from treespec import generate
-from treespec.autotree import (
+from treespec.heads import DraftModel, PromptLookup, load_profile, registry
+from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
+from treespec.heads.eagle import Eagle, EagleModel
+from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
+from treespec.planning.autotree import (
     CostModel,
     EngineCost,
     choose_tree,
@@ -18,11 +22,8 @@ from treespec.autotree import (
     predict,
     predict_generation,
 )
-from treespec.bench import Config, measure
-from treespec.heads import DraftModel, PromptLookup, load_profile, registry
-from treespec.heads.draft_model.drafter import rank_accuracy as draft_model_accuracy
-from treespec.heads.eagle import Eagle, EagleModel
-from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
+from treespec.planning.bench import Config, measure
+from treespec.planning.tree_spec import build_tree
 from treespec.timing import median_time
 from treespec.train.compare.configurations import DrafterSpec, expand_specs
 from treespec.train.compare.harness import run_comparison
@@ -31,7 +32,6 @@ from treespec.train.compare.report import rerender
 from treespec.train.training.data import own_continuations
 from treespec.train.training.log import RunLogger
 from treespec.tree import Tree
-from treespec.tree_spec import build_tree
 
 from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama, wandb_run_contains
 
@@ -330,10 +330,10 @@ def test_acceptance_rules_side_by_side(tmp_path):
 
 
 def test_sampled_chains_are_predicted_per_rule(tmp_path):
-    """A drafter that samples its candidates, with its chain τ measured (treespec/chain_tau.py): each rule's row is
-    predicted from that rule's closed form (traversal on a chain is block verification), tree=auto picks a chain
+    """A drafter that samples its candidates, with its chain τ measured (treespec/planning/chain_tau.py): each rule's
+    row is predicted from that rule's closed form (traversal on a chain is block verification), tree=auto picks a chain
     from it, and a branching tree is not predicted."""
-    from treespec.chain_tau import measure_chain_tau
+    from treespec.planning.chain_tau import measure_chain_tau
     from treespec.sampling import Sampling
 
     target = tiny_llama(seed=0)

@@ -8,7 +8,8 @@ import shlex
 import pytest
 from omegaconf import OmegaConf
 
-from treespec.autotree import CostModel, chains_only, choose_tree
+from treespec.planning.autotree import CostModel, chains_only, choose_tree
+from treespec.planning.tree_spec import check_tree_spec
 from treespec.train.compare import job_config as compare
 from treespec.train.compare.configurations import expand_specs
 from treespec.train.compare.templates import PromptTemplate
@@ -16,7 +17,6 @@ from treespec.train.compare.workload import load_workload
 from treespec.train.training import run_summary
 from treespec.train.training.chat import prepare_chat
 from treespec.train.training.conversations import load_rows
-from treespec.tree_spec import check_tree_spec
 
 from .helpers import chat_tokenizer, compose_cfg, conversations, write_jsonl
 

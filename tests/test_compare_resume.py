@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from treespec.bench import Config, Measured, measure
 from treespec.heads import DraftModel, PromptLookup
 from treespec.heads.draft_model.drafter import rank_accuracy
+from treespec.planning.bench import Config, Measured, measure
 from treespec.train.compare import harness
 from treespec.train.compare import progress as progress_module
 from treespec.train.compare.configurations import DrafterSpec

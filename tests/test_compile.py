@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from treespec import Tree, generate, reference
-from treespec.bench import Config, measure
 from treespec.heads import DraftModel, load
 from treespec.inputs import check_inputs
+from treespec.planning.bench import Config, measure
 from treespec.static_pass import StaticPass
 from treespec.train.checks.architectures import build
 

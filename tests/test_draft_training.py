@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from treespec import Tree, generate
-from treespec.autotree import measure_cost_curve
-from treespec.chain_tau import DEPTH
 from treespec.heads import load, load_profile, local_profile
 from treespec.heads.draft_model.network import draft_config, new_draft_model, principal_embedding
 from treespec.heads.draft_model.objective import draft_loss
 from treespec.heads.registry import detect
+from treespec.planning.autotree import measure_cost_curve
+from treespec.planning.chain_tau import DEPTH
 from treespec.reference import load_model
 from treespec.sampling import Sampling
 from treespec.train.training import drafter_job as train_heads

@@ -1,20 +1,20 @@
-"""A drafter's cost measured in the decoding loop (treespec/drafting_cost.py): the fit's arithmetic, the measurement
-on a virtual clock (a drafter that spends known seconds per step, depth and node; no real speed is asserted), the
-calibration trees cut to a drafter's depth, and the cost model that carries the per-node term."""
+"""A drafter's cost measured in the decoding loop (treespec/planning/drafting_cost.py): the fit's arithmetic, the
+measurement on a virtual clock (a drafter that spends known seconds per step, depth and node; no real speed is
+asserted), the calibration trees cut to a drafter's depth, and the cost model that carries the per-node term."""
 
 import pytest
 import torch
 
-from treespec import drafting_cost
-from treespec.autotree import CostModel, cost_curve_record
-from treespec.drafting_cost import (
+from treespec.planning import drafting_cost
+from treespec.planning.autotree import CostModel, cost_curve_record
+from treespec.planning.drafting_cost import (
     DraftingCost,
     calibration_trees,
     fit_drafting,
     measure_drafting_cost,
     own_text_prompts,
 )
-from treespec.engine_cost import PlaceholderDrafter
+from treespec.planning.engine_cost import PlaceholderDrafter
 from treespec.tree import Tree
 
 from .helpers import tiny_llama

@@ -13,10 +13,10 @@ from treespec import Tree, generate
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
+from treespec.planning.tree_spec import build_tree
 from treespec.reference import load_model
 from treespec.sampling import Sampling
 from treespec.train.training.data import TokenBatches
-from treespec.tree_spec import build_tree
 from treespec.walker import row_by_row
 
 from .helpers import (

@@ -1,14 +1,15 @@
-"""The engine's own cost per step (treespec/engine_cost.py) and the cost model that carries it (autotree.CostModel):
-the calibration's arithmetic on fake step times, the step clock's counts on real decoding, and the records
-(cost_curve.json) with and without the engine's fields. No speed is asserted: timings are only ever fed in."""
+"""The engine's own cost per step (treespec/planning/engine_cost.py) and the cost model that carries it
+(autotree.CostModel): the calibration's arithmetic on fake step times, the step clock's counts on real decoding, and the
+records (cost_curve.json) with and without the engine's fields. No speed is asserted: timings are only ever fed in."""
 
 import json
 
 import pytest
 import torch
 
-from treespec import engine_cost, generate
-from treespec.autotree import (
+from treespec import generate
+from treespec.planning import engine_cost
+from treespec.planning.autotree import (
     CostModel,
     EngineCost,
     auto_chooser,
@@ -19,7 +20,7 @@ from treespec.autotree import (
     save_cost_curve,
     saved_chooser,
 )
-from treespec.engine_cost import PlaceholderDrafter, StepClock, fit_engine, measure_engine_cost, step_times
+from treespec.planning.engine_cost import PlaceholderDrafter, StepClock, fit_engine, measure_engine_cost, step_times
 from treespec.tree import Tree
 
 from .helpers import tiny_llama

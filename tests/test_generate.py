@@ -167,8 +167,8 @@ def test_timing_is_an_observer_that_alone_synchronises(target, drafts, prompt, m
 def test_observer_charges_a_drafters_update_apart_from_its_proposals(target, prompt):
     """A drafter updated from every verified pass (Token Recycling's matrix) is charged that update apart, as part
     of its drafter time; a bench Row splits a pass's wall time into parts that add up to it."""
-    from treespec.bench import Measured, rows_of, step_parts
     from treespec.heads import TokenRecycling
+    from treespec.planning.bench import Measured, rows_of, step_parts
     from treespec.timing import StepTimer
 
     timed = generate(target, prompt, drafter=TokenRecycling(), tree=Tree.chain(3), max_new_tokens=24,

@@ -1,10 +1,10 @@
 """The layers (README "Layout"), bottom to top: masks → core → heads → train. Each imports only its own layer
 and those below it: masks/ is a leaf that imports nothing of treespec, the core never imports drafters or
 jobs, heads/ never train/; so no two layers import each other, and no module import cycles exist inside a
-layer. Every import counts, also inside functions and under TYPE_CHECKING. ruff's banned-api rules
-(per-folder ruff.toml) enforce the same in the linter; this test runs ruff too, so the README's test command
-fails on a new violation. The test suite has one rule of its own: test modules take shared helpers from
-tests/helpers and never import one another."""
+layer. Inside the core, planning (treespec/planning/) sits above the loop, which never imports it. Every import
+counts, also inside functions and under TYPE_CHECKING. ruff's banned-api rules (per-folder ruff.toml) enforce the
+same in the linter; this test runs ruff too, so the README's test command fails on a new violation. The test suite
+has one rule of its own: test modules take shared helpers from tests/helpers and never import one another."""
 
 import ast
 import subprocess
@@ -100,6 +100,40 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+# -- inside the core: planning apart from the loop ------------------------------------------------------------
+PLANNING = "treespec.planning"
+# the package's public face re-exports generate() (plan, then decode) from planning; it holds no logic
+PLANNING_FACE = {"treespec"}
+
+
+def in_planning(module: str) -> bool:
+    return module == PLANNING or module.startswith(PLANNING + ".")
+
+
+def planning_users(graph: dict[str, set[str]]) -> list[str]:
+    """The core's modules outside planning (its face excepted) that import anything of treespec.planning."""
+    return sorted(m for m, deps in graph.items() if layer(m) == "treespec" and not in_planning(m)
+                  and m not in PLANNING_FACE and any(in_planning(d) for d in deps))
+
+
+def test_the_loop_never_imports_planning():
+    """Planning (tree specs, profiles, cost models, chain τ) decodes to measure, so it sits above the loop
+    (generate.py, inputs.py, the walkers, cache, rows, drafter, ...): the loop receives a resolved tree and never
+    reaches up, so no decoding runs inside another (docs/design.md, "Planning apart from decoding")."""
+    bad = planning_users(GRAPH)
+    assert not bad, f"{bad} import {PLANNING}: the loop takes a resolved tree (treespec/planning/resolve.py plans it)"
+    assert "treespec.generate" in GRAPH[PLANNING + ".resolve"]  # the package is seen, and it calls the loop
+
+
+def test_the_planning_check_sees_a_loop_import(tmp_path):
+    """A function-local import of a planning module from a loop module is found; planning and heads/ may import it."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("def f():\n    from treespec.planning.tree_spec import build_tree\n")
+    found = imports_of("treespec.fake", fake, set(modules()))
+    graph = {"treespec.fake": found, "treespec.planning.fake": found, "treespec.heads.fake": found}
+    assert planning_users(graph) == ["treespec.fake"]
 
 
 # -- inside the layers: train/ by job, heads/ by kind ---------------------------------------------------------

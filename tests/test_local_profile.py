@@ -1,5 +1,5 @@
 """A drafter's profile measured once on first use and cached per machine, target and drafter (heads/local_profile.py,
-treespec/profile_cache.py), and tree=auto with it: the cost model when the folder has none measured here, the
+treespec/planning/profile_cache.py), and tree=auto with it: the cost model when the folder has none measured here, the
 chain τ of sampled candidates when auto first needs it, and the error when neither is possible. Timings are faked
 or only counted: nothing here asserts a speed."""
 
@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from treespec import chain_tau, generate
-from treespec.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve, save_cost_curve
+from treespec import generate
 from treespec.heads import load, load_profile, local_profile
 from treespec.heads.accuracy import write_accuracy
 from treespec.heads.eagle import EagleModel
-from treespec.profile import DrafterProfile
-from treespec.profile_cache import fingerprint, machine, measured_here
+from treespec.planning import chain_tau
+from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve, save_cost_curve
+from treespec.planning.profile import DrafterProfile
+from treespec.planning.profile_cache import fingerprint, machine, measured_here
+from treespec.planning.tree_spec import build_tree
 from treespec.sampling import Sampling
 from treespec.tree import Tree
-from treespec.tree_spec import build_tree
 
 from .helpers import tiny_llama
 

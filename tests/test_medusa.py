@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from treespec import Tree, generate
-from treespec.analysis import grow_tree
 from treespec.heads import registry
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.heads.medusa.objective import medusa_loss
+from treespec.planning.analysis import grow_tree
 from treespec.reference import load_model
 from treespec.sampling import Sampling
 from treespec.train.training.data import TokenBatches

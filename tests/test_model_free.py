@@ -18,9 +18,9 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import PromptLookup, SuffixDecoding, TokenRecycling
 from treespec.heads.recycling import RECYCLING_TREE, RECYCLING_TREE_80
 from treespec.heads.suffix import SuffixTrie
+from treespec.planning.tree_spec import build_tree, check_tree_spec
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
-from treespec.tree_spec import build_tree, check_tree_spec
 from treespec.walker import row_by_row
 
 from .helpers import (

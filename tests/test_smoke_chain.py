@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from treespec.analysis import grow_tree
 from treespec.heads.accuracy import RankHits
+from treespec.planning.analysis import grow_tree
 from treespec.sampling import GREEDY
 from treespec.train.compare import job as compare
 from treespec.train.training import data

@@ -137,7 +137,7 @@ def test_save_and_load_round_trip(tmp_path):
     assert Tree.load(path) == tree
     assert json.loads(path.read_text())["about"] == {"drafter": "eagle", "speedup": 1.5}
     assert Tree.load(Tree.chain(0).save(tmp_path / "empty.json")) == Tree.chain(0)  # auto's "no speculation"
-    from treespec.tree_spec import load_tree, save_tree
+    from treespec.planning.tree_spec import load_tree, save_tree
 
     # a dynamic tree's settings come back as the spec dict generate() takes (tree_spec.load_tree builds it)
     path = save_tree(DynamicTree(16, 5, 4), tmp_path / "dynamic.json", drafter="eagle")
@@ -154,7 +154,7 @@ def test_save_and_load_round_trip(tmp_path):
     ('{"kind": "dynamic", "total_tokens": 4}', r"tree file .*lacks depth, top_k"),
 ])
 def test_bad_tree_files_are_named(tmp_path, content, message):
-    from treespec.tree_spec import load_tree
+    from treespec.planning.tree_spec import load_tree
 
     path = tmp_path / "tree.json"
     path.write_text(content)

@@ -4,7 +4,7 @@ import pytest
 
 from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
-from treespec.tree_spec import build_tree, check_tree_spec
+from treespec.planning.tree_spec import build_tree, check_tree_spec
 
 
 def test_kinds_build():
@@ -68,9 +68,9 @@ def test_auto_under_block_verification_chooses_among_chains(tmp_path):
     import torch
 
     from treespec import generate
-    from treespec.autotree import auto_chooser
     from treespec.heads import DraftModel
-    from treespec.profile import DrafterProfile
+    from treespec.planning.autotree import auto_chooser
+    from treespec.planning.profile import DrafterProfile
 
     from .helpers import tiny_llama
 
@@ -98,10 +98,10 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
     import torch
 
     from treespec import generate
-    from treespec.autotree import auto_chooser, measure_cost_curve, save_cost_curve
     from treespec.heads import load, load_profile
     from treespec.heads.accuracy import write_accuracy
     from treespec.heads.eagle import EagleModel
+    from treespec.planning.autotree import auto_chooser, measure_cost_curve, save_cost_curve
 
     from .helpers import tiny_llama
 

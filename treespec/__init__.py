@@ -6,7 +6,11 @@
     out.sequences, out.mean_accept_length
 """
 
-from .generate import GenerationResult, generate
+from .generate import GenerationResult
+
+# the public generate() plans (a tree spec resolved, measured if need be), then runs the loop: the one place outside
+# treespec/planning/ in the core that names planning, and it only re-exports (tests/test_layering.py)
+from .planning.resolve import generate  # noqa: TID251
 from .sampling import Sampling
 from .tree import Tree
 

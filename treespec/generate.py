@@ -18,6 +18,10 @@ What the rows carry from step to step is a ``DecodeState``; what stays fixed for
 Timing is an optional observer (treespec/timing.py): without one the loop waits for the device once a step, when
 it reads the accepted tokens back (treespec/host_reads.py counts the reads; docs/design.md, "Host reads per
 step"); the rest of what it keeps on the host is bookkeeping it already knows.
+
+The loop runs a resolved tree (``decode``): it never imports treespec/planning/, which turns tree specs into trees
+and measures what they need (chain τ, costs) by decoding itself. The public ``treespec.generate`` plans first, then
+calls ``decode`` (docs/design.md, "Planning apart from decoding").
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from treespec.drafter import Committed, Drafter, Proposals, in_use, stack_featur
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
 from treespec.layer_types import check_filled, is_hybrid
-from treespec.profile import DrafterProfile
 from treespec.recurrent import TargetRows
 from treespec.result import GenerationResult, RowResult
 from treespec.rows import RowSlots, gather_last, gather_positions, right_aligned
@@ -46,12 +49,12 @@ from treespec.visibility import TreeAttention
 from treespec.walker import walk_rows
 from treespec.walker_batch import Accepted, accepted
 
-__all__ = ["GenerationResult", "RowResult", "generate"]
+__all__ = ["GenerationResult", "RowResult", "decode"]
 
 
 @dataclass(frozen=True)
 class Run:
-    """What stays fixed during one generate() call (checked by treespec/inputs.py)."""
+    """What stays fixed during one decode() call (checked by treespec/inputs.py)."""
 
     target: torch.nn.Module
     drafter: Drafter | None             # None: plain decoding (no drafter, or an empty tree)
@@ -99,14 +102,13 @@ class DecodeState:
 
 
 @torch.no_grad()
-def generate(
+def decode(
     target,
     input_ids,
     *,
     attention_mask: torch.Tensor | None = None,
     drafter=None,
-    tree: Tree | DynamicTree | dict | None = None,
-    profile: DrafterProfile | None = None,
+    tree: Tree | DynamicTree | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -117,28 +119,16 @@ def generate(
     observer: StepTimer | None = None,
     compile: bool | dict = False,
 ) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after each prompt with tree speculation.
-
-    ``input_ids``: one prompt ([P] or [1, P]), a batch [b, P] left-padded where ``attention_mask`` [b, P] is 0
-    (transformers' convention), or a list of 1-D prompts, left-padded here with the pad id. Each row is
-    decoded as if alone: greedy rows equal transformers' batched greedy ``generate`` on the same padded batch,
-    sampled rows follow the target's distribution, each with its own draws from the one ``generator``.
-    ``result.sequences`` [b, P + T] is shaped as transformers' output: the prompts as given, then each row's
-    tokens and the pad id after its eos (``pad_token_id``, else the target's, else the first eos, else 0).
-
-    ``tree`` is the candidate tree: a Tree, a DynamicTree or a tree-spec dict (default: the drafter's
-    ``default_tree``); spec kinds "accuracy" and "auto" grow it from the drafter's measured ``profile``
-    (treespec/profile.py). Every argument is checked first (treespec/inputs.py). ``acceptance`` is
-    "rejection" (lossless: greedy at temperature 0, rejection sampling otherwise) or "typical"
-    (Medusa's typical acceptance: faster, NOT lossless). ``observer`` (a ``treespec.timing.StepTimer``)
-    fills the result's target and draft times; ``wall_time`` is always measured. ``compile=True`` runs the
-    target's tree passes and a network drafter's depth steps as torch.compile'd static graphs, compiled once per
-    shape (CUDA graphs on a GPU; a dict gives torch.compile's backend, mode, options: treespec/static_pass.py).
-    """
+    """Decode up to ``max_new_tokens`` after each prompt with tree speculation, verifying ``tree``: a Tree or a
+    DynamicTree, resolved already (None: the drafter's ``default_tree``). The public ``treespec.generate`` takes
+    the same arguments, also a tree-spec dict and a ``profile``: it resolves the spec first
+    (treespec/planning/resolve.py, which documents every argument) and then calls this. Nothing here plans or
+    measures, so a measurement that decodes (a chain τ, a cost) calls this directly and no decoding ever runs inside
+    another. Every argument is checked first (treespec/inputs.py)."""
     inputs = check_inputs(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
                           acceptance=acceptance, observer=observer, attention_mask=attention_mask,
-                          pad_token_id=pad_token_id, profile=profile, compile=compile)
+                          pad_token_id=pad_token_id, compile=compile)
     uses_features = inputs.drafter is not None and inputs.drafter.needs_features
     feature_layers = tuple(inputs.drafter.feature_layers) if uses_features else ()
     # a static pass's cache slots: the prompts, every new token and one tree pass, rounded up so that prompts of

@@ -156,12 +156,12 @@ def reads_per_step(target, input_ids, *, drafter=None, max_new_tokens: int = 48,
     ``max_new_tokens`` less those of a run of one token (prefill, retiring, outputs: no step), over the run's
     verification passes → {"device", "all", "uploads": per step; "passes"; "sites": the device reads' call sites;
     with ``ops``, "ops": torch calls per step by the file making them}."""
-    from treespec.generate import generate
+    from treespec.generate import decode
 
     counts = []
     for new_tokens in (1, max_new_tokens):
         with HostReads(target, drafter, inputs=input_ids, ops=ops) as reads:
-            out = generate(target, input_ids, drafter=drafter, max_new_tokens=new_tokens, **options)
+            out = decode(target, input_ids, drafter=drafter, max_new_tokens=new_tokens, **options)
         counts.append(reads)
     once, run = counts
     passes = max(out.passes, 1)

@@ -1,12 +1,15 @@
-"""Validation at the door of generate(): every argument is checked (and normalised where the intent is
-clear) before any model runs, so a mistake is an error that names the argument, the value and what is
-accepted, never an error from deep inside torch or a silently wrong result.
+"""Validation at the door of the decoding loop (treespec/generate.py): every argument is checked (and normalised
+where the intent is clear) before any model runs, so a mistake is an error that names the argument, the value and
+what is accepted, never an error from deep inside torch or a silently wrong result. ``check_arguments`` checks
+every argument but the tree: planning (treespec/planning/resolve.py) calls it before it measures anything for a
+tree spec, and ``check_inputs`` calls it again with the resolved tree.
 
 Normalised: ``input_ids`` as a list of ints, a [P] or [1, P] tensor or numpy array, a [b, P] tensor (with an
 ``attention_mask`` [b, P] when its prompts are left-padded, transformers' convention) or a list of 1-D prompts,
 left-padded here with the pad id (``pad_token_id``, else the target's generation config's or config's, else the
 first eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer tensor or any iterable of ints
-(list, tuple, set); ``tree`` as a Tree, a DynamicTree or a tree-spec dict (treespec.tree_spec). Refused: a
+(list, tuple, set); ``tree`` as a Tree or a DynamicTree (a tree-spec dict is resolved before the loop, by
+treespec.planning.resolve). Refused: a
 target that is not a causal LM with an LM head, a target in training mode (dropout would make its output
 random), ALiBi models (their position biases cannot follow a tree), an attention implementation that cannot
 take a tree mask, flex_attention on CPU, cascade attention where it cannot run (treespec/cascade.py: flash-attn
@@ -19,6 +22,7 @@ target whose passes cannot be static graphs (treespec/static_pass.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,18 +35,18 @@ from treespec.cascade import CASCADE_ATTENTION, check_cascade_target
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.layer_types import check_rollback, is_hybrid, sliding_window
-from treespec.profile import DrafterProfile
 from treespec.sampling import Sampling
 from treespec.static_pass import compile_options
 from treespec.timing import StepTimer
 from treespec.tree import Tree
-from treespec.tree_spec import build_tree
 from treespec.visibility import TREE_MASK_ATTENTION
 from treespec.walker import ACCEPTANCE_MODES
 
 
 @dataclass
-class Inputs:
+class Arguments:
+    """Every argument of the loop but the tree, checked."""
+
     input_ids: torch.Tensor          # LongTensor [b, P] on the target's device, left-padded (no all-padding column)
     attention_mask: torch.Tensor | None  # LongTensor [b, P]: 0 on left padding; None when there is none
     prompt_lengths: list[int]        # each row's prompt tokens
@@ -50,11 +54,21 @@ class Inputs:
     pad_token_id: int                # after a row's eos in the output (and left padding of a list of prompts)
     max_new_tokens: int
     drafter: Drafter | None          # None when the tree is empty: plain decoding, no drafter prefill or features
-    tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
     sampling: Sampling
     eos: frozenset[int]
-    compile: dict | None = None      # torch.compile's arguments for static passes (treespec/static_pass.py), or None
-    whole_trees: bool = False        # the last steps verify the whole tree (generate's step_tree_of)
+    compile: dict | None             # torch.compile's arguments for static passes (treespec/static_pass.py), or None
+    positions_left: int | None       # the fewest positions the target or the drafter has past prompt + budget
+
+    @property
+    def first_prompt(self) -> torch.Tensor:
+        """[1, P]: the first prompt without its padding, on the target's device (what a plan measures on)."""
+        return self.input_ids[:1] if self.attention_mask is None else self.input_ids[:1, self.attention_mask[0].bool()]
+
+
+@dataclass
+class Inputs(Arguments):
+    tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
+    whole_trees: bool                # the last steps verify the whole tree (generate's step_tree_of)
 
 
 def max_positions(config) -> int | None:
@@ -242,17 +256,13 @@ def check_target(target) -> None:
                              f"{window}: load the target with attn_implementation='sdpa'")
 
 
-def check_tree(tree, drafter, acceptance: str = "rejection", sampling=None, profile=None,
-               prompt=None) -> Tree | DynamicTree:
+def check_tree(tree, drafter) -> Tree | DynamicTree:
     if drafter is None and tree is None:
         return Tree.chain(0)
     tree = drafter.default_tree if tree is None else tree
-    if isinstance(tree, Mapping):
-        # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling; a chain τ
-        # it lacks is measured on the first prompt where it can)
-        tree = build_tree(tree, profile=profile, candidates=getattr(drafter, "candidates", "topk"),
-                          acceptance=acceptance, sampling=sampling, default=getattr(drafter, "default_tree", None),
-                          drafter=drafter, prompt=prompt)
+    if isinstance(tree, Mapping):  # the loop never plans (docs/design.md, "Planning apart from decoding")
+        raise ValueError(f"the decoding loop takes a resolved tree, got the tree spec {tree}: treespec.generate "
+                         "resolves specs before decoding (treespec.planning.resolve.plan_tree)")
     if not isinstance(tree, (Tree, DynamicTree)):
         raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
     if drafter is None:
@@ -283,10 +293,9 @@ def check_batch(target, drafter, batch_size: int) -> None:
         drafter.check_batch(batch_size)
 
 
-def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperature, top_p, eos_token_id,
-                 generator, acceptance, observer=None, attention_mask=None, pad_token_id=None, profile=None,
-                 compile=False) -> Inputs:
-    """Every generate() argument, checked; see the module docstring."""
+def check_arguments(target, input_ids, *, drafter, max_new_tokens, temperature, top_p, eos_token_id, generator,
+                    acceptance, observer=None, attention_mask=None, pad_token_id=None, compile=False) -> Arguments:
+    """Every generate() argument but the tree, checked; see the module docstring."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must implement treespec.drafter.Drafter, got {type(drafter).__name__}")
     if observer is not None and not isinstance(observer, StepTimer):
@@ -306,16 +315,9 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
     pad = pad_id(target, pad_token_id, eos_ids)
     given, mask = check_input_ids(input_ids, target, attention_mask, pad)
     lengths = [given.shape[1]] * given.shape[0] if mask is None else mask.sum(-1).tolist()
-    if profile is not None and not isinstance(profile, DrafterProfile):
-        raise ValueError(f"profile must be a treespec.profile.DrafterProfile or None, got {type(profile).__name__}")
-    first = given[:1] if mask is None else given[:1, mask[0].bool()]  # [1, P]: the first prompt, without padding
-    tree = check_tree(tree, drafter, acceptance, sampling, profile, first.to(target.device))
     check_target(target)
     compile_with = compile_options(compile, target)
     check_batch(target, drafter, given.shape[0])
-    vocab = vocab_size(target)
-    if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
-        raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")
     total = max(lengths) + max_new_tokens
     limits = [("target", max_positions(target.config))]
     if drafter is not None:
@@ -325,16 +327,28 @@ def check_inputs(target, input_ids, *, drafter, tree, max_new_tokens, temperatur
         if limit is not None and total > limit:
             raise ValueError(f"prompt ({max(lengths)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                              f"{who}'s {limit} positions")
-    # nothing to draft (e.g. tree=auto chose not to speculate): decode as vanilla, without the drafter
-    speculates = not (isinstance(tree, Tree) and len(tree) == 0)
     columns = given.shape[1] - max(lengths)  # padding in every row: the prefill skips it
-    input_ids = given[:, columns:].to(target.device)
+    ids = given[:, columns:].to(target.device)
     if mask is not None:
         mask = mask[:, columns:]
         mask = None if bool(mask.all()) else mask.to(target.device)
     if mask is not None:  # padding may hold any id (-100, the vocabulary size): the model sees a real one there
-        input_ids = input_ids.masked_fill(mask == 0, pad if 0 <= pad < vocab else 0)
+        ids = ids.masked_fill(mask == 0, pad if 0 <= pad < vocab_size(target) else 0)
+    left = [limit - total for _, limit in limits if limit is not None]
+    return Arguments(ids, mask, lengths, given, pad, max_new_tokens, drafter, sampling, eos, compile_with,
+                     min(left) if left else None)
+
+
+def check_inputs(target, input_ids, *, tree, **arguments) -> Inputs:
+    """Every generate() argument (``check_arguments``'s) and the resolved ``tree``, checked."""
+    checked = check_arguments(target, input_ids, **arguments)
+    tree = check_tree(tree, checked.drafter)
+    vocab = vocab_size(target)
+    if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
+        raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")
+    # nothing to draft (e.g. tree=auto chose not to speculate): decode as vanilla, without the drafter
+    speculates = not (isinstance(tree, Tree) and len(tree) == 0)
     # a static pass verifies the whole tree up to the end, keeping its graph, where its positions stay in range
-    whole = compile_with is not None and all(limit is None or total + tree.depth <= limit for _, limit in limits)
-    return Inputs(input_ids, mask, lengths, given, pad, max_new_tokens, drafter if speculates else None, tree,
-                  sampling, eos, compile_with, whole)
+    whole = checked.compile is not None and (checked.positions_left is None or tree.depth <= checked.positions_left)
+    fields = {f.name: getattr(checked, f.name) for f in dataclasses.fields(Arguments)}
+    return Inputs(**{**fields, "drafter": checked.drafter if speculates else None}, tree=tree, whole_trees=whole)

@@ -115,11 +115,17 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
     bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
     if bad:
         raise ValueError(f"the weights in {folder} hold NaN or infinite values ({', '.join(bad[:3])}): corrupt file?")
+    return model.eval(), load_tokenizer(folder)
+
+
+def load_tokenizer(spec: str | Path):
+    """The tokenizer alone (no weights read) of any spec ``resolve`` takes; an unreadable one is an error naming
+    the folder."""
+    folder = resolve(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder)
     except Exception as err:  # a missing or corrupt tokenizer file, a config field the tokenizer reads, ...
         raise ValueError(f"cannot load the tokenizer in {folder}: {type(err).__name__}: {brief(err)}") from None
-    return model.eval(), tokenizer
 
 
 def brief(err: Exception, limit: int = 300) -> str:

@@ -27,7 +27,7 @@ class RowResult:
 
 class TimedRun:
     """What a timed generation derives from its ``new_tokens``, ``wall_time``, ``target_time`` and ``draft_time``
-    (GenerationResult here, a comparison's stored treespec.bench.Measured)."""
+    (GenerationResult here, a comparison's stored treespec.planning.bench.Measured)."""
 
     @property
     def tokens_per_s(self) -> float:

@@ -7,7 +7,7 @@ depth 1, then the r1-th ranked child of that, and so on (Medusa's "choices", Cai
 ``len(tree)`` is n, the number of candidates; a verification pass feeds n + 1 tokens.
 
 ``tree.save(path)`` writes its paths as JSON and ``Tree.load(path)`` reads them back (a dynamic tree's
-settings, saved with treespec.tree_spec.save_tree, come back as the spec dict generate() also takes): the
+settings, saved with treespec.planning.tree_spec.save_tree, come back as the spec dict generate() also takes): the
 comparison saves every configuration's tree that way, so the best one can be handed to
 ``generate(..., tree=Tree.load(".../best_tree.json"))``.
 """
@@ -101,7 +101,7 @@ class Tree:
     @staticmethod
     def load(path) -> Tree | dict:
         """The tree a ``save`` file holds. A file of another kind (a dynamic tree's settings, written by
-        treespec.tree_spec.save_tree) gives its tree-spec dict, which generate() takes as ``tree=`` too."""
+        treespec.planning.tree_spec.save_tree) gives its tree-spec dict, which generate() takes as ``tree=`` too."""
         data = read_json(path, "tree file")
         if not isinstance(data, dict) or "kind" not in data:
             raise ValueError(f"tree file {path} holds {type(data).__name__}, not a tree spec with a kind")

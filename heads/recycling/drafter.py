@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import torch
 
-from treespec.analysis import grow_tree
 from treespec.drafter import Committed, Drafter, Proposals
+from treespec.planning.analysis import grow_tree
 from treespec.sampling import Sampling
 from treespec.tree import Tree
 
-# The templates: Medusa's sparse-tree rule (treespec.analysis.grow_tree: the paths most likely to be accepted) on
-# one rank profile, the matrix's rank 0 accepted 70 % of the time at every depth (what a chain of its rank-0
-# candidates reaches on the reference target: τ ≈ 3.4 at γ = 8) and most of the rest shared by the other ranks,
+# The templates: Medusa's sparse-tree rule (treespec.planning.analysis.grow_tree: the paths most likely to be
+# accepted) on one rank profile, the matrix's rank 0 accepted 70 % of the time at every depth (what a chain of its
+# rank-0 candidates reaches on the reference target: τ ≈ 3.4 at γ = 8) and most of the rest shared by the other ranks,
 # each a quarter less likely than the one before. That gives the paper's shape: wide near the root, a rank-0 spine
 # deep down.
 RANK_PROFILE = [[0.7] + [0.3 * 0.9 * 0.25 * 0.75 ** (r - 1) for r in range(1, 8)] for _ in range(10)]

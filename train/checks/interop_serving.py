@@ -142,14 +142,14 @@ def counters(port: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def served(vllm: str, args: list[str], log: Path, ready_s: float = 900):
-    """``vllm <args> CPU_FLAGS --port P`` started in the checkout (the printed paths are relative to it); the
-    port once /health answers; the server's process group stopped on exit."""
+def served(vllm: str, args: list[str], log: Path, ready_s: float = 900, *, flags=CPU_FLAGS, env: dict | None = None):
+    """``vllm <args> <flags> --port P`` started in the checkout (the printed paths are relative to it), with ``env``
+    added to the environment; the port once /health answers; the server's process group stopped on exit."""
     port = free_port()
     with open(log, "w") as out:
-        proc = subprocess.Popen([vllm, *args, *CPU_FLAGS, "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+        proc = subprocess.Popen([vllm, *args, *flags, "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONNOUSERSITE": "1"})
+                                env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})})
     try:
         deadline = time.monotonic() + ready_s
         while True:

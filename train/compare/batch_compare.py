@@ -10,8 +10,8 @@ generate (each the median over batches of the per-batch ratio; intervals over ba
 and τ over every row's verification passes.
 
 ``tree=auto`` is chosen anew at each B: the target's cost curve is measured over B × N tokens (N tree tokens
-per row, ``cost_sizes``), the drafter's drafting cost and the engine's cost per step (treespec/engine_cost.py) at
-B rows, and autotree picks the accuracy-grown tree
+per row, ``cost_sizes``), the drafter's drafting cost and the engine's cost per step
+(treespec/planning/engine_cost.py) at B rows, and autotree picks the accuracy-grown tree
 with the best predicted tokens/s, or the empty tree (vanilla decoding) where none is predicted to pay: from
 that B on, speculation stops paying on this device. The per-B curves are the target's alone (the B = 1 grid
 also times them after each drafter's drafting, which would multiply this part's cost by the drafters).
@@ -27,12 +27,12 @@ from collections.abc import Callable
 
 import torch
 
-from treespec.autotree import cost_at, measure_cost_curve, predict
-from treespec.bench import Config, measure, own_copy
 from treespec.compat import NO_EOS
-from treespec.drafting_cost import NO_DRAFTING, measure_drafting_cost
-from treespec.engine_cost import measure_engine_cost
 from treespec.inputs import left_padded
+from treespec.planning.autotree import cost_at, measure_cost_curve, predict
+from treespec.planning.bench import Config, measure, own_copy
+from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
+from treespec.planning.engine_cost import measure_engine_cost
 from treespec.result import GenerationResult, RowResult
 from treespec.tree import Tree
 

@@ -11,11 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treespec.autotree import CostModel, EngineCost, auto_chooser, cost_at, cost_model
 from treespec.drafter import SAMPLED_CANDIDATES
-from treespec.drafting_cost import DraftingCost
+from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, cost_at, cost_model
+from treespec.planning.drafting_cost import DraftingCost
+from treespec.planning.tree_spec import NEEDS_ACCURACY, build_tree
 from treespec.tree import Tree
-from treespec.tree_spec import NEEDS_ACCURACY, build_tree
 
 
 @dataclass
@@ -29,11 +29,11 @@ class DrafterSpec:
     drafting_step: Callable[[], Callable] | None = None  # makes a call running one drafting call (for timing)
     checksum: dict | None = None        # for the report's stamp: source, weight files' and weights' sha1
     entry: dict | None = None           # its conf/drafter entry (registry name, source): how to load it again
-    chain_tau: object | None = None     # treespec.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
+    chain_tau: object | None = None     # planning.chain_tau.ChainTau: each rule's τ on sampled chains, if it samples
     trees: list[dict] | None = None     # its own tree specs, replacing the run's (None: the run's)
     drafting_cost: DraftingCost | None = None  # measured in the loop, as fractions of a one-token pass
-                                               # (treespec/drafting_cost.py): put on the cost model's own pass, in
-                                               # place of the seconds above
+                                               # (treespec/planning/drafting_cost.py): put on the cost model's
+                                               # own pass, in place of the seconds above
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule

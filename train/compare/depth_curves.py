@@ -4,7 +4,7 @@
 For one configuration (a drafter on a tree), the curve is P(a verification pass accepts at least d drafted
 tokens) for d = 1..the tree's depth, from the accept lengths the run measured (``results.json``: each pass
 commits its accepted tokens plus one, so d drafted tokens accepted ⇔ accept length ≥ d + 1). On a chain it is
-the product of the per-depth acceptance rates, the curve the analysis (treespec.analysis) predicts from
+the product of the per-depth acceptance rates, the curve the analysis (treespec.planning.analysis) predicts from
 per-depth accuracies; two drafters on the same tree differ exactly where their curves part.
 """
 

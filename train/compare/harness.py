@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from treespec.bench import Config, Row, own_copy, step_parts
+from treespec.planning.bench import Config, Row, own_copy, step_parts
+from treespec.planning.tree_spec import build_tree, save_tree
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.train.compare.journal import open_journal
@@ -38,7 +39,6 @@ from treespec.train.compare.results_file import save_result
 from treespec.train.compare.setup_costs import measure_setup
 from treespec.train.compare.stamp import collect as collect_stamp
 from treespec.train.compare.stamp import model_checksum, prompts_digest
-from treespec.tree_spec import build_tree, save_tree
 
 
 def _module_checksum(drafter) -> dict:

@@ -23,12 +23,12 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from treespec import reference
-from treespec.chain_tau import measure_chain_tau
 from treespec.drafter import SAMPLED_CANDIDATES
-from treespec.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.heads import registry
 from treespec.heads.vocab import DraftVocab
 from treespec.io import single_run
+from treespec.planning.chain_tau import measure_chain_tau
+from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.sampling import Sampling
 from treespec.train.compare.configurations import DrafterSpec
 from treespec.train.compare.entries import drafter_checksum, entry_record, made, max_depth_of
@@ -87,9 +87,9 @@ def rank_accuracy_on(kind, target, module, held: HeldOutText, sampling: Sampling
 
 
 def calibration_prompts(held: HeldOutText, count: int = 2) -> list[torch.Tensor]:
-    """What drafting is timed on in the loop (treespec/drafting_cost.py): the first ``count`` held-out windows, whole
-    (decoding goes on from the target's own text, so the drafter accepts as it will). A drafter is timed only when
-    it is predicted, which needs the held-out windows its accuracies or chain τ came from."""
+    """What drafting is timed on in the loop (treespec/planning/drafting_cost.py): the first ``count`` held-out
+    windows, whole (decoding goes on from the target's own text, so the drafter accepts as it will). A drafter is timed
+    only when it is predicted, which needs the held-out windows its accuracies or chain τ came from."""
     return [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])][:count]
 
 

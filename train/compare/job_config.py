@@ -9,13 +9,13 @@ from omegaconf import OmegaConf
 
 from treespec import reference
 from treespec.heads import registry
+from treespec.planning.tree_spec import check_tree_spec
 from treespec.train.compare.configurations import expand_specs
 from treespec.train.compare.entries import check_entry
 from treespec.train.compare.methods import check_baselines, own_trees
 from treespec.train.compare.templates import check_system_prompt, check_template
 from treespec.train.compare.workload import chat_validation, check_texts
 from treespec.train.training import config_checks
-from treespec.tree_spec import check_tree_spec
 from treespec.walker import ACCEPTANCE_MODES
 
 REFERENCE_TARGET = "reference:target"

@@ -27,8 +27,8 @@ import os
 import time
 from pathlib import Path
 
-from treespec.bench import Measured
 from treespec.io import atomic_write_text, remove_stale_temps
+from treespec.planning.bench import Measured
 from treespec.train.compare.stamp import flatten
 
 JOURNAL = "measurements.jsonl"

@@ -20,9 +20,9 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from treespec import reference
+from treespec.planning.tree_spec import check_tree_spec
 from treespec.train.compare.configurations import expand_specs
 from treespec.train.compare.peers import PEERS
-from treespec.tree_spec import check_tree_spec
 
 
 def shipped(source) -> bool:

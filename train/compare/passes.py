@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from treespec.bench import Config, Row, measure
+from treespec.planning.bench import Config, Row, measure
 
 
 def merge_rows(parts: list[list[Row]]) -> list[Row]:

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from treespec.bench import Row
 from treespec.compat import NO_EOS
 from treespec.generate import GenerationResult
+from treespec.planning.bench import Row
 from treespec.train.compare.target_calls import TargetCalls
 
 PEERS = {"greedy": "transformers greedy", "assisted": "transformers assisted",

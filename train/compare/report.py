@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 
+from treespec.planning.tree_spec import build_tree, save_tree
 from treespec.train.compare import time_split
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
@@ -29,7 +30,6 @@ from treespec.train.compare.specbench import markdown as specbench_markdown
 from treespec.train.compare.stamp_lines import stamp_lines
 from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
 from treespec.train.compare.tables import DASH, md_table, missing, num, with_interval
-from treespec.tree_spec import build_tree, save_tree
 
 BOOTSTRAP = {"samples": 2000, "level": 0.95, "seed": 0}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from treespec.autotree import (
+from treespec.planning.autotree import (
     cost_at,
     measure_cost_curve,
     measure_prefill_curve,
@@ -16,10 +16,10 @@ from treespec.autotree import (
     predict_generation,
     tau_source,
 )
-from treespec.engine_cost import measure_engine_cost
+from treespec.planning.engine_cost import measure_engine_cost
+from treespec.planning.tree_spec import tree_to_spec
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.tree import Tree
-from treespec.tree_spec import tree_to_spec
 
 
 def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], rules: list[str],
@@ -40,7 +40,7 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
     # each drafter's own curve, every forward timed right after one of its drafting calls as in decoding (its
     # weights push the target's out of the caches: ~10 % slower on a CPU); predictions and "auto" use it
     curves, baseline = {}, cost_at(curve, 1)  # vanilla's pass: the target alone
-    for d in drafters:  # drafting measured in the loop as fractions of a pass (treespec/drafting_cost.py)
+    for d in drafters:  # drafting measured in the loop as fractions of a pass (treespec/planning/drafting_cost.py)
         if d.drafting_cost is not None and d.drafting_cost.target_pass > 0:
             fixed, per_depth, per_node = d.drafting_seconds(baseline)
             log(f"drafting cost of {d.name} on this curve: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms "
@@ -78,7 +78,8 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
             log(f"  {name}: the tree of {same_as}, measured once for both")
         configs.append({"name": name, "drafter": d.name, "rule": rule, "tree_spec": tree_to_spec(tree),
                         "same_as": same_as if same_as != name else None})
-        # sampled candidates: each rule's own closed-form τ on chains (treespec/chain_tau.py); trees not predicted
+        # sampled candidates: each rule's own closed-form τ on chains (treespec/planning/chain_tau.py); trees not
+        # predicted
         source = d.tau_source(rule)
         pred = predict(tree, source, costs[d.name]) \
             if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from treespec.io import file_digest, weights_digest
-from treespec.profile_cache import cpu_name
+from treespec.planning.profile_cache import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from treespec.generate import generate
+from treespec import generate
 from treespec.inputs import max_positions
 from treespec.train.compare.progress import Countdown
 from treespec.train.compare.workload import Item

@@ -1,7 +1,7 @@
 """Where a verification pass's time goes, per drafter: the report's "Time per pass" table.
 
 A drafter's speedup is τ ÷ (the cost of one pass relative to vanilla's); this table opens that cost up for each
-drafter's best configuration, as measured in the run's own decoding (treespec.bench.step_parts): the target's
+drafter's best configuration, as measured in the run's own decoding (treespec.planning.bench.step_parts): the target's
 forwards over the tree, the drafter proposing (a draft model's or a head's depths, a model-free index's
 retrieval), the drafter updating from the verified pass (Token Recycling's matrix, SuffixDecoding's trie, EAGLE's
 accepted features), the walker, and the rest of the engine's host work (masks, the cache's compaction, Python).

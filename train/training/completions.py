@@ -8,6 +8,8 @@ end-of-turn marker, with the number of tokens it took.
 - ``EmbeddedBackend`` (the default): treespec's own batched decoding loop (``treespec.generate``) on the
   loaded target, left-padded rows that retire as they finish. Greedy rows are the target's greedy answer to
   that prompt; sampled rows draw from one generator seeded per call, so a resumed job draws alike.
+- ``ServerBackend`` (train/training/server_backend.py, ``data.regenerate.backend=server``): an OpenAI-compatible
+  server (``vllm serve``, SGLang) already serving the target, ``concurrency`` requests in flight.
 
 A backend is a small strategy object, not a second job: the jobs call ``complete`` and never know which.
 """
@@ -26,6 +28,7 @@ class Completion:
     text: str        # what the target wrote after the prompt, cut at the end-of-turn marker (leading space kept:
     #                  a request's opener is continued by it)
     tokens: int      # tokens it generated (the end marker included when it ended on one)
+    ids: tuple[int, ...] | None = None  # those tokens' ids, when the backend knows them (the token-agreement check)
 
 
 def stop_ids(tokenizer, end_marker: str | None) -> list[int]:
@@ -71,5 +74,6 @@ class EmbeddedBackend:
         completions = []
         for row, ids in zip(out.rows, out.sequences[:, width:].cpu(), strict=True):
             text = self.tokenizer.decode(ids[: row.new_tokens], skip_special_tokens=True)
-            completions.append(Completion(cut(text, self.end_marker), row.new_tokens))
+            completions.append(Completion(cut(text, self.end_marker), row.new_tokens,
+                                          tuple(ids[: row.new_tokens].tolist())))
         return completions

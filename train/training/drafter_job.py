@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from treespec.autotree import saved_chooser
-from treespec.bench import Config, Row, measure
 from treespec.heads import registry
 from treespec.heads.export import formats as export_formats
 from treespec.heads.objective import TARGET_FOLDER
 from treespec.io import single_run, weights_digest
+from treespec.planning.autotree import saved_chooser
+from treespec.planning.bench import Config, Row, measure
+from treespec.planning.tree_spec import build_tree, check_tree_spec
 from treespec.reference import load_model
 from treespec.train.training import config_checks, distributed, expected_tau, run_summary
 from treespec.train.training.chat import SampleBatches, Samples, prepare_chat
@@ -39,7 +40,6 @@ from treespec.train.training.lm_job import fingerprint
 from treespec.train.training.log import RunLogger
 from treespec.train.training.loop import OptimConfig, train
 from treespec.train.training.packing import PackedBatches, check_packing
-from treespec.tree_spec import build_tree, check_tree_spec
 
 
 def trainable_kind(d):

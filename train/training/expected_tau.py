@@ -7,7 +7,7 @@ the τ decoding reaches, accuracies on human text underestimate it. The continua
 (greedy) at the start of the run, so each evaluation is one pass of the drafter over a small fixed set.
 
 From the accuracies acc[d][r] (heads/accuracy.py: the drafter's rank-r token at depth d + 1 is the target's
-argmax) the analysis (treespec.analysis: Medusa's estimate, depths taken as independent) gives
+argmax) the analysis (treespec.planning.analysis: Medusa's estimate, depths taken as independent) gives
 
 - ``eval/acc_depth_k``: top-1 at depth k (k = 1..the drafter's measured depth);
 - ``eval/expected_tau_chain``: a chain as deep as the measured depths, 1 + Σ_k Π_{j≤k} acc[j][0];
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
+from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.train.training.data import own_continuations
 from treespec.train.training.log import read_metrics
 from treespec.tree import Tree

@@ -5,9 +5,9 @@ at the end of training (train/training/drafter_job.py):
   (heads/local_profile.py: the target's curve alone and after the drafter's calls, the drafting costs, the
   engine's cost per step), with the machine, the target and the weights it was measured for, so that
   ``load_profile(folder, target)`` on this machine uses it as it is and measures afresh anywhere else;
-- chain_tau.json: each rule's τ of sampled chains (treespec/chain_tau.py) at temperature 1 (and at the evaluation's
-  temperature when it samples), on the target's own sampled continuations of the held-out windows, for a drafter
-  that can sample its candidates: what "auto" chooses γ by for ``candidates="sample"``.
+- chain_tau.json: each rule's τ of sampled chains (treespec/planning/chain_tau.py) at temperature 1 (and at the
+  evaluation's temperature when it samples), on the target's own sampled continuations of the held-out windows, for a
+  drafter that can sample its candidates: what "auto" chooses γ by for ``candidates="sample"``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from treespec.autotree import COST_CURVE_FILE, DEFAULT_SIZES, write_cost_record
-from treespec.chain_tau import DEPTH, measure_chain_tau, save_chain_tau
 from treespec.heads import registry
 from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
+from treespec.planning.autotree import COST_CURVE_FILE, DEFAULT_SIZES, write_cost_record
+from treespec.planning.chain_tau import DEPTH, measure_chain_tau, save_chain_tau
 from treespec.sampling import Sampling
 from treespec.train.training.data import own_continuations
 

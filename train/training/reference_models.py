@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from treespec import Tree, reference
-from treespec.analysis import expected_tokens_per_round, speedup
-from treespec.bench import Config, measure
 from treespec.heads import DraftModel
+from treespec.planning.analysis import expected_tokens_per_round, speedup
+from treespec.planning.bench import Config, measure
 from treespec.sampling import Sampling, probs
 from treespec.timing import forward_time
 from treespec.train.training.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens

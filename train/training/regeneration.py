@@ -12,7 +12,10 @@ that ends on a user turn gets the target's answer appended.
 (train/training/magpie.py, ``data.magpie``) into ``<out>.requests.jsonl``, then answers them; with
 ``data.magpie.second_turns`` a share of them gets a follow-up request, written by the target too, and its answer.
 
-Answers come from a backend (train/training/completions.py): treespec's own batched decoding by default.
+Answers come from a backend (train/training/completions.py): treespec's own batched decoding by default, or
+with ``data.regenerate.backend=server`` an OpenAI-compatible server already serving the target
+(train/training/server_backend.py; only the tokenizer is loaded here). A server's request still unanswered after its
+retries stops the job naming its row; the batches before it are written, and a rerun resumes.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from treespec.io import atomic_write, single_run
-from treespec.reference import load_model
-from treespec.train.training import config_checks, distributed, magpie
+from treespec.reference import load_model, load_tokenizer
+from treespec.train.training import config_checks, distributed, magpie, server_backend
 from treespec.train.training.chat import ChatRenderer, chat_settings
 from treespec.train.training.completions import EmbeddedBackend
 from treespec.train.training.conversations import BadRow, load_rows, normalize
@@ -96,8 +99,11 @@ def regenerate(backend, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8
         nonlocal turns, empty, tokens
         prompts = [renderer.render(convs[c][:j], add_generation_prompt=True) for c, j in where]
         # seeded by row, not by batch position: a resumed run draws alike
-        answers = backend.complete(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   seed=seed + chunk_rows[0] * 1009 + turn)
+        try:
+            answers = backend.complete(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_p=top_p, seed=seed + chunk_rows[0] * 1009 + turn)
+        except server_backend.CompletionError as err:  # named by row; the batches before are written
+            raise err.named([f"row {chunk_rows[c]} (turn {turn + 1})" for c, _ in where]) from None
         for (c, j), completion in zip(where, answers, strict=True):
             text = completion.text.strip()
             convs[c][j] = {"role": "assistant", "content": text}
@@ -219,6 +225,7 @@ def run(cfg) -> dict:
         config_checks.integer(r.get(key, 1), f"data.regenerate.{key}")
     config_checks.number(r.get("temperature", 0.0), "data.regenerate.temperature", 0)
     config_checks.number(r.get("top_p", 1.0), "data.regenerate.top_p", 0, 1, low_open=True)
+    server = server_backend.check_backend(r)  # None: the embedded backend
     config_checks.integer(cfg.trainer.get("threads"), "trainer.threads", optional=True)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -229,11 +236,15 @@ def run(cfg) -> dict:
     with distributed.session("ddp", cfg.trainer.get("dist_timeout_s")) as ctx, \
             torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=bf16), \
             (single_run(f"{r.out}.lock", f"data.regenerate.out={r.out}") if ctx.is_main else contextlib.nullcontext()):
-        target, tokenizer = load_model(cfg.target)
-        target.to(ctx.device)
         chat = cfg.data.chat
+        if server is None:
+            target, tokenizer = load_model(cfg.target)
+            target.to(ctx.device)
+        else:  # the server holds the weights
+            tokenizer = load_tokenizer(cfg.target)
         end_marker = ChatRenderer(tokenizer, chat_settings(chat)["template"]).end_marker
-        backend = EmbeddedBackend(target, tokenizer, end_marker)
+        backend = (EmbeddedBackend(target, tokenizer, end_marker) if server is None else
+                   server_backend.ServerBackend.from_settings(server, tokenizer, end_marker))
         if self_written:
             chat = OmegaConf.merge(chat, {"source": magpie_requests(cfg, backend, ctx)})
         with distributed.rank0_first(ctx):  # rank 0 converts the source with datasets first (its cache)

@@ -13,8 +13,8 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from treespec.autotree import CostModel, chains_only, choose_tree
 from treespec.heads.kind import DrafterKind
+from treespec.planning.autotree import CostModel, chains_only, choose_tree
 
 
 def duplicate_layers_warning(kind: DrafterKind, layers: Sequence[int], num_hidden_layers: int) -> str | None:

@@ -7,7 +7,7 @@ Static kinds (one Tree for every step):
     {"kind": "accuracy", "nodes": n}                 grown greedily from the drafter's measured per-depth
                                                      top-k accuracies (Medusa's sparse trees; analysis.grow_tree)
     {"kind": "auto", "max_nodes": n}                 the accuracy-grown tree with the best predicted tokens/s
-                                                     on this device's cost curve (treespec.autotree)
+                                                     on this device's cost curve (treespec.planning.autotree)
     {"kind": "default"}                              the drafter's own ``default_tree`` (Token Recycling's
                                                      template, SuffixDecoding's budget, ...)
 Dynamic kind (grown by the drafter every step; EAGLE-2):
@@ -17,10 +17,10 @@ Dynamic kind (grown by the drafter every step; EAGLE-2):
 loaded or trained); ``build_tree`` builds it from what the kind needs. Unknown kinds, unknown keys, missing
 keys and bad values raise ValueError naming the spec.
 
-The accuracy kinds need the drafter's measurements: its ``DrafterProfile`` (treespec/profile.py; generate()
+The accuracy kinds need the drafter's measurements: its ``DrafterProfile`` (treespec/planning/profile.py; generate()
 passes the one it is given): its ``accuracy`` (a trained drafter's folder holds them, head_accuracy.json, and
 treespec.heads.load_profile reads them) and, for "auto", its ``tree_chooser`` (made from the device's cost
-curve saved beside it, cost_curve.json: treespec.autotree.save_cost_curve / saved_chooser).
+curve saved beside it, cost_curve.json: treespec.planning.autotree.save_cost_curve / saved_chooser).
 
 ``save_tree``/``load_tree`` (``Tree.save``/``Tree.load``) keep a resolved tree as JSON: its paths, or a
 dynamic tree's settings, so a tree chosen by a comparison run can be used elsewhere.
@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from treespec.analysis import grow_tree
-from treespec.autotree import chains_only
 from treespec.dynamic_tree import DynamicTree
+from treespec.planning.analysis import grow_tree
+from treespec.planning.autotree import chains_only
 from treespec.tree import Tree, write_spec
 
 # kind → (required keys, optional keys with their defaults)
@@ -71,9 +71,9 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
     """A Tree (a DynamicTree for kind "dynamic") from a spec dict (or either, returned as is).
 
     ``accuracy[d][r]``: probability that the rank-r candidate at depth d+1 is the accepted one (kinds
-    "accuracy" and "auto"), or for "auto" a τ source (treespec.autotree.tau_source); ``choose(accuracy,
+    "accuracy" and "auto"), or for "auto" a τ source (treespec.planning.autotree.tau_source); ``choose(accuracy,
     max_nodes) -> Tree`` picks the "auto" tree (it needs the device's cost curve, see
-    treespec.autotree.auto_chooser). Without them, a ``profile``'s are used (``DrafterProfile.tau_source``: its
+    treespec.planning.autotree.auto_chooser). Without them, a ``profile``'s are used (``DrafterProfile.tau_source``: its
     measured chain τ under ``acceptance`` at ``sampling`` when the drafter samples its ``candidates``, else its
     ``accuracy``; and its ``tree_chooser``); a chain τ the profile lacks at that sampling is measured on ``drafter``
     and ``prompt`` [1, P] where the profile can (``DrafterProfile.measure_chain_tau``). ``default``: the drafter's
@@ -102,13 +102,14 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
         if accuracy is None:
             raise ValueError("needs the drafter's measured per-depth top-k accuracies: a trained drafter's folder "
                              "holds them (head_accuracy.json): pass profile=treespec.heads.load_profile(folder), or "
-                             "a treespec.profile.DrafterProfile(accuracy=...)")
+                             "a treespec.planning.profile.DrafterProfile(accuracy=...)")
         if kind == "accuracy":
             return grow_tree(accuracy, _int(spec["nodes"]))
         if choose is None:
             raise ValueError("needs this device's cost curve to choose from: load the profile with its target, "
                              "treespec.heads.load_profile(source, target), which measures one on first use, or give "
-                             "the profile tree_chooser=treespec.autotree.auto_chooser(measure_cost_curve(target))")
+                             "the profile tree_chooser=treespec.planning.autotree.auto_chooser("
+                             "measure_cost_curve(target))")
         if acceptance in CHAIN_RULES:  # never a tree its rule refuses
             accuracy = chains_only(accuracy)
         return choose(accuracy, _int(spec["max_nodes"]))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from treespec.generate import generate
+from treespec.generate import decode
 from treespec.result import TimedRun
 from treespec.static_pass import static_capacity
 from treespec.timing import StepTimer
@@ -38,12 +38,12 @@ from treespec.timing import StepTimer
 
 @dataclass
 class Config:
-    """A decoding configuration. ``run``, when given, replaces treespec's generate() (peers such as
+    """A decoding configuration. ``run``, when given, replaces treespec's decoding loop (peers such as
     transformers' own generate): run(prompt, max_new_tokens, temperature, top_p, generator) → GenerationResult."""
 
     name: str
     drafter: object = None
-    tree: object = None
+    tree: object = None  # a resolved Tree or DynamicTree (a spec: planning.resolve.plan_tree first); None: the default
     acceptance: str = "rejection"
     run: Callable | None = None
 
@@ -190,10 +190,10 @@ def measure(target, configs: list[Config], prompts: list[torch.Tensor], *, max_n
         if config.run is not None:
             return Measured.of(config.run(prompt, budget, temperature, top_p, gen))
         # the synchronising observer charges the target and the drafter for their own kernels
-        return Measured.of(generate(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
-                                    temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
-                                    acceptance=config.acceptance, compile=compile,
-                                    observer=StepTimer(synchronize=True, device=target.device)))
+        return Measured.of(decode(target, prompt, drafter=config.drafter, tree=config.tree, max_new_tokens=budget,
+                                  temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, generator=gen,
+                                  acceptance=config.acceptance, compile=compile,
+                                  observer=StepTimer(synchronize=True, device=target.device)))
 
     left = [[c for c in configs if (i, c.name) not in done] for i in range(len(prompts))]
     if warmup and any(left):  # first calls pay for lazy initialisation (kernels, allocator): keep it out of the numbers

@@ -9,12 +9,12 @@
 
 - ``accuracy[d][r]``: the chance that the rank-r candidate at depth d + 1 is the token the target emits there
   (a trained folder's head_accuracy.json, heads/accuracy.py);
-- ``chain_tau``: each acceptance rule's τ of sampled chains in closed form (treespec.chain_tau), for drafters
-  that sample their candidates: one measurement, or a list of them at different samplings (chain_tau.json);
-- ``tree_chooser``: ``(accuracy, max_nodes) → Tree`` on this device's cost model (treespec.autotree.auto_chooser;
-  a folder's cost_curve.json through ``from_cost_curve``), ``costs`` the CostModel it chooses with;
-- ``measure_chain_tau``: ``(drafter, sampling, prompt) → ChainTau``, how a chain τ missing at a sampling is
-  measured on first use (heads.load_profile with a target gives one; None: it cannot be).
+- ``chain_tau``: each acceptance rule's τ of sampled chains in closed form (treespec.planning.chain_tau), for
+  drafters that sample their candidates: one measurement, or a list of them at different samplings (chain_tau.json);
+- ``tree_chooser``: ``(accuracy, max_nodes) → Tree`` on this device's cost model
+  (treespec.planning.autotree.auto_chooser; a folder's cost_curve.json through ``from_cost_curve``), ``costs`` the
+CostModel it chooses with; - ``measure_chain_tau``: ``(drafter, sampling, prompt) → ChainTau``, how a chain τ missing at
+  a sampling is measured on first use (heads.load_profile with a target gives one; None: it cannot be).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treespec.autotree import CostModel, saved_chooser
 from treespec.drafter import SAMPLED_CANDIDATES
+from treespec.planning.autotree import CostModel, saved_chooser
 
-#: the rules whose τ on sampled chains has a closed form (treespec/chain_tau.py's CHAIN_RULES)
+#: the rules whose τ on sampled chains has a closed form (treespec/planning/chain_tau.py's CHAIN_RULES)
 CLOSED_FORM_RULES = ("rejection", "block", "traversal")
 
 
 @dataclass
 class DrafterProfile:
     accuracy: list[list[float]] | None = None
-    chain_tau: object | None = None            # treespec.chain_tau.ChainTau, or a list of them (one per sampling)
+    chain_tau: object | None = None            # planning.chain_tau.ChainTau, or a list of them (one per sampling)
     tree_chooser: Callable | None = None
     measure_chain_tau: Callable | None = None  # (drafter, sampling, prompt [1, P]) → ChainTau, on first use
     costs: CostModel | None = None             # what tree_chooser chooses with, when known
@@ -81,5 +81,5 @@ class DrafterProfile:
                 f"'auto' with sampled candidates chooses γ by each rule's chain τ{at}, which this profile lacks ("
                 + (f"measured at {held} only" if held else "no chain_tau.json beside the drafter") + ") and cannot "
                 "measure: load it with its target, treespec.heads.load_profile(source, target), which measures it on "
-                "first use, or give DrafterProfile(chain_tau=treespec.chain_tau.measure_chain_tau(...))")
+                "first use, or give DrafterProfile(chain_tau=treespec.planning.chain_tau.measure_chain_tau(...))")
         return found.source(acceptance, sampling)

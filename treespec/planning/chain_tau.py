@@ -25,7 +25,7 @@ standard error across contexts. Branching trees under traversal verification hav
 
 A measurement is kept beside a trained drafter (``save_chain_tau``: chain_tau.json, one entry per sampling), or
 measured on first use on the target's own sampled continuations of the prompt being decoded
-(``measure_on_prompt``; heads.load_profile caches it, treespec/profile_cache.py).
+(``measure_on_prompt``; heads.load_profile caches it, treespec/planning/profile_cache.py).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from treespec.autotree import ChainTable
 from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, in_use, stack_features
-from treespec.generate import generate
+from treespec.generate import decode
 from treespec.io import atomic_write_json, read_json
+from treespec.planning.autotree import ChainTable
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
 from treespec.walker_traversal import EMPTY_MASS
@@ -129,7 +129,7 @@ class ChainTau:
         ``sampling`` other than the measured one is refused: τ depends on the temperature and top-p."""
         if sampling is not None and sampling != self.sampling:
             raise ValueError(f"chain τ was measured at {self.sampling} and decoding runs at {sampling}: measure it "
-                             "again at this sampling (treespec.chain_tau.measure_chain_tau)")
+                             "again at this sampling (treespec.planning.chain_tau.measure_chain_tau)")
         return ChainTable(self.tau[CHAIN_RULES[rule]], rule) if rule in CHAIN_RULES else None
 
 
@@ -237,7 +237,8 @@ def measure_on_prompt(target, drafter: Drafter, prompt: torch.Tensor, sampling: 
         raise ValueError("chain τ is for sampled candidates: measure it at a temperature above 0")
     depth = min(depth, drafter.max_tree_depth or depth)
     gen = torch.Generator().manual_seed(seed)
-    windows = [generate(target, prompt, max_new_tokens=new_tokens, temperature=sampling.temperature,
-                        top_p=sampling.top_p, generator=gen).sequences for _ in range(continuations)]
+    # the loop itself, not the public generate(): this runs while a generate() call plans, before its decoding
+    windows = [decode(target, prompt, max_new_tokens=new_tokens, temperature=sampling.temperature,
+                      top_p=sampling.top_p, generator=gen).sequences for _ in range(continuations)]
     return measure_chain_tau(target, drafter, windows, depth=depth, sampling=sampling, lead=prompt.shape[1],
                              generator=gen)

@@ -12,7 +12,7 @@ strategies): ``RankAccuracy``, the drafter's measured per-depth top-k accuracies
 (analysis.expected_tree_tokens_from_rank_accuracy) with candidate trees grown greedily by accuracy
 (analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
 al. 2024, optimises the same trade-off with a hardware-aware search); or ``ChainTable``, chains γ = 0..D with
-each acceptance rule's τ measured in closed form on sampled drafts (treespec/chain_tau.py: token-level
+each acceptance rule's τ measured in closed form on sampled drafts (treespec/planning/chain_tau.py: token-level
 rejection, Sun et al. 2024's block verification), for drafters that sample their candidates.
 
 A whole generation also pays the prefill, which speculation does not shorten: ``predict_generation``
@@ -22,7 +22,8 @@ with in generate() is saved beside the drafter (``save_cost_curve``, cost_curve.
 
 A step costs more than its target pass and its drafting calls: the engine walks the logits, compacts the cache,
 builds the masks and runs its Python around them (``EngineCost``, measured in the loop itself by
-treespec/engine_cost.py; the drafting terms are measured in the loop too, by treespec/drafting_cost.py).
+treespec/planning/engine_cost.py; the drafting terms are measured in the loop too, by
+treespec/planning/drafting_cost.py).
 ``CostModel`` holds every term, one object for generate()'s "auto" and the comparison:
 
     step(tree)  = T(N) + draft_fixed + depth · draft_per_depth + N · draft_per_node
@@ -40,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from treespec.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
 from treespec.io import atomic_write_json, read_json
+from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.timing import forward_steps, median_time, wait_for
 from treespec.tree import Tree
 
@@ -121,7 +122,7 @@ class EngineCost:
     """Seconds a decoding step spends beyond its target pass (as the cost curve times it) and its timed drafting
     calls: the walk, the cache compaction, the masks, the Python around them. A vanilla step pays ``vanilla``, a
     speculative step over N tree nodes (root included) ``fixed + per_node · N``. Measured in the decoding loop
-    itself (treespec/engine_cost.py), so it also holds what a pass inside decoding costs beyond the curve's."""
+    itself (treespec/planning/engine_cost.py), so it also holds what a pass inside decoding costs beyond the curve's."""
 
     vanilla: float = 0.0
     fixed: float = 0.0
@@ -151,7 +152,7 @@ class CostModel:
     draft_cost_per_depth: float = 0.0
     baseline: float | None = None
     engine: EngineCost = field(default_factory=EngineCost)
-    draft_cost_per_node: float = 0.0  # seconds of drafting per tree node (root included; treespec/drafting_cost.py)
+    draft_cost_per_node: float = 0.0  # seconds of drafting per tree node (root included; planning/drafting_cost.py)
 
     def vanilla(self) -> float:
         """Seconds per token of vanilla decoding."""
@@ -204,8 +205,8 @@ class RankAccuracy:
 
 
 class ChainTable:
-    """τ[γ] of chains γ = 0..D measured for one acceptance rule (treespec.chain_tau: the closed form per sampled
-    draft, averaged over drafts): the trees are those chains. Branching trees are not predicted (no closed form
+    """τ[γ] of chains γ = 0..D measured for one acceptance rule (treespec.planning.chain_tau: the closed form per
+    sampled draft, averaged over drafts): the trees are those chains. Branching trees are not predicted (no closed form
     for traversal verification of a tree here)."""
 
     def __init__(self, tau: list[float], rule: str = ""):

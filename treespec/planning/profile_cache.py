@@ -1,6 +1,6 @@
 """A drafter's measurements cached on this machine, each measured once on first use: its cost model (the
 target's cost curve, its drafting costs, the engine's cost per step: ``autotree.cost_curve_record``) per
-machine, target and drafter, and its chain τ (treespec/chain_tau.py) per target, drafter and sampling.
+machine, target and drafter, and its chain τ (treespec/planning/chain_tau.py) per target, drafter and sampling.
 
 They live in treespec's cache folder (``treespec.gguf_models.cache_root``: ``$TREESPEC_CACHE``, else
 ``~/.cache/treespec``), under ``profiles/``, one JSON file per key. Keys are made of fingerprints, never of

@@ -1,5 +1,5 @@
 """A drafter's cost per decoding step, measured in the decoding loop itself (``DraftingCost``), as the engine's own
-cost is (treespec/engine_cost.py).
+cost is (treespec/planning/engine_cost.py).
 
 Why in the loop: a drafter's calls timed alone miss how decoding drives them. An EAGLE step's first call feeds
 the tokens the last step accepted (τ of them), and every later depth only the frontier (one node on a chain), while a
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from treespec.drafter import Drafter
-from treespec.generate import generate
+from treespec.generate import decode
 from treespec.timing import DRAFT, UPDATE, StepTimer, forward_time
 from treespec.tree import Tree
 
@@ -128,15 +128,15 @@ def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor],
         raise ValueError("measure_drafting_cost needs at least one prompt to decode")
     trees = calibration_trees(drafter.max_tree_depth, trees)
     rows = [p.to(target.device).expand(batch, -1) for p in prompts]
-    generate(target, rows[0], drafter=drafter, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
+    decode(target, rows[0], drafter=drafter, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
     drafter.reset()
     fractions, passes = {tree: [] for tree in trees}, []
     for prompt in rows:
         for tree in trees:
             alone = forward_time(target, n_tokens=1, past_len=prompt.shape[1], repeats=8, batch=batch)
             timer = CallTimer(synchronize=True, device=target.device)
-            result = generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
-                              observer=timer)
+            result = decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
+                            observer=timer)
             drafter.reset()
             proposals = timer.calls[DRAFT][1 : 1 + result.target_passes]  # after the prefill's call
             whole = whole_tree_steps(result.rows[0].accept_lengths, tree.depth, max_new_tokens)
@@ -162,5 +162,5 @@ def own_text_prompts(target, count: int = 2, seed_tokens: int = 16, length: int 
     out = []
     for i in range(count):
         start = torch.randint(0, vocab, (1, seed_tokens), generator=torch.Generator().manual_seed(seed + i))
-        out.append(generate(target, start.to(target.device), max_new_tokens=length).sequences)
+        out.append(decode(target, start.to(target.device), max_new_tokens=length).sequences)
     return out

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 
 import torch
 
-from treespec.autotree import EngineCost
 from treespec.drafter import Drafter, Proposals
-from treespec.generate import generate
+from treespec.generate import decode
 from treespec.inputs import max_positions
+from treespec.planning.autotree import EngineCost
 from treespec.timing import WALK, StepTimer, forward_time
 from treespec.tree import Tree
 
@@ -77,7 +77,7 @@ def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = Non
     acceptance; with it, the same steps commit more)."""
     clock = StepClock(synchronize=True, device=target.device)
     depth = tree.depth if tree is not None else 0
-    generate(target, prompt, drafter=drafter, tree=tree, max_new_tokens=steps + depth + 1, observer=clock)
+    decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=steps + depth + 1, observer=clock)
     return clock.step_seconds()[: steps - 1]
 
 
