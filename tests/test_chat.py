@@ -105,6 +105,13 @@ def test_bad_rows_are_counted_and_skipped(tok):
     assert len(truncated.train) == 11 and int(truncated.train.lengths().max()) == 96
 
 
+@pytest.mark.parametrize("max_length", [0, 1, -5, 2.5, "96"])
+def test_an_impossible_max_length_is_named(tok, max_length):
+    # max_length=0 used to skip every row as "no assistant token", naming neither max_length nor its value
+    with pytest.raises(ValueError, match=r"data\.chat\.max_length .* got " + repr(max_length).replace(".", r"\.")):
+        encode_conversations(conversations(4), ChatRenderer(tok), max_length=max_length, val_fraction=0.0)
+
+
 def test_every_source_kind_reads_the_same_rows(tmp_path):
     rows = conversations(6)
     jsonl = write_jsonl(tmp_path / "c.jsonl", rows)

@@ -304,9 +304,10 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
     """Normalize, render, tokenize and mask every row; bad rows are counted and skipped (``ChatData.skipped``)."""
     if overlong not in ("skip", "truncate"):
         raise ValueError(f"data.chat.overlong must be skip or truncate, got {overlong!r}")
-    train, val, skipped, n = [], [], {}, 0
-    truncated = {"count": 0, "tokens": 0, "max_length": int(max_length)}
-    cut = 0
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:  # else "no assistant token"
+        raise ValueError(f"data.chat.max_length (else trainer.seq_len) must be an integer ≥ 2, got {max_length!r}")
+    train, val, skipped, n, cut = [], [], {}, 0, 0
+    truncated = {"count": 0, "tokens": 0, "max_length": max_length}
     for i, row in enumerate(tqdm(rows, disable=not progress, desc="chat data", dynamic_ncols=True)):
         if max_conversations and len(train) + len(val) >= max_conversations:
             break
@@ -327,9 +328,7 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
             if len(entry["examples"]) < 3:
                 entry["examples"].append([i, bad.detail])
             continue
-        if cut:
-            truncated["count"] += 1
-            truncated["tokens"] += cut
+        truncated["count"], truncated["tokens"] = truncated["count"] + bool(cut), truncated["tokens"] + cut
         (val if is_validation(conversation_key(messages), val_fraction) else train).append((ids, mask))
     by_hash = True
     if not val and val_fraction > 0 and len(train) > 1:  # tiny sets: keep one conversation for validation
