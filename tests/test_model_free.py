@@ -273,6 +273,18 @@ def test_suffix_trie_documents_growing_in_turns_keep_their_counts():
     assert all(trie.count(list(s)) == after[s] for s in brute)
 
 
+@pytest.mark.parametrize("setting, message", [
+    ({"alpha": float("inf")}, r"alpha must be a finite number > 0 .*got inf"),  # was an OverflowError at a proposal
+    ({"alpha": float("nan")}, r"alpha must be a finite number > 0"),
+    ({"alpha": True}, r"alpha must be a finite number > 0"),
+    ({"min_prob": "0.1"}, r"min_prob must be a number in \[0, 1\), got '0.1'"),  # was a bare TypeError
+    ({"default_tree": "abc"}, r"default_tree must be a Tree or a DynamicTree.*got 'abc'"),  # an AttributeError
+])
+def test_suffix_decoding_refuses_bad_settings_by_name(setting, message):
+    with pytest.raises(ValueError, match=message):
+        SuffixDecoding(**setting)
+
+
 def test_suffix_tree_size_follows_the_match():
     """The grown tree holds at most alpha × (match length) nodes, within the tree's budget, best-first by
     frequency, siblings ranked by count."""
