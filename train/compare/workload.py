@@ -224,6 +224,7 @@ def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
 def load_workload(w, *, prompts: int | None = None, length=None, cache_dir=None) -> Workload:
     """Read and select the workload of config ``w`` (conf/workload/); ``prompts`` caps the timed prompts
     (the run's ``prompts``, by default ``w.prompts``); ``length(item)`` as in ``select``."""
+    config_checks.integer(w.get("seed") or 0, "workload.seed", 0)  # was a bare int() error when called directly
     items, skipped, formats, source = read_source(w, cache_dir)
     # a per-category budget for a category the workload does not have is a typo, never a silent no-op
     check_categories([str(c) for c in (w.get("max_new_tokens") or {})], {i.category for i in items},

@@ -53,65 +53,69 @@ def _text(value) -> str | None:
     return None
 
 
-def _conversation(turns, index: int) -> tuple[tuple[tuple[str, str], ...], str]:
+def _conversation(turns) -> tuple[tuple[tuple[str, str], ...], str]:
     """(context, last user message) of an OpenAI or ShareGPT conversation; a trailing answer is dropped."""
     messages = []
     for turn in turns if isinstance(turns, list) else []:
         if not isinstance(turn, dict):
-            raise BadRow("malformed turn", f"row {index}")
+            raise BadRow("malformed turn", f"turn {len(messages) + 1} is not an object")
         raw = turn.get("role", turn.get("from"))
         role = ROLES.get(str(raw).strip().lower()) if raw is not None else None
         content = _text(turn.get("content", turn.get("value")))
         if role is None or content is None:
-            raise BadRow("malformed turn", f"row {index}: role {raw!r}")
+            raise BadRow("malformed turn", f"turn {len(messages) + 1}: role {raw!r}")
         messages.append((role, content))
     while messages and messages[-1][0] != "user":
         messages.pop()
     if not messages or not messages[-1][1].strip():
-        raise BadRow("no user turn", f"row {index}")
+        raise BadRow("no user turn", "")
     return tuple(messages[:-1]), messages[-1][1]
 
 
-def _category(value, index: int) -> str:
+def _category(value) -> str:
     """A row's category: a string; none (missing, null, empty) is ``DEFAULT_CATEGORY``."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return DEFAULT_CATEGORY
     if not isinstance(value, str):  # 0, false, a list: never merged into "all" nor turned into a repr
-        raise BadRow("category not a string", f"row {index}: category {value!r}")
+        raise BadRow("category not a string", f"category {value!r}")
     return value
 
 
-def _turns(value, index: int) -> tuple[str, ...]:
+def _turns(value) -> tuple[str, ...]:
     """Spec-Bench's ``turns``: a list of non-empty strings (or one string)."""
     turns = [value] if isinstance(value, str) else value
-    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-        raise BadRow("turns not a list of strings", f"row {index}: turns {str(value)[:80]}")
+    if not isinstance(turns, list):
+        raise BadRow("turns not a list of strings", f"turns is {str(value)[:80]} ({type(value).__name__})")
+    bad = next((k for k, t in enumerate(turns) if not isinstance(t, str)), None)
+    if bad is not None:  # which turn: a bare "no usable prompt" once left the file to be searched
+        raise BadRow("turns not a list of strings", f"turn {bad + 1} is {str(turns[bad])[:80]} "
+                                                    f"({type(turns[bad]).__name__}), not a string")
     if not any(t.strip() for t in turns):
-        raise BadRow("no user turn", f"row {index}")
+        raise BadRow("no user turn", "")
     if not all(t.strip() for t in turns):  # dropping it would answer a different conversation
-        raise BadRow("empty turn", f"row {index}")
+        raise BadRow("empty turn", f"turn {next(k for k, t in enumerate(turns) if not t.strip()) + 1}")
     return tuple(turns)
 
 
 def parse_row(row, index: int) -> tuple[Item, str]:
     """(Item, format name) of one row in any of ``FORMATS``; BadRow when it is none of them."""
     if not isinstance(row, dict):
-        raise BadRow("not a JSON object", f"row {index}")
+        raise BadRow("not a JSON object", f"a JSON {type(row).__name__}")
     fmt = next((key for key in FORMATS if row.get(key) is not None), None)
     if fmt is None:
-        raise BadRow("unknown format", f"row {index} has none of {', '.join(FORMATS)}")
-    category = _category(row.get("category"), index)
+        raise BadRow("unknown format", f"none of {', '.join(FORMATS)}")
+    category = _category(row.get("category"))
     rid = next((str(v) for v in (row.get("question_id"), row.get("id")) if v is not None), str(index))
     context: tuple = ()
     if fmt == "turns":
-        turns = _turns(row["turns"], index)
+        turns = _turns(row["turns"])
     elif fmt in ("messages", "conversations"):
-        context, last = _conversation(row[fmt], index)
+        context, last = _conversation(row[fmt])
         turns = (last,)
     else:
         text = _text(row[fmt])
         if not text or not text.strip():
-            raise BadRow("empty prompt", f"row {index}")
+            raise BadRow("empty prompt", "")
         turns = (text,)
     return Item(rid, category, turns, context), FORMATS[fmt]
 
@@ -121,11 +125,14 @@ def _lines(numbers: list[int], most: int = 10) -> str:
     shown = [str(n) for n in numbers[:most]] + ([f"{len(numbers) - most} more"] if len(numbers) > most else [])
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
-def read_rows(rows, where: str, skipped: Counter | None = None, keep=None) -> tuple[list[Item], Counter, Counter]:
+
+def read_rows(rows, where: str, skipped: Counter | None = None, keep=None, lines: list[int] | None = None
+              ) -> tuple[list[Item], Counter, Counter]:
     """Items of ``rows`` (dicts), with skipped rows and detected formats counted (added to ``skipped``: what
     the caller skipped before, such as lines that are not JSON); duplicates dropped; ids made unique. ``keep(row)``:
-    only the rows it keeps are read (``chat_validation``); the row numbers stay those of the source."""
-    items, formats, seen, taken, renamed = [], Counter(), set(), set(), []
+    only the rows it keeps are read (``chat_validation``); the row numbers stay those of the source. ``lines``: each
+    row's line in its file, which an error names (else its row number)."""
+    items, formats, seen, taken, renamed, first = [], Counter(), set(), set(), [], {}
     skipped = Counter(skipped or {})
     for i, row in enumerate(rows):
         if keep is not None and not keep(row):
@@ -134,6 +141,8 @@ def read_rows(rows, where: str, skipped: Counter | None = None, keep=None) -> tu
             item, fmt = parse_row(row, i)
         except BadRow as bad:
             skipped[bad.reason] += 1
+            place = f"line {lines[i]}" if lines else f"row {i}"
+            first.setdefault(bad.reason, f"{place}: {bad.detail}" if bad.detail else place)
             continue
         if item.key in seen:
             skipped["duplicate"] += 1
@@ -155,16 +164,18 @@ def read_rows(rows, where: str, skipped: Counter | None = None, keep=None) -> tu
                          f"selects ({dict(skipped) or 'none skipped'}): is it the training run's data.chat.source, "
                          "with its data.chat.val_fraction and system_prompt?")
     if not items:
-        raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}); the formats it reads are "
+        raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}"
+                         + "".join(f"; {reason}: first at {at}" for reason, at in first.items())
+                         + "); the formats it reads are "
                          "Spec-Bench turns, OpenAI messages, ShareGPT conversations, prompt or text "
                          "(docs/workloads.md)")
     return items, skipped, formats
 
 
-def _json_lines(data: bytes, path: Path) -> tuple[list, Counter]:
-    """The rows of JSON Lines ``data``; lines that are not UTF-8 or not JSON are skipped and counted, the first
-    kind also named in a warning (line numbers from 1)."""
-    rows, bad, undecodable = [], Counter(), []
+def _json_lines(data: bytes, path: Path) -> tuple[list, Counter, list[int]]:
+    """The rows of JSON Lines ``data`` and their line numbers (from 1); lines that are not UTF-8 or not JSON are
+    skipped and counted, the first kind also named in a warning."""
+    rows, bad, undecodable, numbers = [], Counter(), [], []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
@@ -176,6 +187,7 @@ def _json_lines(data: bytes, path: Path) -> tuple[list, Counter]:
             continue
         try:
             rows.append(json.loads(line))
+            numbers.append(number)
         except json.JSONDecodeError:
             bad["not JSON"] += 1
     if undecodable:
@@ -183,7 +195,7 @@ def _json_lines(data: bytes, path: Path) -> tuple[list, Counter]:
         warnings.warn(f"workload.path={str(path)!r}: {'line' if one else 'lines'} {_lines(undecodable)} "
                       f"{'is' if one else 'are'} not UTF-8 text: skipped and counted (save the file as UTF-8 to keep "
                       f"{'it' if one else 'them'})", stacklevel=3)
-    return rows, bad
+    return rows, bad, numbers
 
 
 def _one_document(data: bytes, path: Path) -> list:
@@ -224,7 +236,7 @@ def read_jsonl(path: str | os.PathLike, keep=None) -> tuple[list[Item], Counter,
     data = path.read_bytes()
     data = data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data
     if path.suffix == ".json" and not _first_line_is_a_row(data):
-        rows, bad = _one_document(data, path), Counter()
+        rows, bad, lines = _one_document(data, path), Counter(), None
     else:
-        rows, bad = _json_lines(data, path)
-    return read_rows(rows, str(path), bad, keep)
+        rows, bad, lines = _json_lines(data, path)
+    return read_rows(rows, str(path), bad, keep, lines)
