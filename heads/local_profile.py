@@ -21,6 +21,7 @@ from pathlib import Path
 from treespec.heads.kind import drafting_step
 from treespec.planning import chain_tau
 from treespec.planning.autotree import DEFAULT_SIZES, CostModel, cost_at, measure_cost_curve, read_cost_curve
+from treespec.planning.cost_records import check_cost_record
 from treespec.planning.drafting_cost import measure_drafting_cost, own_text_prompts
 from treespec.planning.engine_cost import measure_engine_cost
 from treespec.planning.profile_cache import cached, cost_key, entry, fingerprint, key, machine, measured_here
@@ -76,12 +77,14 @@ def cost_record(target, drafter, folder, log=print) -> dict:
             saved.get("cost_format") == COST_FORMAT:  # an older one was timed otherwise: measured again
         return saved
     name = cost_key(target, drafter_key)
+    where = f"{entry('cost_model', name)} (cached: delete it to measure again)"
 
-    def measure() -> dict:
+    def measure() -> dict:  # checked before it is cached, and when it is read back
         busy = other_work(target, entry("cost_model", name), log)
-        return measure_cost_model(target, drafter).record(**about(target, drafter_key), busy_cores=busy)
+        return check_cost_record(measure_cost_model(target, drafter).record(**about(target, drafter_key),
+                                                                            busy_cores=busy), where)
 
-    return cached("cost_model", name, measure, log)
+    return check_cost_record(cached("cost_model", name, measure, log), where)
 
 
 def other_work(target, where: Path, log=print, cores: int | None = None) -> float | None:

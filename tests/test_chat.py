@@ -62,6 +62,24 @@ def test_reasoning_blocks_are_trained_on_or_not_as_configured(tok):
     assert masked_text(tok, ids, mask) == " yes<|im_end|>"  # the token " yes" carries its space
 
 
+@pytest.mark.parametrize("which", ["tests' chat tokenizer", "reference target + chatml"])
+@pytest.mark.parametrize("answer", ["a", "end", "assistant", "im"])
+def test_a_short_answer_is_masked_where_it_is_not_inside_a_marker(tok, which, answer):
+    # The answer was searched from the end of the user's turn, so "a" was found inside <|im_start|>, "end"
+    # inside the user's <|im_end|>: the drafter trained on a marker instead of the answer.
+    if which == "tests' chat tokenizer":
+        renderer = ChatRenderer(tok)
+    else:  # the language-model job's tokenizer (the reference target's), which has no ChatML tokens of its own
+        from transformers import AutoTokenizer
+
+        from treespec import reference
+        with pytest.warns(UserWarning, match="split into ordinary tokens"):
+            renderer = ChatRenderer(AutoTokenizer.from_pretrained(reference.path("target")), "chatml")
+    row = {"messages": [{"role": "user", "content": "Pick a or b"}, {"role": "assistant", "content": answer}]}
+    ids, mask, _ = renderer.encode(normalize(row))
+    assert masked_text(renderer.tokenizer, ids, mask) == f"{answer}<|im_end|>"
+
+
 def test_template_file_and_tokenizer_without_template(tmp_path, tok):
     plain = train_tokenizer([" ".join(WORDS)] * 2, 280)
     plain.chat_template = None  # (a tokenizer trained here has ChatML's: tests/test_train.py)
@@ -86,6 +104,13 @@ def test_bad_rows_are_counted_and_skipped(tok):
     assert "skipped 6" in data.summary() and "unknown role" in data.summary()
     truncated = encode_conversations(rows, ChatRenderer(tok), max_length=96, overlong="truncate", val_fraction=0.0)
     assert len(truncated.train) == 11 and int(truncated.train.lengths().max()) == 96
+
+
+@pytest.mark.parametrize("max_length", [0, 1, -5, 2.5, "96"])
+def test_an_impossible_max_length_is_named(tok, max_length):
+    # max_length=0 used to skip every row as "no assistant token", naming neither max_length nor its value
+    with pytest.raises(ValueError, match=r"data\.chat\.max_length .* got " + repr(max_length).replace(".", r"\.")):
+        encode_conversations(conversations(4), ChatRenderer(tok), max_length=max_length, val_fraction=0.0)
 
 
 def test_every_source_kind_reads_the_same_rows(tmp_path):

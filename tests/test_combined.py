@@ -313,6 +313,20 @@ def test_refusals():
     assert featured.needs_features and featured.feature_layers == (0, -1)
 
 
+def test_nested_combinations_share_no_drafter_and_never_contain_themselves():
+    target, prompt_ids = tiny_llama(), torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+    nested = Combined([Combined([SuffixDecoding(), PromptLookup()]), TokenRecycling()])  # nesting itself works
+    out = generate(target, prompt_ids, drafter=nested, max_new_tokens=12)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt_ids, 12))
+    lookup = PromptLookup()  # a member shared with a nested combination: torch once failed on a reshape
+    with pytest.raises(ValueError, match="distinct drafters, nested combinations included: PromptLookup is in it"):
+        Combined([Combined([lookup, SuffixDecoding()]), lookup])
+    looped = Combined([SuffixDecoding(), PromptLookup()])
+    looped.drafters.append(looped)  # a combination inside itself: a RecursionError
+    with pytest.raises(ValueError, match="contains itself: a Combined cannot be one of its own drafters"):
+        generate(target, prompt_ids, drafter=looped, max_new_tokens=4)
+
+
 def test_the_comparison_runs_drafter_combined(tmp_path, monkeypatch):
     """conf/drafter/combined.yaml in the comparison: its parts (suffix, eagle3) made as they are alone, combined, run
     beside vanilla and reported, with the line that makes it again. The setup's timing (the target's cost curve and

@@ -127,3 +127,61 @@ def test_cost_records_keep_the_engine_and_read_old_ones(tmp_path):
            "baseline": None, "device": "cpu"}
     (tmp_path / "cost_curve.json").write_text(json.dumps(old))
     assert CostModel.from_record(read_cost_curve(tmp_path)).engine == EngineCost()
+
+
+GOOD = {"curve": {"1": 0.01, "2": 0.011, "64": 0.03}, "draft_cost_fixed": 1e-3, "draft_cost_per_depth": 2e-3,
+        "baseline": None, "engine_vanilla": 1e-4, "engine_fixed": 2e-4, "engine_per_node": 1e-6}
+
+
+@pytest.mark.parametrize("edit, message", [
+    # each of these once decided tree=auto unchecked, or failed far from the file
+    ({"curve": {"1": float("nan"), "2": 0.02}}, r"cost of a pass over 1 tokens is nan"),
+    ({"curve": {"1": 0.01, "2": float("inf")}}, r"cost of a pass over 2 tokens is inf"),
+    ({"curve": {"1": -0.01, "2": 0.02}}, r"a target pass cannot take 0 s or less"),
+    ({"curve": {"1": 0, "2": 0, "4": 0}}, r"a target pass cannot take 0 s or less"),  # was a ZeroDivisionError
+    ({"curve": {"1": 0.01, "abc": 0.02}}, r"whole numbers of tree tokens >= 1, got 'abc'"),
+    ({"curve": {"1": 0.01, "2.5": 0.02}}, r"whole numbers of tree tokens >= 1, got '2.5'"),
+    ({"curve": {"1": 0.01, "2": "x"}}, r"cost of a pass over 2 tokens must be seconds \(a number\), got 'x'"),
+    ({"curve": {"1": 0.01}}, r"timed at one size only"),  # cost_sizes=[1] wrote it; cost_at raised IndexError
+    ({"engine_fixed": -1.0}, r"engine_fixed = -1.0 s, more negative than a whole one-token pass"),
+    ({"draft_cost_per_depth": float("nan")}, r"draft_cost_per_depth is nan"),
+    ({"engine_vanilla": "0.1"}, r"engine_vanilla must be seconds"),
+    ({"baseline": 0.0}, r"baseline\) cannot take 0.0 s"),
+])
+def test_an_impossible_cost_file_is_refused_naming_it(tmp_path, edit, message):
+    (tmp_path / "cost_curve.json").write_text(json.dumps({**GOOD, **edit}))
+    with pytest.raises(ValueError, match=message) as err:
+        read_cost_curve(tmp_path)
+    assert str(tmp_path / "cost_curve.json") in str(err.value)
+
+
+@pytest.mark.parametrize("edit, warning, read_as", [
+    # a real measurement on a busy machine: an in-loop median minus a pass timed alone
+    ({"engine_fixed": -0.00088}, r"engine_fixed = -0.00088 s is below 0 .*read as 0", {"engine_fixed": 0.0}),
+    ({"draft_cost_per_depth": 2.0}, r"draft_cost_per_depth = 2 s is 200 one-token passes .*ms instead of s", {}),
+    ({"curve": {"1": 0.01, "64": 1e-5}}, r"a pass over 64 tokens .* costs under 1/10 of one over 1", {}),
+])
+def test_an_implausible_cost_file_is_flagged_naming_it(tmp_path, edit, warning, read_as):
+    (tmp_path / "cost_curve.json").write_text(json.dumps({**GOOD, **edit}))
+    with pytest.warns(UserWarning, match=warning) as caught:
+        record = read_cost_curve(tmp_path)
+    assert str(tmp_path / "cost_curve.json") in str(caught[0].message)
+    assert all(record[k] == v for k, v in read_as.items())
+
+
+def test_a_cost_file_is_checked_as_it_is_written_and_a_folder_in_its_place_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"cost_curve.json: the cost of a pass over 2 tokens is nan"):
+        save_cost_curve(tmp_path, {1: 0.01, 2: float("nan")})
+    assert not (tmp_path / "cost_curve.json").exists()
+    with pytest.warns(UserWarning, match=r"engine_fixed = -0.00088 s is below 0"):
+        save_cost_curve(tmp_path, {1: 0.01, 2: 0.02}, engine=EngineCost(1e-4, -0.00088, 0.0))
+    assert json.loads((tmp_path / "cost_curve.json").read_text())["engine_fixed"] == 0.0
+    (tmp_path / "other" / "cost_curve.json").mkdir(parents=True)  # was read as no file at all
+    with pytest.raises(ValueError, match=r"other/cost_curve.json is not a regular file"):
+        read_cost_curve(tmp_path / "other")
+
+
+def test_cost_at_on_a_one_size_curve_says_so():
+    assert cost_at({1: 0.01}, 1) == 0.01
+    with pytest.raises(ValueError, match=r"timed at 1 size\(s\) \[1\] cannot give a pass over 4 tokens"):
+        cost_at({1: 0.01}, 4)  # was an IndexError

@@ -163,6 +163,32 @@ def test_cache_keys_follow_the_weights_and_the_machine(eagle_folder):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("entry, message", [
+    ({}, r'must hold \{"curve"'),  # was a KeyError 'curve' when the profile was made
+    ({**FAKE.record(), "curve": {"1": float("nan"), "8": 1e-3}}, r"cost of a pass over 1 tokens is nan"),
+])
+def test_a_bad_cached_cost_model_is_refused_naming_the_entry(eagle_folder, monkeypatch, entry, message):
+    target, folder = eagle_folder
+    counting(monkeypatch, local_profile, "measure_cost_model", FAKE)
+    load_profile(folder, target, log=lambda *_: None)
+    cached_file = next((Path(str(local_profile.entry("cost_model", "x"))).parent).glob("*.json"))
+    cached_file.write_text(json.dumps(entry))
+    with pytest.raises(ValueError, match=message) as err:
+        load_profile(folder, target, log=lambda *_: None)
+    assert f"{cached_file} (cached: delete it to measure again)" in str(err.value)
+
+
+def test_a_measured_cost_model_is_checked_before_it_is_cached(eagle_folder, monkeypatch):
+    # the engine terms are an in-loop median minus a pass alone: a busy machine once stored engine_fixed < 0
+    target, folder = eagle_folder
+    noisy = CostModel(FAKE.curve, 1e-5, 1e-5, 1e-3, EngineCost(2e-4, -0.00088, 1e-6))
+    counting(monkeypatch, local_profile, "measure_cost_model", noisy)
+    with pytest.warns(UserWarning, match=r"cached: delete it .*engine_fixed = -0.00088 s is below 0"):
+        assert load_profile(folder, target, log=lambda *_: None).costs.engine.fixed == 0.0
+    cached_file = next((Path(str(local_profile.entry("cost_model", "x"))).parent).glob("*.json"))
+    assert json.loads(cached_file.read_text())["engine_fixed"] == 0.0
+
+
 def test_chain_tau_files_round_trip_and_bad_ones_are_named(tmp_path):
     m = chain_tau.ChainTau(Sampling(0.7, 0.9), {"rejection": [1.0, 1.5], "block": [1.0, 1.6]},
                            {"rejection": [0.0, 0.1], "block": [0.0, 0.1]}, 12)

@@ -69,10 +69,13 @@ def test_mismatched_heads_are_refused(target, tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size 64 \(drafter\) vs 80 \(target\)"):
         MedusaHeads.from_pretrained(tmp_path, tiny_llama(vocab=80, seed=1))
     loaded = MedusaHeads.from_pretrained(tmp_path, target)
-    # refused at the door, naming the tree as given, also when max_new_tokens would cut it to a depth that fits
+    # refused at the door, naming the tree as given, also when max_new_tokens would cut it to a depth that fits,
+    # and (once left unsaid) the number of heads and how to have more
     for budget in (8, 2):
         with pytest.raises(ValueError, match=r"tree Tree\(nodes=4, depth=4, width=1\) is deeper than the 3 levels "
-                                             "Medusa can fill"):
+                                             r"Medusa can fill: its 3 heads fill one depth each; give a tree of depth "
+                                             r"<= 3, or train more heads \(drafter.num_heads in conf/drafter/"
+                                             r"medusa.yaml: scripts/train_heads.py drafter=medusa\)"):
             generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=budget)
 
 

@@ -251,6 +251,40 @@ def test_suffix_trie_counts_matches_and_removal():
     assert trie.tokens == 0 and not trie.root.kids
 
 
+def test_suffix_trie_documents_growing_in_turns_keep_their_counts():
+    """Documents appended to in turns (as concurrent requests decode): another document turning one's last tail into
+    a node once lost that document's later occurrences (count([1, 3, 3]) was 0)."""
+    trie = SuffixTrie(depth=5)
+    first = trie.add([1, 3])
+    trie.add([1, 3])  # "3" and "1 3" are nodes now, made from the first document's tails
+    trie.add([3], first)
+    assert (trie.count([1, 3, 3]), trie.count([3, 3]), trie.count([3])) == (1, 1, 3)
+    rng = random.Random(1)
+    docs, handles = [[] for _ in range(5)], [None] * 5
+    for _ in range(120):
+        i, piece = rng.randrange(5), [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
+        handles[i] = trie.add(piece, handles[i])
+        docs[i] += piece
+    brute = brute_counts(docs + [[1, 3, 3], [1, 3]], 5)
+    assert all(trie.count(list(s)) == c for s, c in brute.items())
+    for i in (0, 2):
+        trie.remove(handles[i])
+    after = brute_counts([docs[1], *docs[3:], [1, 3, 3], [1, 3]], 5)
+    assert all(trie.count(list(s)) == after[s] for s in brute)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"alpha": float("inf")}, r"alpha must be a finite number > 0 .*got inf"),  # was an OverflowError at a proposal
+    ({"alpha": float("nan")}, r"alpha must be a finite number > 0"),
+    ({"alpha": True}, r"alpha must be a finite number > 0"),
+    ({"min_prob": "0.1"}, r"min_prob must be a number in \[0, 1\), got '0.1'"),  # was a bare TypeError
+    ({"default_tree": "abc"}, r"default_tree must be a Tree or a DynamicTree.*got 'abc'"),  # an AttributeError
+])
+def test_suffix_decoding_refuses_bad_settings_by_name(setting, message):
+    with pytest.raises(ValueError, match=message):
+        SuffixDecoding(**setting)
+
+
 def test_suffix_tree_size_follows_the_match():
     """The grown tree holds at most alpha × (match length) nodes, within the tree's budget, best-first by
     frequency, siblings ranked by count."""

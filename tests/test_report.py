@@ -433,6 +433,24 @@ def test_report_of_a_results_json_lacking_values_renders_what_is_there(tmp_path)
         report.rerender(tmp_path, figures=False)
 
 
+def test_a_time_split_lacking_a_part_renders_without_it_and_a_string_prediction_is_named(tmp_path):
+    result = synthetic_result()
+    best = next(r for r in result["records"] if r["config"] == result["best"])
+    del best["step_ms"]["update"]  # was a KeyError in the report's "Time per pass"
+    report.save_result(result, tmp_path)
+    md = (report.rerender(tmp_path, figures=False) / "results.md").read_text()
+    assert "a number for each of target, draft, update, walk, other in 'step_ms' of 1 configurations" in md
+    assert "## Time per pass" in md and "nan" not in md.lower()  # the other configurations' splits still shown
+    result["records"][2]["predicted_speedup"] = "1.5"  # was a TypeError in scripts/prediction_error.py
+    report.save_result(result, tmp_path)
+    message = r"results.json .*: record 2 \('draft \| chain γ=2'\) has predicted_speedup = '1.5', not a number"
+    with pytest.raises(ValueError, match=message):
+        report.rerender(tmp_path, figures=False)
+    script = subprocess.run([sys.executable, "scripts/prediction_error.py", str(tmp_path)], capture_output=True,
+                            text=True, cwd=ROOT)
+    assert script.returncode == 1 and "predicted_speedup = '1.5', not a number" in script.stderr
+
+
 def test_the_best_tree_is_named_relative_to_where_the_run_started(tmp_path, monkeypatch):
     result = synthetic_result()
     for rec in result["records"][1:]:

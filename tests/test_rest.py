@@ -261,6 +261,31 @@ def test_jsonl_and_datasets_corpora(tmp_path):
         read_texts(tmp_path / "bad")
 
 
+def test_a_one_document_corpus_is_stored_once(tmp_path):
+    # a lone document is both train and validation (a language model needs both), and REST read both: "2 documents"
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("the cat sat on the mat\n")
+    assert load_corpus(str(tmp_path / "texts"), pattern="*", val_fraction=0.0).documents() == [
+        ("a.txt", "the cat sat on the mat\n")]
+    assert read_texts(tmp_path / "texts") == ["the cat sat on the mat\n"]
+    lines = []
+    index = load_datastore(tmp_path / "texts", chat_tokenizer(), cache_dir=tmp_path / "cache", log=lines.append)
+    assert "(1 documents)" in lines[0] and int((index.tokens == SEPARATOR).sum()) == 1
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"text": "ok"\n', r"c.jsonl line 2 is not JSON \(Expecting ',' delimiter at column"),
+    (b'{"text": "caf\xe9"}\n', r"c.jsonl line 2 is not UTF-8 text \(byte b'\\xe9' at column 14\)"),
+])
+def test_a_bad_jsonl_corpus_line_is_named(tmp_path, line, message):
+    # a bare JSONDecodeError / UnicodeDecodeError named neither the file nor the line
+    (tmp_path / "c.jsonl").write_bytes(b'{"text": "first"}\n' + line + b'{"text": "third"}\n')
+    with pytest.raises(ValueError, match=message):
+        read_texts(tmp_path / "c.jsonl")
+    with pytest.raises(ValueError, match=message):
+        load_corpus(str(tmp_path / "c.jsonl"))
+
+
 def test_bad_corpus_and_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="does not exist; give 'stdlib', a folder"):
         Rest(tmp_path / "missing")

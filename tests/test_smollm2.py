@@ -68,6 +68,18 @@ def test_smollm2_speculation_is_lossless_greedy(smollm2):
     assert torch.equal(out.sequences, expected)
 
 
+@needs_smollm2
+def test_smollm2_template_masks_a_short_answer_not_a_marker(smollm2):
+    # SmolLM2's own template (the shipped drafters' chat data): "a" was masked inside <|im_start|> (tests/test_chat.py)
+    from treespec.train.training.chat import ChatRenderer
+    from treespec.train.training.conversations import normalize
+    renderer = ChatRenderer(smollm2[1])
+    for answer in ("a", "end"):
+        ids, mask, _ = renderer.encode(normalize({"messages": [{"role": "user", "content": "Pick a or b"},
+                                                               {"role": "assistant", "content": answer}]}))
+        assert smollm2[1].decode([i for i, m in zip(ids, mask, strict=True) if m]) == f"{answer}<|im_end|>"
+
+
 def test_missing_package_names_the_install_command(monkeypatch):
     real = gguf_models.find_spec
     monkeypatch.setattr(gguf_models, "find_spec", lambda name: None if name == SMOLLM2.module else real(name))

@@ -180,6 +180,21 @@ def test_per_category_may_name_categories_with_a_default_for_the_rest(tmp_path):
         counts_of({"qa": 0}, names)
 
 
+@pytest.mark.parametrize("turns, where", [
+    ([1, 2], r"line 2: turn 1 is 1 \(int\), not a string"),
+    (["q1", 3], r"line 2: turn 2 is 3 \(int\), not a string"),
+    ([["a", "b"]], r"line 2: turn 1 is \['a', 'b'\] \(list\), not a string"),
+])
+def test_a_question_whose_turns_are_not_strings_is_named_by_line_and_turn(tmp_path, turns, where):
+    # such rows were refused as "no usable prompt" with only a count of them
+    path = tmp_path / "question.jsonl"
+    path.write_text("\n" + json.dumps({"question_id": 81, "category": "writing", "turns": turns}) + "\n")
+    cfg = compose_cfg("compare", ["experiment=specbench", f"workload.path={path}", "workload.held_out=0"])
+    with pytest.raises(ValueError, match=r"question.jsonl: no usable prompt \(\{'turns not a list of strings': 1\}; "
+                                         r"turns not a list of strings: first at " + where):
+        load_workload(cfg.workload)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["baselines=[assisted]", "peers=true"], r"baselines=\['assisted'\] .*set peers=false"),
     (["baselines=[speculative]"], r"baselines: \['speculative'\] not one of greedy, assisted, prompt_lookup"),

@@ -283,6 +283,14 @@ def test_every_workload_config_passes_or_fails_the_start_up_check(overrides, mes
             compare.check_config(cfg)
 
 
+def test_load_workload_called_directly_names_a_bad_seed(tmp_path):
+    # the start-up check names it, but load_workload on its own raised a bare int() error
+    path = write_jsonl(tmp_path / "q.jsonl", SPEC_BENCH)
+    cfg = compose_cfg("compare", ["workload=jsonl", f"workload.path={path}", "workload.seed=abc"])
+    with pytest.raises(ValueError, match=r"workload.seed must be an integer >= 0, got 'abc'"):
+        load_workload(cfg.workload)
+
+
 def test_reference_workload_has_code_categories():
     cfg = compose_cfg("compare", [])
     w = load_workload(cfg.workload, prompts=cfg.prompts)

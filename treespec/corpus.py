@@ -61,12 +61,26 @@ def corpus_digest(source: str = "stdlib", *, pattern: str = "*.py", max_files: i
     return h.hexdigest()
 
 
+def jsonl_line(raw: bytes, source, i: int) -> str:
+    """Line ``i`` (from 0) of a JSONL corpus as text; bytes that are not UTF-8 are an error naming the line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"corpus {source} line {i + 1} is not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at "
+                         f"column {err.start + 1})") from None
+
+
 @dataclass(frozen=True)
 class Corpus:
     """A list of named documents split into train and validation."""
 
     train: list[tuple[str, str]]
     val: list[tuple[str, str]]
+
+    def documents(self) -> list[tuple[str, str]]:
+        """Every document once: a lone document is in both parts (``load_corpus``), and REST, which reads both,
+        once stored it twice."""
+        return list(dict(self.train + self.val).items())
 
 
 def load_corpus(
@@ -89,11 +103,16 @@ def load_corpus(
             keys.append(docs[-1][0])
     elif source.endswith(".jsonl") and Path(source).is_file():
         skipped = 0
-        with open(source, encoding="utf-8") as f:
-            for i, line in enumerate(f):
+        with open(source, "rb") as f:
+            for i, raw in enumerate(f):
+                line = jsonl_line(raw, source, i)
                 if not line.strip():
                     continue
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:  # was bare, with neither the file nor the line
+                    raise ValueError(f"corpus {source} line {i + 1} is not JSON ({err.msg} at column {err.pos + 1})"
+                                     ) from None
                 # a row's split follows its content, not its file's path: a corpus copied elsewhere splits the same
                 key = line.strip()
                 if isinstance(row, dict) and isinstance(row.get("text"), str):
@@ -121,7 +140,7 @@ def load_corpus(
     held = [is_validation(key, val_fraction) for key in keys]
     train = [d for d, h in zip(docs, held, strict=True) if not h]
     val = [d for d, h in zip(docs, held, strict=True) if h]
-    if not val:  # tiny corpora: keep at least one validation document
+    if not val:  # tiny corpora: keep at least one validation document (a lone one is both: read_documents)
         val, train = train[-1:], train[:-1] or train
     return Corpus(train=train, val=val)
 

@@ -165,6 +165,8 @@ class Drafter:
     max_positions: int | None = None
     #: the deepest tree it can fill (Medusa: its number of heads), checked at generate's door; None: no limit
     max_tree_depth: int | None = None
+    #: what sets that depth and how to go deeper, said when a deeper tree is refused (Medusa: its heads)
+    max_tree_depth_note: str = ""
     #: whether the loop shows it every verification pass (``observe_pass``); off: the loop never calls it
     observes_logits: bool = False
     #: whether what it learns in one generate() call drafts in the next (Token Recycling's matrix, SuffixDecoding's

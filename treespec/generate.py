@@ -26,7 +26,6 @@ calls ``decode`` (docs/design.md, "Planning apart from decoding").
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -89,7 +88,6 @@ class DecodeState:
     accept_lengths: list[list[int]]     # per prompt: tokens committed per verification pass
     done: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt → its committed tokens, once finished
     passes: int = 0                     # batched verification passes
-    draft_nan: bool = False             # a q_draft held NaN (read with each step's accepted tokens)
 
     @property
     def committed(self) -> Committed:
@@ -153,7 +151,6 @@ def decode(
                 speculative_step(run, state, step_tree)
             retire(run, state)
     sequences, rows = outputs(inputs, state)
-    warn_draft_nan(run, state)
     wall_time = clock(observer) - start
     spent = {} if observer is None else observer.seconds
     return GenerationResult(sequences=sequences, prompt_length=inputs.given.shape[1],
@@ -227,13 +224,14 @@ def speculative_step(run: Run, state: DecodeState, tree: Tree | DynamicTree) -> 
         run.drafter.accept([torch.tensor(row.path, dtype=torch.long) for row in rows], state.features)
 
 
-def warn_draft_nan(run: Run, state: DecodeState) -> None:
-    """Once per run: a drafter whose q_draft held NaN had those candidates rejected (the output stays exact, but
-    speculation was wasted), which is a drafter bug worth seeing."""
-    if state.draft_nan:
-        warnings.warn(f"{type(run.drafter).__name__} proposed draft probabilities (q_draft) holding NaN: those "
-                      "candidates were rejected (the output is still the target's), so check the drafter's weights "
-                      "and its dtype", RuntimeWarning, stacklevel=3)
+def check_draft_finite(run: Run, state: DecodeState, rows: list[Accepted]) -> None:
+    """Refuse, at the step that meets it, a q_draft holding NaN or inf when sampling (flagged in the step's one host
+    read): rejection sampling against it does not give the target's distribution (it once decoded on, with a
+    warning at the end). Greedy verification reads no q."""
+    if any(row.flags and row.flags[0] for row in rows):
+        raise ValueError(f"{type(run.drafter).__name__} proposed draft probabilities (q_draft) holding NaN or inf at "
+                         f"verification pass {state.passes + 1} (temperature {run.sampling.temperature}): the output "
+                         "would not follow the target's distribution; check the drafter's weights (NaN?) and dtype")
 
 
 def target_pass(run: Run, state: DecodeState, proposals: Proposals
@@ -256,11 +254,12 @@ def target_pass(run: Run, state: DecodeState, proposals: Proposals
         with timed(run.observer, UPDATE):
             run.drafter.observe_pass(tokens, proposals.trees, logits)
     with timed(run.observer, WALK):
-        # every row on the device, with its draws from the one generator; a q_draft holding NaN is flagged with it
+        # every row on the device, with its draws from the one generator; a q_draft holding NaN/inf is flagged
         verdicts = walk_rows(logits, proposals, run.sampling, acceptance=run.acceptance, generator=run.generator)
-        flags = () if proposals.q_draft is None else (torch.isnan(proposals.q_draft).flatten(1).any(-1),)
+        flags = () if proposals.q_draft is None or run.sampling.greedy else (
+            (~torch.isfinite(proposals.q_draft)).flatten(1).any(-1),)
         rows = accepted(verdicts.packed(*flags).tolist(), run.sampling, len(flags))  # the step's one host read
-    state.draft_nan = state.draft_nan or any(row.flags and row.flags[0] for row in rows)
+    check_draft_finite(run, state, rows)
     return rows, verdicts.tokens, features
 
 

@@ -273,7 +273,8 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
         raise ValueError(f"{type(drafter).__name__} cannot grow {tree!r}: give it a static Tree")
     limit = drafter.max_tree_depth
     if limit is not None and isinstance(tree, Tree) and tree.depth > limit:  # whatever max_new_tokens cuts it to
-        raise ValueError(f"tree {tree!r} is deeper than the {limit} levels {type(drafter).__name__} can fill")
+        note = f": {drafter.max_tree_depth_note}" if drafter.max_tree_depth_note else ""
+        raise ValueError(f"tree {tree!r} is deeper than the {limit} levels {type(drafter).__name__} can fill{note}")
     return tree
 
 

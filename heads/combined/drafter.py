@@ -76,6 +76,22 @@ def columns_of(features: torch.Tensor | None, blocks: list[int] | None, layers: 
     return torch.cat([features[..., i * h : (i + 1) * h] for i in blocks], dim=-1)
 
 
+def members(drafters: list[Drafter], combined: Drafter, inside: tuple[int, ...] = ()) -> list[Drafter]:
+    """Every drafter in ``combined``'s ``drafters``, nested combinations opened; a drafter in it twice (directly or
+    inside a nested Combined: torch failed on a reshape later) or a combination inside itself (a RecursionError)
+    is refused by name."""
+    inside, out = (*inside, id(combined)), []
+    for d in drafters:
+        if id(d) in inside:
+            raise ValueError(f"{d!r} contains itself: a Combined cannot be one of its own drafters")
+        out += members(d.drafters, d, inside) if isinstance(d, Combined) else [d]
+    twice = next((d for i, d in enumerate(out) if any(d is e for e in out[:i])), None)
+    if twice is not None:
+        raise ValueError(f"Combined needs distinct drafters, nested combinations included: {type(twice).__name__} "
+                         "is in it twice, and one drafter object holds one generation's state")
+    return out
+
+
 class Combined(Drafter):
     def __init__(self, drafters: list[Drafter], *, mode: str = "union", nodes: int | None = None, min_nodes: int = 1):
         drafters = list(drafters)
@@ -85,8 +101,7 @@ class Combined(Drafter):
             if d.candidates != "topk":
                 raise ValueError(f"Combined merges fixed-rank candidates; {type(d).__name__} samples them "
                                  f"(candidates={d.candidates!r}): make it with candidates='topk'")
-        if len({id(d) for d in drafters}) < len(drafters):
-            raise ValueError("Combined needs distinct drafters: one drafter object holds one generation's state")
+        members(drafters, self)
         check_settings(mode, nodes, min_nodes)
         self.drafters, self.mode, self.nodes, self.min_nodes = drafters, mode, nodes, min_nodes
         self.needs_features = any(d.needs_features for d in drafters)
@@ -115,6 +130,7 @@ class Combined(Drafter):
 
     # -- what the loop calls, handed on to every drafter -----------------------------------------------------------
     def check_target(self, target) -> None:
+        members(self.drafters, self)  # again: its list may have been changed since
         for d in self.drafters:
             d.check_target(target)
 

@@ -51,6 +51,9 @@ class Hydra(Drafter):
         self.heads = heads.eval()
         self.candidates = candidates
         self.max_tree_depth = heads.num_heads  # head k fills depth k + 1
+        self.max_tree_depth_note = (f"its {heads.num_heads} heads fill one depth each; give a tree of depth <= "
+                                    f"{heads.num_heads}, or train more heads (drafter.num_heads in "
+                                    f"conf/drafter/hydra.yaml: scripts/train_heads.py drafter=hydra)")
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
         shared = heads.shared_lm_head
         self._lean = LeanProjection.of(shared) if lean and shared is not None else None
@@ -136,7 +139,7 @@ class Hydra(Drafter):
         if isinstance(tree, DynamicTree):
             raise ValueError(f"Hydra drafts static trees; {tree!r} is a dynamic tree (EAGLE-2's): give a Tree")
         if tree.depth > self.heads.num_heads:
-            raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Hydra heads can fill")
+            raise ValueError(f"{tree!r} is deeper than Hydra can fill: {self.max_tree_depth_note}")
         heads = self.heads
         draw = self.candidates in SAMPLED_CANDIDATES and not sampling.greedy
         distinct = draw and self.candidates == "without_replacement"

@@ -30,6 +30,9 @@ class Medusa(Drafter):
         it (heads/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
         self.max_tree_depth = heads.num_heads  # head k fills depth k + 1
+        self.max_tree_depth_note = (f"its {heads.num_heads} heads fill one depth each; give a tree of depth <= "
+                                    f"{heads.num_heads}, or train more heads (drafter.num_heads in "
+                                    f"conf/drafter/medusa.yaml: scripts/train_heads.py drafter=medusa)")
         self.default_tree = default_tree if default_tree is not None else Tree.chain(min(3, heads.num_heads))
         self._projections = heads.reduced(draft_vocab) if draft_vocab is not None else None
         shared = heads.shared_lm_head
@@ -53,7 +56,7 @@ class Medusa(Drafter):
     @torch.no_grad()
     def propose(self, committed, feature, tree: Tree, sampling: Sampling, generator=None) -> Proposals:
         if tree.depth > self.heads.num_heads:
-            raise ValueError(f"{tree!r} is deeper than the {self.heads.num_heads} Medusa heads can fill")
+            raise ValueError(f"{tree!r} is deeper than Medusa can fill: {self.max_tree_depth_note}")
         logits = self.logits(feature, tree.depth)  # [D, b, V]: depth d + 1 of each row
         top = rearrange(top_k(logits, max(tree.top_k_per_depth())), "d b k -> b d k")  # [b, D, K]
         depths, ranks = tree.depths[1:].to(top.device), tree.ranks[1:].to(top.device)

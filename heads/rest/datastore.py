@@ -34,7 +34,8 @@ from treespec.corpus import STDLIB_CORPUS, corpus_digest, load_corpus
 from treespec.heads.rest.suffix_array import SEPARATOR, SuffixArray
 from treespec.io import atomic_write, load_safetensors
 
-VERSION = 1  # of the cache file's layout and of how a corpus is read: bumping it rebuilds every datastore
+VERSION = 2  # of the cache file's layout and of how a corpus is read: bumping it rebuilds every datastore (2: a
+# one-document corpus was stored twice)
 KINDS = "'stdlib', a folder of text files, a .jsonl file of {\"text\": ...} records or a datasets save_to_disk folder"
 
 
@@ -66,8 +67,8 @@ def read_texts(corpus, pattern: str | None = None) -> list[str]:
     path = Path(corpus)
     if is_dataset_folder(path):
         return _dataset_texts(path)
-    both = load_corpus(str(path), pattern=pattern or "*", val_fraction=0.0)  # every document: none held out
-    return [text for _, text in both.train + both.val]
+    every = load_corpus(str(path), pattern=pattern or "*", val_fraction=0.0).documents()  # none held out
+    return [text for _, text in every]
 
 
 def _dataset_texts(path: Path) -> list[str]:

@@ -59,8 +59,15 @@ class SuffixDecoding(Drafter):
         for name, value, low in (("max_match", max_match, 1), ("max_cached_tokens", max_cached_tokens, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not (isinstance(alpha, (int, float)) and alpha > 0) or not (0 <= min_prob < 1):
-            raise ValueError(f"need alpha > 0 and 0 <= min_prob < 1, got alpha={alpha!r}, min_prob={min_prob!r}")
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+        # alpha=inf once failed at the first proposal (OverflowError), min_prob="0.1" with a bare TypeError
+        if not (number(alpha) and 0 < alpha < math.inf):
+            raise ValueError(f"alpha must be a finite number > 0 (nodes per matched token), got {alpha!r}")
+        if not (number(min_prob) and 0 <= min_prob < 1):
+            raise ValueError(f"min_prob must be a number in [0, 1), got {min_prob!r}")
+        if default_tree is not None and not isinstance(default_tree, (Tree, DynamicTree)):  # was an AttributeError
+            raise ValueError(f"default_tree must be a Tree or a DynamicTree(total_tokens, depth, top_k), got "
+                             f"{default_tree!r}")
         self.alpha, self.min_prob, self.max_match = alpha, min_prob, max_match
         self.max_cached_tokens = max_cached_tokens
         self.remembers_across_calls = max_cached_tokens > 0

@@ -89,6 +89,10 @@ class SuffixTrie:
         doc, end = tail
         if depth < self.depth and end + 1 < len(doc.tokens):  # that occurrence's continuation, a tail itself
             node.kids = {doc.tokens[end + 1]: (doc, end + 1)}
+        elif end + 1 == len(doc.tokens) and len(doc.open) == depth - 1:
+            # the end of a document that may still grow (add(tokens, doc)): its open suffixes must now hold this
+            # node, or that document's next tokens never extend it (its occurrences were lost)
+            doc.open.append(node)
         return node
 
     def remove(self, doc: Document) -> None:

@@ -128,15 +128,13 @@ def check_config(cfg) -> None:
     config_checks.boolean(cfg.get("skip_unshipped", False), "skip_unshipped")
     check_baselines(cfg)
     config_checks.boolean(cfg.get("resume", False), "resume")
-    config_checks.integers(cfg.cost_sizes, "cost_sizes")
+    config_checks.cost_sizes(cfg.cost_sizes, "cost_sizes")
     if cfg.get("batch_sizes") is not None:  # the comparison across batch sizes (train/compare/batch_compare.py)
-        for key in ("batch_sizes", "batch_cost_sizes"):
-            config_checks.integers(cfg.get(key), key)
-            if min(cfg.get(key)) < 1:
-                raise ValueError(f"{key} must be integers >= 1, got {list(cfg.get(key))}")
+        config_checks.integers(cfg.get("batch_sizes"), "batch_sizes")
+        if min(cfg.get("batch_sizes")) < 1:
+            raise ValueError(f"batch_sizes must be integers >= 1, got {list(cfg.get('batch_sizes'))}")
+        config_checks.cost_sizes(cfg.get("batch_cost_sizes"), "batch_cost_sizes")
         config_checks.integer(cfg.get("batches", 3), "batches")
-    if min(cfg.cost_sizes) < 1:
-        raise ValueError(f"cost_sizes must be tree sizes >= 1 (tokens per target forward), got {list(cfg.cost_sizes)}")
     config_checks.device(cfg.get("device") or "cpu")
     boot = bootstrap_settings(cfg)
     if boot["samples"] < 100 or not 0 < boot["level"] < 1:

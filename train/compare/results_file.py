@@ -9,6 +9,7 @@ from pathlib import Path
 
 from treespec.io import atomic_write_json, read_json
 from treespec.train.compare.plots import partial
+from treespec.train.compare.time_split import PARTS
 from treespec.train.compare.workload import DEFAULT_CATEGORY
 
 
@@ -41,6 +42,10 @@ PROMPT_VALUES = {"category": DEFAULT_CATEGORY, "id": None, "turn": None, "prompt
                  "max_new_tokens": None, "answer_tokens": None}
 
 
+def number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def fill_absent(result: dict) -> list[str]:
     """Fill in what a results.json lacks: a configuration's values as None (shown as –), a prompt's category as
     ``all`` (the workload's category of a row without one). Returns what was filled in, for results.md."""
@@ -51,6 +56,13 @@ def fill_absent(result: dict) -> list[str]:
             notes.append(f"'{key}' in {lacking} of {len(result['records'])} configurations")
         for rec in result["records"]:
             rec.setdefault(key, None)
+    # a pass's time split lacking a part (or holding a non-number) once raised a KeyError in the report: none shown
+    split = [rec for rec in result["records"] if rec.get("step_ms") is not None and not (
+        isinstance(rec["step_ms"], dict) and all(number(rec["step_ms"].get(part)) for part in PARTS))]
+    if split:
+        notes.append(f"a number for each of {', '.join(PARTS)} in 'step_ms' of {len(split)} configurations")
+        for rec in split:
+            rec["step_ms"] = None
     info = result.get("prompt_info") or []
     for key, default in PROMPT_VALUES.items():
         lacking = sum(p.get(key) is None for p in info)
@@ -78,6 +90,9 @@ def check_result(result: dict, file) -> None:
         absent = [k for k in RECORD_NAMES if k not in rec]
         if absent:
             raise bad(f"record {i} ({rec['config']!r}) has no {', '.join(map(repr, absent))}")
+        wrong = next((k for k in RECORD_VALUES if rec.get(k) is not None and not number(rec[k])), None)
+        if wrong:  # a string predicted_speedup was a TypeError in scripts/prediction_error.py
+            raise bad(f"record {i} ({rec['config']!r}) has {wrong} = {rec[wrong]!r}, not a number or null")
     info = result.get("prompt_info")
     if info is not None and not (isinstance(info, list) and all(isinstance(p, dict) for p in info)):
         raise bad("'prompt_info' must be a list of prompts (JSON objects)")

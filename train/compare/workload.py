@@ -36,49 +36,24 @@ distribution it never trained on, as the end of ``scripts/train_heads.py`` print
 
 from __future__ import annotations
 
-import codecs
 import glob
 import hashlib
-import itertools
 import json
 import os
-import warnings
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 
 from treespec import reference
 from treespec.corpus import is_validation
 from treespec.train.compare.selection import check_categories, select
+from treespec.train.compare.workload_rows import DEFAULT_CATEGORY, FORMATS, Item, read_jsonl, read_rows  # noqa: F401
 from treespec.train.training import config_checks
 from treespec.train.training.chat import conversation_key
-from treespec.train.training.conversations import ROLES, BadRow, load_rows, normalize
+from treespec.train.training.conversations import BadRow, load_rows, normalize
 
-DEFAULT_CATEGORY = "all"
-FORMATS = {"turns": "spec-bench", "messages": "openai", "conversations": "sharegpt", "prompt": "prompt",
-           "text": "text"}
 REPETITIVE = 0.30  # zlib-compressed size ÷ size at or below which a reference prompt counts as repetitive
-
-
-@dataclass(frozen=True)
-class Item:
-    """One question: ``turns`` are the user messages the target answers one after another (Spec-Bench's
-    multi-turn questions have two); ``context`` the messages before the first ({"role", "content"})."""
-
-    id: str
-    category: str
-    turns: tuple[str, ...]
-    context: tuple[tuple[str, str], ...] = ()   # (role, content) pairs, hashable
-
-    @property
-    def key(self) -> str:
-        """sha1 of the content (category, context, turns): what ranks, dedupes and stamps an item."""
-        text = json.dumps([self.category, self.context, self.turns], ensure_ascii=False)
-        return hashlib.sha1(text.encode()).hexdigest()
-
-    def messages(self) -> list[dict]:
-        return [{"role": r, "content": c} for r, c in self.context]
 
 
 @dataclass
@@ -95,85 +70,6 @@ class Workload:
         keys = [i.key for i in self.timed] + ["held out"] + [i.key for i in self.held_out]
         return hashlib.sha1("|".join(keys).encode()).hexdigest()
 
-
-# -- reading rows -----------------------------------------------------------------------------------------
-def _text(value) -> str | None:
-    """A content value as text: a string, or the text parts of an OpenAI content list."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, (str, dict)) for p in value):
-        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in value
-                       if isinstance(p, str) or p.get("type", "text") == "text")
-    return None
-
-
-def _conversation(turns, index: int) -> tuple[tuple[tuple[str, str], ...], str]:
-    """(context, last user message) of an OpenAI or ShareGPT conversation; a trailing answer is dropped."""
-    messages = []
-    for turn in turns if isinstance(turns, list) else []:
-        if not isinstance(turn, dict):
-            raise BadRow("malformed turn", f"row {index}")
-        raw = turn.get("role", turn.get("from"))
-        role = ROLES.get(str(raw).strip().lower()) if raw is not None else None
-        content = _text(turn.get("content", turn.get("value")))
-        if role is None or content is None:
-            raise BadRow("malformed turn", f"row {index}: role {raw!r}")
-        messages.append((role, content))
-    while messages and messages[-1][0] != "user":
-        messages.pop()
-    if not messages or not messages[-1][1].strip():
-        raise BadRow("no user turn", f"row {index}")
-    return tuple(messages[:-1]), messages[-1][1]
-
-
-def _category(value, index: int) -> str:
-    """A row's category: a string; none (missing, null, empty) is ``DEFAULT_CATEGORY``."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return DEFAULT_CATEGORY
-    if not isinstance(value, str):  # 0, false, a list: never merged into "all" nor turned into a repr
-        raise BadRow("category not a string", f"row {index}: category {value!r}")
-    return value
-
-
-def _turns(value, index: int) -> tuple[str, ...]:
-    """Spec-Bench's ``turns``: a list of non-empty strings (or one string)."""
-    turns = [value] if isinstance(value, str) else value
-    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-        raise BadRow("turns not a list of strings", f"row {index}: turns {str(value)[:80]}")
-    if not any(t.strip() for t in turns):
-        raise BadRow("no user turn", f"row {index}")
-    if not all(t.strip() for t in turns):  # dropping it would answer a different conversation
-        raise BadRow("empty turn", f"row {index}")
-    return tuple(turns)
-
-
-def parse_row(row, index: int) -> tuple[Item, str]:
-    """(Item, format name) of one row in any of ``FORMATS``; BadRow when it is none of them."""
-    if not isinstance(row, dict):
-        raise BadRow("not a JSON object", f"row {index}")
-    fmt = next((key for key in FORMATS if row.get(key) is not None), None)
-    if fmt is None:
-        raise BadRow("unknown format", f"row {index} has none of {', '.join(FORMATS)}")
-    category = _category(row.get("category"), index)
-    rid = next((str(v) for v in (row.get("question_id"), row.get("id")) if v is not None), str(index))
-    context: tuple = ()
-    if fmt == "turns":
-        turns = _turns(row["turns"], index)
-    elif fmt in ("messages", "conversations"):
-        context, last = _conversation(row[fmt], index)
-        turns = (last,)
-    else:
-        text = _text(row[fmt])
-        if not text or not text.strip():
-            raise BadRow("empty prompt", f"row {index}")
-        turns = (text,)
-    return Item(rid, category, turns, context), FORMATS[fmt]
-
-
-def _lines(numbers: list[int], most: int = 10) -> str:
-    """"3, 7 and 12" (the first ``most`` of them, then how many more)."""
-    shown = [str(n) for n in numbers[:most]] + ([f"{len(numbers) - most} more"] if len(numbers) > most else [])
-    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
 def chat_validation(val_fraction, system_prompt: str | None = None):
@@ -192,114 +88,6 @@ def chat_validation(val_fraction, system_prompt: str | None = None):
 
     return keep
 
-
-def read_rows(rows, where: str, skipped: Counter | None = None, keep=None) -> tuple[list[Item], Counter, Counter]:
-    """Items of ``rows`` (dicts), with skipped rows and detected formats counted (added to ``skipped``: what
-    the caller skipped before, such as lines that are not JSON); duplicates dropped; ids made unique. ``keep(row)``:
-    only the rows it keeps are read (``chat_validation``); the row numbers stay those of the source."""
-    items, formats, seen, taken, renamed = [], Counter(), set(), set(), []
-    skipped = Counter(skipped or {})
-    for i, row in enumerate(rows):
-        if keep is not None and not keep(row):
-            continue
-        try:
-            item, fmt = parse_row(row, i)
-        except BadRow as bad:
-            skipped[bad.reason] += 1
-            continue
-        if item.key in seen:
-            skipped["duplicate"] += 1
-            continue
-        if item.id in taken:  # another row's id, other content: both kept, this one renamed
-            new = next(f"{item.id}#{k}" for k in itertools.count(2) if f"{item.id}#{k}" not in taken)
-            renamed.append(f"{item.id} → {new}")
-            item = replace(item, id=new)
-        seen.add(item.key)
-        taken.add(item.id)
-        items.append(item)
-        formats[fmt] += 1
-    if renamed:
-        warnings.warn(f"{where}: {len(renamed)} row(s) share an id with an earlier row but differ; renamed "
-                      f"{', '.join(renamed[:10])}{' ...' if len(renamed) > 10 else ''} so every prompt has its own id",
-                      stacklevel=2)
-    if not items and keep is not None:
-        raise ValueError(f"{where}: no conversation of it is in the validation split workload.chat_validation "
-                         f"selects ({dict(skipped) or 'none skipped'}): is it the training run's data.chat.source, "
-                         "with its data.chat.val_fraction and system_prompt?")
-    if not items:
-        raise ValueError(f"{where}: no usable prompt ({dict(skipped) or 'no rows'}); the formats it reads are "
-                         "Spec-Bench turns, OpenAI messages, ShareGPT conversations, prompt or text "
-                         "(docs/workloads.md)")
-    return items, skipped, formats
-
-
-def _json_lines(data: bytes, path: Path) -> tuple[list, Counter]:
-    """The rows of JSON Lines ``data``; lines that are not UTF-8 or not JSON are skipped and counted, the first
-    kind also named in a warning (line numbers from 1)."""
-    rows, bad, undecodable = [], Counter(), []
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            bad["not UTF-8"] += 1
-            undecodable.append(number)
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad["not JSON"] += 1
-    if undecodable:
-        one = len(undecodable) == 1
-        warnings.warn(f"workload.path={str(path)!r}: {'line' if one else 'lines'} {_lines(undecodable)} "
-                      f"{'is' if one else 'are'} not UTF-8 text: skipped and counted (save the file as UTF-8 to keep "
-                      f"{'it' if one else 'them'})", stacklevel=3)
-    return rows, bad
-
-
-def _one_document(data: bytes, path: Path) -> list:
-    """The rows of a .json file holding one document: a list of rows, or one row."""
-    where = f"workload.path={str(path)!r}"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise ValueError(f"{where}: not UTF-8 text at line {line} (byte {err.start}); save it as UTF-8") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON at line {err.lineno}, column {err.colno}: {err.msg} (a .json "
-                         "workload holds a list of rows, one row, or one row per line)") from None
-    if isinstance(doc, dict):
-        return [doc]
-    if isinstance(doc, list):
-        return doc
-    raise ValueError(f"{where}: holds a JSON {type(doc).__name__}, not a list of rows or one row")
-
-
-def _first_line_is_a_row(data: bytes) -> bool:
-    """Whether the first non-blank line of ``data`` is a JSON object on its own (the file is JSON Lines)."""
-    first = next((line for line in data.split(b"\n") if line.strip()), b"")
-    try:
-        return isinstance(json.loads(first.decode("utf-8")), dict)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-
-
-def read_jsonl(path: str | os.PathLike, keep=None) -> tuple[list[Item], Counter, Counter]:
-    """A JSONL file, or a .json file holding a list of rows, one row (pretty-printed or not) or JSON Lines.
-    A leading byte-order mark is dropped. ``keep`` as ``read_rows`` takes it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"workload.path={str(path)!r}: no such file")
-    data = path.read_bytes()
-    data = data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data
-    if path.suffix == ".json" and not _first_line_is_a_row(data):
-        rows, bad = _one_document(data, path), Counter()
-    else:
-        rows, bad = _json_lines(data, path)
-    return read_rows(rows, str(path), bad, keep)
 
 
 def _offline() -> bool:
@@ -436,6 +224,7 @@ def read_source(w, cache_dir=None) -> tuple[list[Item], Counter, Counter, str]:
 def load_workload(w, *, prompts: int | None = None, length=None, cache_dir=None) -> Workload:
     """Read and select the workload of config ``w`` (conf/workload/); ``prompts`` caps the timed prompts
     (the run's ``prompts``, by default ``w.prompts``); ``length(item)`` as in ``select``."""
+    config_checks.integer(w.get("seed") or 0, "workload.seed", 0)  # was a bare int() error when called directly
     items, skipped, formats, source = read_source(w, cache_dir)
     # a per-category budget for a category the workload does not have is a typo, never a silent no-op
     check_categories([str(c) for c in (w.get("max_new_tokens") or {})], {i.category for i in items},

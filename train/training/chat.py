@@ -128,13 +128,16 @@ class ChatRenderer:
                 pos = text.find(content, cursor) if content else -1
                 cursor = pos + len(content) if pos >= 0 else cursor
                 continue
-            pos = text.find(content, cursor) if content else -1
+            # The answer is searched after its header: from the cursor, a short answer ("a", "end") is found
+            # inside the end marker or the header ("<|im_end|>", "<|im_start|>assistant") and the mask misses it.
+            h = text.find(self.header, cursor) if self.header else -1
+            body = h + len(self.header) if h >= 0 else cursor
+            pos = text.find(content, body) if content else -1
             if pos < 0 and self.tags and self.tags[-1] in content:  # templates that drop earlier reasoning
                 content = content.rsplit(self.tags[-1], 1)[1].strip()
-                pos = text.find(content, cursor) if content else -1
-            if pos < 0 and not content and self.header:  # reasoning only: from the header on
-                pos = text.find(self.header, cursor)
-                pos = pos + len(self.header) if pos >= 0 else -1
+                pos = text.find(content, body) if content else -1
+            if pos < 0 and not content and h >= 0:  # reasoning only: from the header on
+                pos = body
             if pos < 0:
                 raise BadRow("assistant turn not rendered", "the template dropped or rewrote an assistant turn")
             start = pos
@@ -301,9 +304,10 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
     """Normalize, render, tokenize and mask every row; bad rows are counted and skipped (``ChatData.skipped``)."""
     if overlong not in ("skip", "truncate"):
         raise ValueError(f"data.chat.overlong must be skip or truncate, got {overlong!r}")
-    train, val, skipped, n = [], [], {}, 0
-    truncated = {"count": 0, "tokens": 0, "max_length": int(max_length)}
-    cut = 0
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:  # else "no assistant token"
+        raise ValueError(f"data.chat.max_length (else trainer.seq_len) must be an integer ≥ 2, got {max_length!r}")
+    train, val, skipped, n, cut = [], [], {}, 0, 0
+    truncated = {"count": 0, "tokens": 0, "max_length": max_length}
     for i, row in enumerate(tqdm(rows, disable=not progress, desc="chat data", dynamic_ncols=True)):
         if max_conversations and len(train) + len(val) >= max_conversations:
             break
@@ -324,9 +328,7 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
             if len(entry["examples"]) < 3:
                 entry["examples"].append([i, bad.detail])
             continue
-        if cut:
-            truncated["count"] += 1
-            truncated["tokens"] += cut
+        truncated["count"], truncated["tokens"] = truncated["count"] + bool(cut), truncated["tokens"] + cut
         (val if is_validation(conversation_key(messages), val_fraction) else train).append((ids, mask))
     by_hash = True
     if not val and val_fraction > 0 and len(train) > 1:  # tiny sets: keep one conversation for validation
@@ -361,8 +363,9 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
     renderer = ChatRenderer(tokenizer, settings["template"], reasoning=settings["reasoning"],
                             reasoning_tags=settings["reasoning_tags"])
+    # format 3: masks before it could cover a marker instead of a short answer (ChatRenderer.spans)
     key_data = {**settings, "source_sha1": source_digest(settings["source"]), "template_sha1": renderer.template_sha1,
-                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 2}
+                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 3}
     key = hashlib.sha1(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"chat-{key}" / CHAT_FILE
     if path.is_file():

@@ -69,6 +69,14 @@ def integers(value, key: str, *, optional: bool = False) -> None:
         raise ValueError(f"{key} must be a non-empty list of integers{' or null' if optional else ''}, got {value!r}")
 
 
+def cost_sizes(value, key: str) -> None:
+    """Tree sizes a cost curve is timed at: two different ones at least (a tree's cost is interpolated between them;
+    one size once wrote a curve cost_at could not read), each >= 1."""
+    integers(value, key)
+    if min(value) < 1 or len(set(value)) < 2:
+        raise ValueError(f"{key} must be two or more different tree sizes >= 1, got {list(value)}")
+
+
 def device(name) -> None:
     """``device``: a torch device this build and machine have (cuda needs a CUDA build and a GPU)."""
     try:
@@ -187,8 +195,6 @@ def check_eval(e) -> None:
         integer(e.get(key), f"eval.{key}")
     number(e.get("temperature"), "eval.temperature", 0)
     profile = e.get("profile") or {}
-    integers(profile.get("cost_sizes", [1]), "eval.profile.cost_sizes")
-    if min(profile.get("cost_sizes", [1])) < 1:
-        raise ValueError(f"eval.profile.cost_sizes must be tree sizes >= 1, got {list(profile.get('cost_sizes'))}")
+    cost_sizes(profile.get("cost_sizes", [1, 2]), "eval.profile.cost_sizes")
     for key in ("engine_rounds", "chain_windows"):
         integer(profile.get(key, 1), f"eval.profile.{key}")

@@ -45,6 +45,7 @@ from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
 from treespec.io import atomic_write_json, read_json
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
+from treespec.planning.cost_records import check_cost_record
 from treespec.timing import forward_steps, median_time, wait_for
 from treespec.tree import Tree
 
@@ -101,8 +102,11 @@ def cost_at(curve: dict[int, float], n: int) -> float:
     sizes = sorted(curve)
     if n in curve:
         return curve[n]
-    if n <= sizes[0]:
+    if sizes and n <= sizes[0]:
         return curve[sizes[0]]
+    if len(sizes) < 2:  # (was an IndexError) nothing to extrapolate from
+        raise ValueError(f"a cost curve timed at {len(sizes)} size(s) {sizes} cannot give a pass over {n} tokens: "
+                         "time it at two sizes or more")
     lo = max(s for s in sizes if s < n) if n < sizes[-1] else sizes[-2]
     hi = min(s for s in sizes if s > n) if n < sizes[-1] else sizes[-1]
     return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
@@ -323,7 +327,8 @@ def save_cost_curve(folder, curve: dict[int, float], **kwargs) -> Path:
 
 
 def write_cost_record(path, record: dict) -> Path:
-    """``record`` (a ``cost_curve_record``) as JSON at ``path``."""
+    """``record`` (a ``cost_curve_record``) as JSON at ``path``, checked first (``check_cost_record``)."""
+    record = check_cost_record(record, path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(Path(path), record, indent=1)
 
@@ -335,15 +340,13 @@ def read_cost_curve(folder) -> dict | None:
 
 def read_cost_record(path) -> dict | None:
     """The ``cost_curve_record`` at ``path`` (fields it lacks, e.g. the engine's in an older file, as zeros), or
-    None when there is no file."""
+    None when there is no file (a folder or a broken link in its place is an error); checked (``check_cost_record``)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
-    data = read_json(path, "cost curve file")
-    if not (isinstance(data, dict) and isinstance(data.get("curve"), dict) and data["curve"]):
-        raise ValueError(f"cost curve file {path} must hold {{\"curve\": {{tree tokens: seconds}}, ...}}")
+    data = check_cost_record(read_json(path, "cost curve file"), path)
     engine = EngineCost.from_record(data)
-    return cost_curve_record({int(n): t for n, t in data["curve"].items()}, engine=engine,
+    return cost_curve_record(data["curve"], engine=engine,
                              **{k: v for k, v in data.items() if k != "curve" and k not in engine.record()})
 
 
