@@ -3,7 +3,8 @@
 One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, rest, lookahead, medusa,
 hydra, eagle, eagle3, combined), each holding the same roles, one module each: ``network.py`` (its trained module),
 ``drafter.py`` (the core's ``Drafter`` interface, treespec/drafter.py, and its rank accuracy), ``objective.py`` (its
-training loss, a ``Recipe``: heads/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py`` (its
+training loss, a ``Recipe``: heads/training/objective.py), ``upstream.py`` (other projects' layouts) and ``kind.py``
+(its
 ``DrafterKind``: heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft
 vocabularies, lean layer calls, batches, checkpoint detection and export. ``registry`` lists the kinds by name,
 once, for training, the comparison, the loader and the scripts. ``Combined`` (heads/combined/) merges several
@@ -13,12 +14,12 @@ writes one for SGLang, vLLM, speculators, SafeAILab/EAGLE or FasterDecoding/Medu
 """
 
 from treespec.drafter import Drafter, Proposal
+from treespec.heads.checkpoints.export import export
 from treespec.heads.combined import Combined
 from treespec.heads.dflash import DFlash, DFlashModel
 from treespec.heads.draft_model import DraftModel
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
-from treespec.heads.export import export
 from treespec.heads.hydra import Hydra, HydraHeads
 from treespec.heads.lookahead import Lookahead
 from treespec.heads.medusa import Medusa, MedusaHeads

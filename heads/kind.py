@@ -7,9 +7,9 @@ loader and the scripts.
     kind = registry.get("eagle")
     module = kind.load("reference:eagle", target)               # the trained module (None: no weights)
     drafter = kind.make(module, candidates="sample")            # the Drafter
-    acc = kind.rank_accuracy(target, module, windows)           # acc[d][r] (heads/accuracy.py), or None
+    acc = kind.rank_accuracy(target, module, windows)           # acc[d][r] (heads/training/accuracy.py), or None
     fixed, per_depth = kind.cost(drafter)                       # seconds, for predicted speedups
-    recipe = kind.recipe(cfg, target, train_tokens)             # its training objective (heads/objective.py)
+    recipe = kind.recipe(cfg, target, train_tokens)             # its training objective (heads/training/objective.py)
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from types import MappingProxyType
 from torch import nn
 
 from treespec.drafter import Drafter
-from treespec.heads.vocab import DraftVocab
+from treespec.heads.drafting.vocab import DraftVocab
 from treespec.timing import median_time
 
 
 # -- cost timing: not part of the Drafter interface (the loop never calls it); the drafters that run a model
-# (heads/expansion.py's ExpandingDrafter, Medusa) implement ``drafting_step(past_len, n_tokens, batch)``: one of
+# (heads/drafting/expansion.py's ExpandingDrafter, Medusa) implement ``drafting_step(past_len, n_tokens, batch)``:
+# one of
 # their drafting calls on placeholder inputs, as they draft: one depth of ``n_tokens`` frontier nodes per row after
 # ``past_len`` cached entries, or one whole proposal for a drafter that ``fills_tree_at_once``. It may leave
 # per-sequence state behind: call ``reset()`` when done with it.
@@ -54,7 +55,8 @@ class DrafterKind:
     has_parts: bool = False
     #: candidate modes it supports ("sample": children drawn i.i.d. from the draft distribution)
     candidate_modes: tuple[str, ...] = ("topk",)
-    #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec, heads/vocab.py)
+    #: whether its full-vocabulary head can be restricted to a frequency-ranked subset (FR-Spec,
+    # heads/drafting/vocab.py)
     reduces_vocab: bool = False
     #: the class of its trained module; a module names its kind (``module.kind``), and export and the "auto" kind
     #: drive it by that name
@@ -108,7 +110,7 @@ class DrafterKind:
     def make(self, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True
              ) -> Drafter:
         """The Drafter that drives ``module``. ``draft_vocab``: restrict its vocabulary projection to these target
-        ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/lean.py)."""
+        ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/drafting/lean.py)."""
         if candidates not in self.candidate_modes:
             raise ValueError(f"drafter {self.name!r} takes candidates in {self.candidate_modes}, got {candidates!r}")
         if draft_vocab is not None and not self.reduces_vocab:
@@ -121,7 +123,7 @@ class DrafterKind:
         raise NotImplementedError
 
     def rank_accuracy(self, target, module, windows, **options) -> list[list[float]] | None:
-        """acc[d][r] (heads/accuracy.py), teacher forced on held-out ``windows`` [n, S]; None: it has no fixed
+        """acc[d][r] (heads/training/accuracy.py), teacher forced on held-out ``windows`` [n, S]; None: it has no fixed
         ranks to score. ``options``: the module's ``rank_accuracy`` keywords (``sampling``, ``depth``, ...)."""
         return None
 
@@ -147,7 +149,8 @@ class DrafterKind:
         drafter.reset()
         return (seconds, 0.0) if fills_tree_at_once(drafter) else (0.0, seconds)
 
-    # -- checkpoints (heads/detect.py finds the kind, heads/registry.py's ``load`` and heads/export.py call these) --
+    # -- checkpoints (heads/checkpoints/detect.py finds the kind, heads/registry.py's ``load`` and
+    # heads/checkpoints/export.py call these) --
     def load_folder(self, folder, config: dict, target) -> nn.Module:
         """The module of a treespec folder of this kind (``{kind}_config.json`` is ``config``)."""
         return self.load(folder, target)
@@ -157,7 +160,8 @@ class DrafterKind:
         return False
 
     def from_upstream(self, found, target, **options) -> nn.Module:
-        """The module of an upstream checkpoint this kind ``detects`` (``found``: heads/detect.py's ``Found``, the
+        """The module of an upstream checkpoint this kind ``detects`` (``found``: heads/checkpoints/detect.py's
+        ``Found``, the
         folder as read: its weights, config.json, files); ``options``: the loader's per-format keywords
         (EAGLE-3's ``aux_layers``, ``written_by``)."""
         raise NotImplementedError

@@ -24,7 +24,6 @@ from treespec.heads import (
     eagle,
     eagle3,
     hydra,
-    local_profile,
     lookahead,
     medusa,
     prompt_lookup,
@@ -32,12 +31,13 @@ from treespec.heads import (
     rest,
     suffix,
 )
-from treespec.heads.accuracy import read_accuracy
-from treespec.heads.detect import Found, formats, resolve_source
-from treespec.heads.detect import detect as detect_in
-from treespec.heads.detect import load_module as read_module
+from treespec.heads.checkpoints import local_profile
+from treespec.heads.checkpoints.detect import Found, formats, resolve_source
+from treespec.heads.checkpoints.detect import detect as detect_in
+from treespec.heads.checkpoints.detect import load_module as read_module
+from treespec.heads.drafting.vocab import DraftVocab
 from treespec.heads.kind import DrafterKind
-from treespec.heads.vocab import DraftVocab
+from treespec.heads.training.accuracy import read_accuracy
 from treespec.planning.autotree import read_cost_curve
 from treespec.planning.chain_tau import read_chain_tau
 from treespec.planning.profile import DrafterProfile
@@ -96,7 +96,7 @@ FORMATS = formats(KINDS)
 
 
 def detect(folder, format: str = "auto") -> Found:
-    """What ``folder`` holds: its format and kind (heads/detect.py), among the registered kinds."""
+    """What ``folder`` holds: its format and kind (heads/checkpoints/detect.py), among the registered kinds."""
     return detect_in(folder, KINDS, format)
 
 
@@ -126,7 +126,7 @@ def load_module(name: str, target, source=None):
 def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, *,
          lean: bool = True) -> Drafter:
     """``DrafterKind.make`` of drafter ``name``: ``draft_vocab`` restricts its vocabulary projection to these
-    target ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/lean.py), False for the
+    target ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/drafting/lean.py), False for the
     plain forward."""
     return get(name).make(module, candidates, draft_vocab, lean)
 
@@ -156,7 +156,7 @@ def load_profile(source, target=None, *, log=print) -> DrafterProfile:
     (chain_tau.json). Any may be missing (None).
 
     With its ``target``, what is missing on this machine is measured once on first use and cached
-    (heads/local_profile.py): the cost curve, when the folder holds none measured here for this target (the
+    (heads/checkpoints/local_profile.py): the cost curve, when the folder holds none measured here for this target (the
     shipped drafters' are not), now; a chain τ at a sampling it lacks, when "auto" first needs it."""
     folder = resolve_source(source)
     accuracy, chains = read_accuracy(folder), read_chain_tau(folder) or None

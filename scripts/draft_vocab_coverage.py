@@ -5,7 +5,7 @@ head's K×H matmul for a few rows, relative to the full vocabulary's (what each 
 
     python scripts/draft_vocab_coverage.py --target smollm2 --data treespec/models/smollm2/magpie.jsonl
 
-Ties (tokens never seen in training) go to the smaller id, as heads/vocab.py's DraftVocab ranks them: byte-pair
+Ties (tokens never seen in training) go to the smaller id, as heads/drafting/vocab.py's DraftVocab ranks them: byte-pair
 ids are roughly in merge order, i.e. by frequency in the tokenizer's own corpus. The last ``--held-out`` share of
 the rows is held out.
 """

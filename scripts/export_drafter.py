@@ -1,4 +1,5 @@
-"""Export a drafter checkpoint for another serving stack (treespec.heads.export; formats in heads/export.py).
+"""Export a drafter checkpoint for another serving stack (treespec.heads.checkpoints.export; formats in
+heads/checkpoints/export.py).
 
     python scripts/export_drafter.py runs/heads/eagle3/final --to vllm --out exports/eagle3-vllm
     python scripts/export_drafter.py runs/heads/eagle/final --to sglang --out exports/eagle-sglang   # variant=upstream
@@ -15,9 +16,9 @@ reference:<name>). A drafter a consumer cannot represent is refused with the rea
 import argparse
 import sys
 
-from treespec.heads.export import CONSUMERS, export
+from treespec.heads.checkpoints.export import CONSUMERS, export
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.registry import AUTO, FORMATS
-from treespec.heads.upstream_common import Refused
 from treespec.reference import load_model
 
 

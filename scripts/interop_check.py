@@ -10,7 +10,7 @@ One venv per upstream package (their pins conflict with each other and with tree
 on first use (pip, from the registry) and kept: speculators, SpecForge (``--no-deps``: its modeling code),
 eagle-llm (EAGLE-1) and medusa-llm (Medusa-1). For each, with the shipped reference target:
 
-- **export**: a random treespec drafter → ``treespec.heads.export`` → the package's own loader → its logits;
+- **export**: a random treespec drafter → ``treespec.heads.checkpoints.export`` → the package's own loader → its logits;
 - **import**: a random drafter made and saved by the package's own classes → ``treespec.heads.load`` → logits;
 
 and the two sides' logits at every position of a held-out prompt must agree (``--atol``). The upstream side runs

@@ -34,9 +34,9 @@ from safetensors.torch import load_file, save_file
 
 from treespec import reference
 from treespec.heads import registry
-from treespec.heads.accuracy import write_accuracy
-from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
-from treespec.heads.objective import TARGET_FOLDER
+from treespec.heads.checkpoints.local_profile import about, files_fingerprint, measure_cost_model
+from treespec.heads.training.accuracy import write_accuracy
+from treespec.heads.training.objective import TARGET_FOLDER
 from treespec.planning.autotree import COST_CURVE_FILE, write_cost_record
 from treespec.train.training.data import held_out_windows
 

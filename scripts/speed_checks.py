@@ -5,7 +5,7 @@
 
 1. The target's forward over N new tokens after 256 cached ones, with transformers' concatenating KV cache and
    with treespec's preallocated one (treespec/cache.py), in ms.
-2. One drafting step of each drafter, plain and lean (heads/lean.py): a depth over 4 frontier nodes after 256
+2. One drafting step of each drafter, plain and lean (heads/drafting/lean.py): a depth over 4 frontier nodes after 256
    cached entries (Medusa: a whole proposal), in ms and as c = that time ÷ one target forward over one token.
 3. The walker per verification rule at temperature 1 on a 64-node tree (the first 64 nodes of a full 4-ary
    tree) over the target's vocabulary, with random drafts (nothing accepted early: the traversal's worst case)

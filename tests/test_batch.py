@@ -12,10 +12,10 @@ import torch
 from treespec import Tree, generate, reference
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel, PromptLookup, registry
+from treespec.heads.drafting.vocab import DraftVocab
 from treespec.heads.eagle import Eagle
 from treespec.heads.eagle3 import Eagle3
 from treespec.heads.medusa import Medusa
-from treespec.heads.vocab import DraftVocab
 from treespec.inputs import left_padded
 from treespec.sampling import Sampling, probs
 from treespec.train.checks.architectures import build, full_attention

@@ -72,7 +72,7 @@ def passes(monkeypatch):
             return out
 
     monkeypatch.setattr(sys.modules["treespec.generate"], "StaticPass", Recorded)  # (the package exports generate())
-    monkeypatch.setattr(sys.modules["treespec.heads.expansion"], "StaticPass", Recorded)
+    monkeypatch.setattr(sys.modules["treespec.heads.drafting.expansion"], "StaticPass", Recorded)
     return Recorded, made
 
 

@@ -19,12 +19,13 @@ from treespec import Tree, generate
 from treespec.block_tree import best_paths
 from treespec.drafter import Committed
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import DFlash, DFlashModel, export, load, registry
+from treespec.heads import DFlash, DFlashModel, load, registry
+from treespec.heads.checkpoints import export
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.dflash.drafter import rank_accuracy
 from treespec.heads.dflash.network import default_target_layers
 from treespec.heads.dflash.objective import dflash_loss
-from treespec.heads.target_states import target_states
-from treespec.heads.upstream_common import Refused
+from treespec.heads.training.target_states import target_states
 from treespec.host_reads import reads_per_step
 from treespec.inputs import left_padded
 from treespec.sampling import Sampling
@@ -191,7 +192,7 @@ def test_architecture_matrix(name, tree_name):
 def test_default_tree_draft_vocabulary_and_depths(target, prompt, trained):
     vocab = registry.get("dflash").make(trained, draft_vocab=None)
     assert vocab.default_tree == Tree.chain(3) and vocab.max_tree_depth == 3
-    from treespec.heads.vocab import DraftVocab
+    from treespec.heads.drafting.vocab import DraftVocab
 
     fr = DFlash(trained, draft_vocab=DraftVocab(torch.arange(0, 64, 2), 64))  # FR-Spec: even ids only
     for tree in (None, DynamicTree(32, 7, 2)):  # a budget deeper than the block is grown over the block
@@ -323,7 +324,7 @@ def test_anchored_blocks_equal_decoding_from_each_anchor(target):
     features, _ = target_states(target, windows, model.feature_layers)
     anchors = torch.tensor([[1, 5, 9, 12], [3, 4, 10, 13]])
     positions = torch.tensor([list(range(6)) + list(range(8))] * 2)  # two conversations per row: 6 + 8 tokens
-    from treespec.heads.segments import segment_ids
+    from treespec.heads.training.segments import segment_ids
 
     segments = segment_ids(positions)
     with torch.no_grad():

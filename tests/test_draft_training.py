@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
 from treespec import Tree, generate
-from treespec.heads import load, load_profile, local_profile
+from treespec.heads import load, load_profile
+from treespec.heads.checkpoints import local_profile
 from treespec.heads.draft_model.network import draft_config, new_draft_model, principal_embedding
 from treespec.heads.draft_model.objective import draft_loss
 from treespec.heads.registry import detect

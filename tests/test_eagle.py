@@ -182,7 +182,7 @@ def test_eagle_weights_round_trip_and_mismatches_are_refused(target, prompt, tmp
 def test_unrolled_training_step_sees_what_drafting_sees(target):
     """Training-time test: unrolled step 1 at entry j equals drafting depth 1 from the root at entry j − 1."""
     from treespec.heads.eagle.objective import eagle_loss
-    from treespec.heads.target_states import target_hidden as target_states
+    from treespec.heads.training.target_states import target_hidden as target_states
 
     model = random_eagle(target)
     batch = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -202,7 +202,7 @@ def test_depth_accuracy_equals_sequential_drafting(target):
     """depth_rank_accuracy's depth-d ranks are those of drafting d deep from each root over the drafter's own
     features along the window's tokens, recomputed here one sequential forward per node; and from a first root on."""
     from treespec.heads.eagle.drafter import rank_accuracy as depth_rank_accuracy
-    from treespec.heads.target_states import target_hidden as target_states
+    from treespec.heads.training.target_states import target_hidden as target_states
 
     model = random_eagle(target, seed=1)
     windows = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
@@ -272,7 +272,7 @@ def test_hass_topk_distillation_term():
     switched on, it adds exactly its weighted mean to EAGLE's and EAGLE-3's losses (0 weight: unchanged)."""
     from treespec.heads.eagle.objective import eagle_loss
     from treespec.heads.eagle3.objective import eagle3_loss
-    from treespec.heads.objective import topk_distillation
+    from treespec.heads.training.objective import topk_distillation
 
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     log_q = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))

@@ -1,4 +1,4 @@
-"""An export never replaces what it did not write (heads/export.py): a user's model folder is refused unless
+"""An export never replaces what it did not write (heads/checkpoints/export.py): a user's model folder is refused unless
 ``overwrite``; a re-export into its own folder (its manifest) replaces its files, the other layout's included;
 paths under a file are refused naming them."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from treespec.heads import export
-from treespec.heads.export import MANIFEST
+from treespec.heads.checkpoints import export
+from treespec.heads.checkpoints.export import MANIFEST
 
 from .helpers import random_eagle3, random_heads, tiny_llama
 

@@ -6,7 +6,7 @@ import torch
 
 from treespec import Tree, generate
 from treespec.heads import DraftModel
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
 from treespec.sampling import Sampling
 
 from .helpers import (

@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from treespec import Tree, generate, reference
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import Hydra, HydraHeads, export, load, registry
+from treespec.heads import Hydra, HydraHeads, load, registry
+from treespec.heads.checkpoints import export
 from treespec.heads.hydra.drafter import rank_accuracy
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.target_states import target_hidden
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
 from treespec.walker import row_by_row

@@ -1,4 +1,5 @@
-"""Exporting drafters to each consumer's layout (heads/export.py; the loading side: tests/test_interop_load.py).
+"""Exporting drafters to each consumer's layout (heads/checkpoints/export.py; the loading side:
+tests/test_interop_load.py).
 
 Exports are loaded back (identical proposals) and checked against each consumer's loading rules, written down
 below as data from the consumer's source (vLLM, SGLang, speculators, SafeAILab's EAGLE, FasterDecoding's
@@ -13,12 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from treespec.heads import export, load, registry
+from treespec.heads import load, registry
+from treespec.heads.checkpoints import export
+from treespec.heads.checkpoints.export import MANIFEST
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
-from treespec.heads.export import MANIFEST
 from treespec.heads.medusa import MedusaHeads
-from treespec.heads.upstream_common import Refused
 
 from .helpers import fresh_drafter, interop_targets, proposals_of, synthesise
 
@@ -222,7 +224,7 @@ def check_consumer(folder: Path, consumer: str, kind: str, module, target):
     every tensor lands on a parameter the consumer builds, with its shape and dtype; every parameter it needs is
     provided; aux ids in its convention name the module's hidden states; RoPE and positions mirrored."""
     rule = RULES[(consumer, kind)]
-    # what the consumer reads, and the export's hidden manifest of its own files (heads/export.py)
+    # what the consumer reads, and the export's hidden manifest of its own files (heads/checkpoints/export.py)
     assert sorted(p.name for p in folder.iterdir() if p.name != MANIFEST) == sorted(["config.json", rule["file"]])
     assert json.loads((folder / MANIFEST).read_text())["files"] == sorted(["config.json", rule["file"], MANIFEST])
     config = json.loads((folder / "config.json").read_text())
@@ -369,7 +371,7 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     """The EAGLE-3 layer is Llama-style by default whatever the target, so a head for a Qwen3 target exports to
     vLLM, SGLang and speculators and loads back identically; the target's own classes (q/k norms) stay an
     option that only treespec loads, refused with the way out."""
-    from treespec.heads.export import formats
+    from treespec.heads.checkpoints.export import formats
 
     qwen3 = tiny_qwen3()
     torch.manual_seed(0)

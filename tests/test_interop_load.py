@@ -1,4 +1,4 @@
-"""Loading upstream drafter checkpoints (heads/detect.py, heads/registry.py, heads/eagle/upstream.py,
+"""Loading upstream drafter checkpoints (heads/checkpoints/detect.py, heads/registry.py, heads/eagle/upstream.py,
 heads/medusa/upstream.py; the exports: tests/test_interop_export.py).
 
 Nothing is downloaded: every upstream checkpoint is synthesised (tests/helpers/upstream_checkpoints.py) with the
@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import detect as detect_module
 from treespec.heads import load, registry
+from treespec.heads.checkpoints import detect as detect_module
 from treespec.heads.eagle3.network import build_vocab_map
 from treespec.heads.medusa import MedusaHeads
 from treespec.sampling import Sampling

@@ -268,7 +268,7 @@ def test_the_suite_import_checker_sees_a_test_module_import():
 
 # -- names that say one thing ----------------------------------------------------------------------------------
 # a kind folder's roles (heads/__init__.py): the same concept per kind, and one layer down from its base
-KIND_ROLES = {"drafter": "treespec/drafter.py", "kind": "heads/kind.py", "objective": "heads/objective.py",
+KIND_ROLES = {"drafter": "treespec/drafter.py", "kind": "heads/kind.py", "objective": "heads/training/objective.py",
               "network": None, "upstream": None}
 
 

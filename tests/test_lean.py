@@ -1,4 +1,4 @@
-"""Lean drafting (heads/lean.py): the decoder stack run layer by layer equals the stock base model's forward
+"""Lean drafting (heads/drafting/lean.py): the decoder stack run layer by layer equals the stock base model's forward
 (committed tokens and tree nodes, outputs and cache), the transposed projection equals nn.Linear, models the
 lean path does not know fall back to the plain one, and every drafter proposes the same trees and decodes
 the same tokens with the switch on and off."""
@@ -13,9 +13,9 @@ from treespec import Tree, generate
 from treespec.compat import cache_arg
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import DraftModel
+from treespec.heads.drafting.lean import LeanProjection, lean_decoder
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
-from treespec.heads.lean import LeanProjection, lean_decoder
 from treespec.heads.medusa import Medusa, MedusaHeads
 from treespec.train.checks.architectures import build, full_attention
 from treespec.visibility import dense_mask

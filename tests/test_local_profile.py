@@ -1,4 +1,5 @@
-"""A drafter's profile measured once on first use and cached per machine, target and drafter (heads/local_profile.py,
+"""A drafter's profile measured once on first use and cached per machine, target and drafter
+(heads/checkpoints/local_profile.py,
 treespec/planning/profile_cache.py), and tree=auto with it: the cost model when the folder has none measured here, the
 chain τ of sampled candidates when auto first needs it, and the error when neither is possible. Timings are faked
 or only counted: nothing here asserts a speed."""
@@ -10,9 +11,10 @@ import pytest
 import torch
 
 from treespec import generate
-from treespec.heads import load, load_profile, local_profile
-from treespec.heads.accuracy import write_accuracy
+from treespec.heads import load, load_profile
+from treespec.heads.checkpoints import local_profile
 from treespec.heads.eagle import EagleModel
+from treespec.heads.training.accuracy import write_accuracy
 from treespec.planning import chain_tau
 from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve, save_cost_curve
 from treespec.planning.profile import DrafterProfile

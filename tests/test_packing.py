@@ -1,4 +1,5 @@
-"""Sequence packing of chat data (train/training/packing.py, heads/segments.py): every conversation lands in exactly
+"""Sequence packing of chat data (train/training/packing.py, heads/training/segments.py): every conversation lands in
+exactly
 one window, and a packed batch trains exactly what its conversations one per row would: the target's and the
 drafters' per-token outputs and every drafter kind's loss and metrics agree, while the same row without its
 per-conversation positions (attention across conversations) does not. Offline features pack alike, and a packed
@@ -9,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from treespec.heads import registry
-from treespec.heads.segments import PackedModel, same_segment, segment_ids
-from treespec.heads.unroll import unrolled
+from treespec.heads.training.segments import PackedModel, same_segment, segment_ids
+from treespec.heads.training.unroll import unrolled
 from treespec.reference import load_model
 from treespec.train.training import drafter_job as train_heads
 from treespec.train.training.chat import ChatRenderer, encode_conversations

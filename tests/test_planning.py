@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from treespec import generate
-from treespec.heads import load, load_profile, local_profile
-from treespec.heads.accuracy import write_accuracy
+from treespec.heads import load, load_profile
+from treespec.heads.checkpoints import local_profile
 from treespec.heads.eagle import EagleModel
+from treespec.heads.training.accuracy import write_accuracy
 from treespec.planning.autotree import CostModel
 from treespec.planning.resolve import plan_tree
 from treespec.sampling import Sampling

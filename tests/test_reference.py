@@ -101,7 +101,7 @@ def test_shipped_eagle_loads_and_decodes_losslessly(models):
 def test_shipped_eagle3_loads_and_decodes_losslessly(models):
     from treespec.dynamic_tree import DynamicTree
     from treespec.heads import registry
-    from treespec.heads.accuracy import read_accuracy
+    from treespec.heads.training.accuracy import read_accuracy
 
     target, _, tokenizer = models
     folder = reference.MODELS_DIR / "eagle3"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from treespec.heads.accuracy import RankHits
+from treespec.heads.training.accuracy import RankHits
 from treespec.planning.analysis import grow_tree
 from treespec.sampling import GREEDY
 from treespec.train.compare import job as compare

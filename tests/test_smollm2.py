@@ -268,7 +268,8 @@ def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
 def test_shipped_eagle3_chooses_auto_with_a_curve_measured_here(smollm2, tmp_path, monkeypatch):
     """Its shipped cost_curve.json was measured on another machine: load_profile(source, target) measures one here
     (faked: its timing is not what is tested) and generate(tree=auto) chooses from it, losslessly."""
-    from treespec.heads import load, load_profile, local_profile
+    from treespec.heads import load, load_profile
+    from treespec.heads.checkpoints import local_profile
     from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve
     from treespec.planning.profile_cache import measured_here
 

@@ -9,8 +9,8 @@ import torch
 
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import registry
+from treespec.heads.checkpoints.export import CONSUMERS, formats
 from treespec.heads.eagle3 import Eagle3Model
-from treespec.heads.export import CONSUMERS, formats
 from treespec.train.training import run_summary
 from treespec.train.training.expected_tau import against_measured, expected_taus, tau_metrics
 from treespec.tree import Tree

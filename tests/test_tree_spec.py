@@ -99,8 +99,8 @@ def test_accuracy_and_auto_trees_in_generate_with_a_trained_drafter(tmp_path):
 
     from treespec import generate
     from treespec.heads import load, load_profile
-    from treespec.heads.accuracy import write_accuracy
     from treespec.heads.eagle import EagleModel
+    from treespec.heads.training.accuracy import write_accuracy
     from treespec.planning.autotree import auto_chooser, measure_cost_curve, save_cost_curve
 
     from .helpers import tiny_llama

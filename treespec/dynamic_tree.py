@@ -1,7 +1,7 @@
 """EAGLE-2's dynamic draft tree (Li et al. 2024b, "EAGLE-2: Faster Inference of Language Models with
 Dynamic Draft Trees"): a node budget the drafter grows into a new tree every step, from its own confidence.
 
-The whole rule lives here; drafters (treespec.heads.expansion) only run their model where it says:
+The whole rule lives here; drafters (treespec.heads.drafting.expansion) only run their model where it says:
 
 * **score**: a node's score is its cumulative draft log-probability (the sum along its path);
 * **frontier** (expansion): at each depth the ``top_k`` nodes of the newest depth with the highest score
@@ -18,7 +18,7 @@ from treespec.tree import Tree, whole
 
 class DynamicTree:
     """EAGLE-2's dynamic draft tree (Li et al. 2024b): a budget, not a topology. The drafter grows the
-    tree every step from its own confidence (treespec.heads.expansion): at each depth the ``top_k``
+    tree every step from its own confidence (treespec.heads.drafting.expansion): at each depth the ``top_k``
     nodes of the previous depth with the highest cumulative draft log-probability propose their
     ``top_k`` most likely children; after ``depth`` levels the best ``total_tokens`` nodes by cumulative
     log-probability are kept (``select``) and verified as a concrete ``Tree``.

@@ -3,7 +3,7 @@
 The design is in treespec/cache.py's docstring ("A batch of rows"). A ``RowSlots`` describes the slots a
 cache holds between passes (committed tokens, left padding, holes); a pass's own new slots are described by
 the pass (a tree's ancestor relation) until ``keep`` compacts what each row keeps of them. The target's
-cache and a drafter's own cache (heads/expansion.py) each have one.
+cache and a drafter's own cache (heads/drafting/expansion.py) each have one.
 
 While no slot of any row is invalid (one row; rows of one length that kept alike) the layout is *dense*:
 every row's position is the slot count, the model's own causal mask is right for chains, and a tree's mask

@@ -1,5 +1,5 @@
 """Compiled, static passes: ``generate(..., compile=True)`` runs the target's tree pass (and a drafter's depth step,
-heads/expansion.py) as a ``torch.compile``d graph with ``fullgraph=True`` and static shapes, compiled once per
+heads/drafting/expansion.py) as a ``torch.compile``d graph with ``fullgraph=True`` and static shapes, compiled once per
 shape (rows, tree tokens, cache capacity) and never again after that warm-up.
 
 **What kept a graph from being static.** A forward over transformers' cache reads the cache's length as a
@@ -16,7 +16,8 @@ changes shape or value from step to step except tensor contents:
 * the mask is always explicit, [b, 1, n, S]: the pass's own mask (treespec/visibility.py, [b or 1, 1, n,
   held + n]) copied into a kept buffer whose columns from held + n on are blocked; positions are always explicit,
   [b, n], copied into a kept buffer too;
-* the model's own code (or heads/lean.py's layer loop) runs unchanged: a 4D mask is taken as given, positions are
+* the model's own code (or heads/drafting/lean.py's layer loop) runs unchanged: a 4D mask is taken as given,
+positions are
   given, so no model code reads the cache's length.
 
 Attention then spans all S slots every pass (the blocked ones weigh exactly 0), which is what static shapes cost;

@@ -16,7 +16,8 @@ masks and none calls masks/ itself (tests/test_layering.py enforces it):
   flex_attention (``mask_for``, ``rows_mask_for``, ``tree_mask_builder``), and for cascade attention
   (treespec/cascade.py) the tree's [N, N] block alone, or for a ragged batch the full mask with each row's valid
   cached keys in order (``treespec_prefix``). A drafter's own passes and the
-  training-time unrolls take the float mask always (``dense_mask``, ``causal_mask``; heads/layer_config.py holds
+  training-time unrolls take the float mask always (``dense_mask``, ``causal_mask``;
+  heads/checkpoints/layer_config.py holds
   drafters to ``DENSE_MASK_ATTENTION``).
 
 masks/ builds the tensors (a leaf: plain tensors in, masks out); this module decides which masks a pass takes.
@@ -108,14 +109,14 @@ def tree_mask_builder(attn_implementation: str, *, dtype=torch.float32, device=N
 def dense_mask(allowed: torch.Tensor, past_len: int, *, dtype=torch.float32, device=None) -> torch.Tensor:
     """Float additive mask [1, 1, q, past_len + t] (eager, sdpa): new tokens related by ``allowed`` [q, t] after
     ``past_len`` cached positions, every one of which each query sees. For the passes that feed part of a tree
-    or a causal run over a drafter's own layers (heads/unroll.py: a training-time unroll)."""
+    or a causal run over a drafter's own layers (heads/training/unroll.py: a training-time unroll)."""
     return ancestor_mask(allowed, past_len, dtype=dtype, device=device)
 
 
 def relation_mask(seen: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
     """Float additive mask [1, 1, q, k] or [b, 1, q, k] of a bool relation ``seen`` [q, k] or [b, q, k] over all the
-    keys a pass attends (no cache columns added): a training pass over packed conversations (heads/segments.py,
-    heads/unroll.py), each row with its own relation."""
+    keys a pass attends (no cache columns added): a training pass over packed conversations (heads/training/segments.py,
+    heads/training/unroll.py), each row with its own relation."""
     return additive(seen, dtype=dtype)
 
 

@@ -20,11 +20,11 @@ from treespec.block_tree import dynamic_block_proposals, static_block_proposals
 from treespec.cache import TreeCache
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.accuracy import RankHits
 from treespec.heads.dflash.network import DFlashModel
-from treespec.heads.lean import LeanProjection
-from treespec.heads.target_states import target_states
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.drafting.lean import LeanProjection
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
+from treespec.heads.training.accuracy import RankHits
+from treespec.heads.training.target_states import target_states
 from treespec.rows import RowSlots, right_aligned
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
@@ -44,7 +44,8 @@ class DFlash(Drafter):
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
         """candidates: "topk", "sample" or "without_replacement" (static trees at temperature > 0: each node's
         children drawn from its next depth's distribution). draft_vocab: project onto these target ids only (FR-Spec,
-        heads/vocab.py; still lossless). lean: the target's lm_head through a transposed copy (heads/lean.py)."""
+        heads/drafting/vocab.py; still lossless). lean: the target's lm_head through a transposed copy
+        (heads/drafting/lean.py)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         self.model = model.eval()
@@ -143,7 +144,8 @@ class DFlash(Drafter):
 def rank_accuracy(target, model: DFlashModel, windows: torch.Tensor, *, depth: int | None = None, top_k: int = 10,
                   batch_size: int = 4, sampling: Sampling = GREEDY, first_root: int = 0,
                   anchors_per_pass: int = 64) -> list[list[float]]:
-    """acc[d][r] (heads/accuracy.py): the chance that the block's rank-r token at depth d + 1 is the one the target
+    """acc[d][r] (heads/training/accuracy.py): the chance that the block's rank-r token at depth d + 1 is the one the
+    target
     emits, teacher forced on held-out ``windows`` [n, S]: a block rooted at every position from ``first_root`` on
     (and >= 1: decoding always has context) whose depth d + 1 lies in the window. ``depth``: at most
     block_size − 1 (None: that)."""

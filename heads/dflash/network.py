@@ -30,8 +30,14 @@ import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from treespec.heads.checkpoints.drafter_folder import (
+    architecture,
+    check_fits_target,
+    load_drafter,
+    save_drafter,
+    vocab_size_of,
+)
 from treespec.heads.dflash.block_layer import DFlashLayer, held, keys_values, layer_config, layer_values
-from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
 from treespec.heads.eagle3.layer import final_norm
 from treespec.io import check_float_weights
 from treespec.visibility import relation_mask

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from treespec.heads.batches import batch_parts
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
-from treespec.heads.objective import Recipe, mean_metrics
-from treespec.heads.segments import packed_positions, segment_ids
-from treespec.heads.target_states import target_states
+from treespec.heads.training.batches import batch_parts
+from treespec.heads.training.objective import Recipe, mean_metrics
+from treespec.heads.training.segments import packed_positions, segment_ids
+from treespec.heads.training.target_states import target_states
 
 LOSSES = ("kl", "ce")
 

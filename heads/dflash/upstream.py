@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import re
 
-from treespec.heads.dflash.block_layer import LAYER_FIELDS
-from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
-from treespec.heads.drafter_folder import vocab_size_of
-from treespec.heads.upstream_common import (
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.upstream_common import (
     Refused,
     base_config,
     check_vocab,
@@ -32,6 +30,8 @@ from treespec.heads.upstream_common import (
     load_state,
     strip_model_prefix,
 )
+from treespec.heads.dflash.block_layer import LAYER_FIELDS
+from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
 
 ARCHITECTURE = "DFlashDraftModel"  # z-lab's class, and the name SGLang's and vLLM's DFlash models register
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.(self_attn\.[qkvo]_proj\.(weight|bias)|self_attn\.[qk]_norm\.weight"

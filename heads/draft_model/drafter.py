@@ -1,6 +1,6 @@
 """A separate small causal LM as the drafter (the seed's setup; Leviathan et al. 2023, Chen et al. 2023).
 
-The draft expands the tree one depth at a time (heads/expansion.py): one forward over every node of
+The draft expands the tree one depth at a time (heads/drafting/expansion.py): one forward over every node of
 depth d that has children gives the draft distribution at those nodes, from which their children are
 chosen — the top-k ranks (deterministic candidates), i.i.d. samples (``candidates="sample"`` at
 temperature > 0, the classic speculative-sampling chain), or, with a ``DynamicTree``, EAGLE-2's
@@ -23,11 +23,11 @@ import torch
 
 from treespec.cache import decoding_cache
 from treespec.compat import cache_arg
-from treespec.heads.accuracy import RankHits
-from treespec.heads.drafter_folder import check_same_vocab
-from treespec.heads.expansion import ExpandingDrafter
-from treespec.heads.lean import LeanProjection, lean_decoder
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.checkpoints.drafter_folder import check_same_vocab
+from treespec.heads.drafting.expansion import ExpandingDrafter
+from treespec.heads.drafting.lean import LeanProjection, lean_decoder
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
+from treespec.heads.training.accuracy import RankHits
 from treespec.inputs import max_positions
 from treespec.layer_types import check_rollback
 from treespec.recurrent import one_token_at_a_time, steps
@@ -40,8 +40,8 @@ class DraftModel(ExpandingDrafter):
     def __init__(self, model, *, default_tree: Tree | None = None, candidates: str = "topk",
                  draft_vocab: DraftVocab | None = None, lean: bool = True):
         """candidates: "topk" (deterministic ranks) or "sample" (i.i.d. from q_draft when temperature > 0);
-        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless);
-        lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
+        draft_vocab: project onto these target ids only (FR-Spec, heads/drafting/vocab.py; still lossless);
+        lean: draft without the base model's per-call work (heads/drafting/lean.py); False: the plain forward."""
         try:  # the draft's cache is rolled back as a target's is
             check_rollback(model, drafting=True)
         except ValueError as err:
@@ -101,7 +101,7 @@ class DraftModel(ExpandingDrafter):
 @torch.no_grad()
 def rank_accuracy(target, draft, windows: torch.Tensor, *, depth: int = 8, top_k: int = 8, batch_size: int = 4,
                   sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
-    """acc[d][r] for a draft LM (heads/accuracy.py), teacher forced on held-out ``windows`` [n, S], from root
+    """acc[d][r] for a draft LM (heads/training/accuracy.py), teacher forced on held-out ``windows`` [n, S], from root
     ``first_root`` on; the same at every depth (the seed's i.i.d. acceptance assumption)."""
     counter = RankHits(1, top_k, sampling)
     for w in windows.split(batch_size):

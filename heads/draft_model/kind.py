@@ -8,11 +8,11 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from treespec.drafter import CANDIDATE_MODES
+from treespec.heads.checkpoints.drafter_folder import check_same_vocab
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.draft_model import objective
 from treespec.heads.draft_model.drafter import DraftModel, rank_accuracy
-from treespec.heads.drafter_folder import check_same_vocab
 from treespec.heads.kind import DrafterKind
-from treespec.heads.upstream_common import Refused
 from treespec.reference import load_model
 
 # keys that mark another kind's checkpoint (EAGLE's fusion layer, EAGLE-3's norm), whatever its config.json says:

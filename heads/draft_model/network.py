@@ -16,7 +16,7 @@ import numbers
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.inputs import max_positions
 
 INITS = ("random", "target_embeddings")

@@ -25,17 +25,18 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.draft_model.drafter import DraftModel, rank_accuracy
 from treespec.heads.draft_model.network import INITS, check_arch, matmul_weights, new_draft_model
-from treespec.heads.objective import Recipe, mean_metrics
-from treespec.heads.segments import PackedModel, packed_positions, segment_ids
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.batches import batch_parts, shifted_mask
+from treespec.heads.training.objective import Recipe, mean_metrics
+from treespec.heads.training.segments import PackedModel, packed_positions, segment_ids
+from treespec.heads.training.target_states import target_hidden
 from treespec.reference import float_dtype
 
 
 def draft_loss(target, model, batch, *, ce_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """batch [b, S] token windows (or a dict batch: loss mask, stored features; heads/batches.py) → (KL + ce_weight ·
+    """batch [b, S] token windows (or a dict batch: loss mask, stored features; heads/training/batches.py) → (KL +
+    ce_weight ·
     CE averaged over the scored positions, metrics: ``kl``, ``ce`` (the data's next token), ``top1`` (the draft's
     argmax is the target's))."""
     positions = packed_positions(batch, model.device)

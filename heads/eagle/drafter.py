@@ -1,6 +1,6 @@
 """The EAGLE drafter (Li et al. 2024; EAGLE-2, Li et al. 2024b) and its kind: drafting with an EagleModel
 (heads/eagle/network.py: what it computes, its variants and folder), autoregressive over its own features,
-expanding a static or a dynamic tree (heads/expansion.py).
+expanding a static or a dynamic tree (heads/drafting/expansion.py).
 
 Between steps the drafter's cache holds one entry per committed token from the second (the first has
 no feature before it) up to the previous step's root; the target features of the tokens accepted since
@@ -15,13 +15,13 @@ import torch
 
 from treespec.cache import TreeCache
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.accuracy import RankHits
+from treespec.heads.drafting.expansion import ExpandingDrafter
+from treespec.heads.drafting.lean import lean_decoder
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
 from treespec.heads.eagle.network import EagleModel
-from treespec.heads.expansion import ExpandingDrafter
-from treespec.heads.lean import lean_decoder
-from treespec.heads.target_states import target_hidden
-from treespec.heads.unroll import unrolled
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.training.accuracy import RankHits
+from treespec.heads.training.target_states import target_hidden
+from treespec.heads.training.unroll import unrolled
 from treespec.rows import gather_last, right_aligned
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
@@ -37,8 +37,8 @@ class Eagle(ExpandingDrafter):
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
         """default_tree: EAGLE-2's dynamic tree, sized for CPUs, where a target pass over 16 tree tokens costs
         little more than over one (the paper's GPU default is DynamicTree(60, 7, 10)). candidates: as for DraftModel.
-        draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless).
-        lean: draft without the base model's per-call work (heads/lean.py); False: the plain forward."""
+        draft_vocab: project onto these target ids only (FR-Spec, heads/drafting/vocab.py; still lossless).
+        lean: draft without the base model's per-call work (heads/drafting/lean.py); False: the plain forward."""
         super().__init__(model, default_tree if default_tree is not None else DynamicTree(16, 5, 4), candidates)
         self.feature_layers = model.feature_layers
         if draft_vocab is not None and model.draft_vocab is not None:
@@ -151,9 +151,9 @@ class Eagle(ExpandingDrafter):
 @torch.no_grad()
 def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
                   batch_size: int = 4, sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
-    """acc[d][r] (heads/accuracy.py) drafting from the root over the drafter's own features along the
+    """acc[d][r] (heads/training/accuracy.py) drafting from the root over the drafter's own features along the
     window's tokens (what an accepted tree path feeds it), on held-out ``windows`` [n, S], from root
-    ``first_root`` on: heads/unroll.py."""
+    ``first_root`` on: heads/training/unroll.py."""
     was_training = model.training
     model.eval()
     counter = RankHits(depth, top_k, sampling)

@@ -4,12 +4,12 @@ vLLM, SGLang), trained by heads/eagle/objective.py."""
 from __future__ import annotations
 
 from treespec.drafter import CANDIDATE_MODES
+from treespec.heads.checkpoints.upstream_common import Refused, strip_model_prefix
 from treespec.heads.eagle import objective
 from treespec.heads.eagle.drafter import Eagle, rank_accuracy
 from treespec.heads.eagle.network import VARIANTS, EagleModel
 from treespec.heads.eagle.upstream import eagle_from_upstream, eagle_to_upstream, is_eagle1
 from treespec.heads.kind import DrafterKind
-from treespec.heads.upstream_common import Refused, strip_model_prefix
 from treespec.reference import resolve
 
 

@@ -22,7 +22,7 @@ decoder layer keeps its input norm and the decoder its final norm. ``variant="up
 published (SafeAILab/EAGLE ``cnets1.py``; vLLM ``EagleLlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle``):
 layer 0 has NO input norm (fc's output enters attention as it is) and there is no final norm (the layer's
 output goes straight to the target's lm_head); further layers keep their input norms. Only that variant
-can be exported to those consumers (heads/export.py). ``layer_overrides`` replace target config values
+can be exported to those consumers (heads/checkpoints/export.py). ``layer_overrides`` replace target config values
 for the drafter's own layers (an upstream checkpoint's RoPE, head count, MLP width, norm eps, layer
 count: ``LAYER_OVERRIDE_KEYS``); ``fc_bias=False`` drops fc's bias; ``own_embeddings=True`` keeps a
 frozen token table of the drafter's own (an upstream checkpoint's ``embed_tokens``) instead of the
@@ -37,9 +37,15 @@ import torch
 from torch import nn
 
 from treespec.compat import cache_arg
-from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
-from treespec.heads.layer_config import one_layer_config, set_full_attention
-from treespec.heads.lean import LeanProjection
+from treespec.heads.checkpoints.drafter_folder import (
+    architecture,
+    check_fits_target,
+    load_drafter,
+    save_drafter,
+    vocab_size_of,
+)
+from treespec.heads.checkpoints.layer_config import one_layer_config, set_full_attention
+from treespec.heads.drafting.lean import LeanProjection
 from treespec.io import load_checked_weights
 
 VARIANTS = ("treespec", "upstream")
@@ -89,7 +95,7 @@ class EagleModel(nn.Module):
     #: the drafter kind that drives it (heads/registry.py; the registry's "auto" kind reads it)
     kind = "eagle"
     #: a draft vocabulary of its own (EAGLE-3's d2t/t2d); None: it projects with the target's full lm_head,
-    #: which FR-Spec may restrict (heads/vocab.py)
+    #: which FR-Spec may restrict (heads/drafting/vocab.py)
     draft_vocab = None
 
     def __init__(self, target, feature_layers=(-1,), *, variant: str = "treespec", layer_overrides: dict | None = None,
@@ -158,7 +164,7 @@ class EagleModel(nn.Module):
 
     def head(self, lean: bool = False):
         """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a transposed copy of the same
-        lm_head (heads/lean.py) for drafting."""
+        lm_head (heads/drafting/lean.py) for drafting."""
         return LeanProjection.of(self.lm_head) if lean else self.logits
 
     def decoder_input(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

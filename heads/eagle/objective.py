@@ -7,12 +7,14 @@ and target features, plus ``token_weight`` (EAGLE-1: 0.1) × the cross-entropy o
 next-token distribution against the target's, lm_head(f_{j+1}) (soft labels).
 
 Training-time test: ``unroll_steps`` extra passes feed the drafter its own features, as deeper tree
-nodes are at inference (``training_unroll``, over heads/unroll.py); step k's loss is weighted ``unroll_decay ** k``.
+nodes are at inference (``training_unroll``, over heads/training/unroll.py); step k's loss is weighted ``unroll_decay
+** k``.
 
 Batches are token windows [b, S] (every entry trained on) or dicts with a loss mask (chat data: entry j is
 trained on when the token it predicts, j + 2, is) and possibly the target's stored hidden states
 (train/training/features.py: the same code runs with a ``StoredTarget``). A packed batch (several conversations per
-row, heads/segments.py) keeps the drafter's attention inside each conversation (heads/unroll.py) and scores step k's
+row, heads/training/segments.py) keeps the drafter's attention inside each conversation (heads/training/unroll.py)
+and scores step k's
 entry j only when its root j − k and the token it predicts, j + 2, lie in one conversation.
 """
 
@@ -21,24 +23,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.eagle.drafter import Eagle, EagleModel, rank_accuracy
 from treespec.heads.eagle.network import fused_layers
-from treespec.heads.objective import Recipe, mean_metrics, topk_distillation
-from treespec.heads.segments import packed_positions, same_segment, segment_ids
-from treespec.heads.target_states import target_hidden
-from treespec.heads.unroll import unrolled
+from treespec.heads.training.batches import batch_parts, shifted_mask
+from treespec.heads.training.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
+from treespec.heads.training.target_states import target_hidden
+from treespec.heads.training.unroll import unrolled
 
 
 def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0,
                     positions: torch.Tensor | None = None):
     """The drafter's predictions on ``batch`` [b, S] (entries j = 0..S−2 pair token j + 1 with the target
     feature at j) for draft depths 1..steps + 1 → (f_next [b, n, h], target_logits [b, n, V], steps), where
-    ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1 (heads/unroll.py, entries kept
+    ``steps`` yields (k, g [b, n, h], valid) lazily: step k = depth k + 1 (heads/training/unroll.py, entries kept
     aligned with the window); ``valid`` selects the entries whose chain starts inside the window.
     target_logits at entry j are the target's for token j + 2. While the model trains, ``noise_std`` adds
     Gaussian noise to the target features it reads (EAGLE-1). ``positions`` [b, S]: a packed batch's position ids
-    (heads/unroll.py)."""
+    (heads/training/unroll.py)."""
     inputs, last = target_hidden(target, batch, model.feature_layers)  # [b, S, L·h], [b, S, h]
     f_next = last[:, 1:]  # [b, n, h]: entry j predicts f_{j+1}
     with torch.no_grad():
@@ -59,7 +61,7 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
               mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
     """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool or a slice; mask [b, n] bool or None (every
     entry) → (loss, feature loss, CE, top-1 agreement) over the valid, masked entries; ``topk_distill`` = K > 0
-    adds HASS's top-K distillation × ``topk_weight`` (heads/objective.py)."""
+    adds HASS's top-K distillation × ``topk_weight`` (heads/training/objective.py)."""
     if mask is None:
         g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
     else:

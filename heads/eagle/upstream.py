@@ -1,6 +1,6 @@
 """EAGLE-1/2 checkpoints as other projects write and read them, converted to and from treespec's ``EagleModel``
-(variant "upstream"). heads/detect.py reads the files and the kind (heads/eagle/kind.py) calls
-``eagle_from_upstream``; heads/export.py calls ``eagle_to_upstream`` and writes the files.
+(variant "upstream"). heads/checkpoints/detect.py reads the files and the kind (heads/eagle/kind.py) calls
+``eagle_from_upstream``; heads/checkpoints/export.py calls ``eagle_to_upstream`` and writes the files.
 
 **EAGLE-1/2** (SafeAILab/EAGLE ``cnets1.py``; branch v1 ``cnets.py``): keys unprefixed, ``fc.weight`` [H, 2H]
 (+ ``fc.bias`` unless config ``"bias": false``; absent flag = true), ``layers.{i}.self_attn.{q,k,v,o}_proj``
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import re
 
-from treespec.heads.eagle.network import EagleModel, conform_linear_biases
-from treespec.heads.upstream_common import (
+from treespec.heads.checkpoints.upstream_common import (
     Refused,
     base_config,
     bias_keys,
@@ -31,6 +30,7 @@ from treespec.heads.upstream_common import (
     settle_biases,
     strip_model_prefix,
 )
+from treespec.heads.eagle.network import EagleModel, conform_linear_biases
 
 EAGLE_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(self_attn\.[qkvo]_proj\.(weight|bias)"
                              r"|mlp\.(gate|up|down)_proj\.(weight|bias)"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from treespec.heads.accuracy import RankHits
 from treespec.heads.eagle.drafter import Eagle
 from treespec.heads.eagle3.network import Eagle3Model
-from treespec.heads.target_states import target_states
-from treespec.heads.unroll import unrolled
+from treespec.heads.training.accuracy import RankHits
+from treespec.heads.training.target_states import target_states
+from treespec.heads.training.unroll import unrolled
 from treespec.sampling import GREEDY, Sampling
 
 
@@ -23,10 +23,10 @@ class Eagle3(Eagle):
 @torch.no_grad()
 def rank_accuracy(target, model: Eagle3Model, windows: torch.Tensor, *, depth: int = 8, top_k: int = 10,
                   batch_size: int = 4, sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
-    """acc[d][r] (heads/accuracy.py): the chance that the drafter's rank-r token at draft depth d + 1 is the
+    """acc[d][r] (heads/training/accuracy.py): the chance that the drafter's rank-r token at draft depth d + 1 is the
     one the target emits (``walker.rank_acceptance``: greedy, that it is the target's argmax), drafting from
     each root over its own outputs along the window's tokens (what an accepted tree path feeds it), on
-    held-out ``windows`` [n, S], from root ``first_root`` on (heads/accuracy.py). Ranks are the drafter's, over
+    held-out ``windows`` [n, S], from root ``first_root`` on (heads/training/accuracy.py). Ranks are the drafter's, over
     the target vocabulary (as it proposes them)."""
     was_training = model.training
     model.eval()

@@ -5,6 +5,7 @@ its own, so FR-Spec does not apply."""
 from __future__ import annotations
 
 from treespec.drafter import CANDIDATE_MODES
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.eagle3 import objective
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model
@@ -16,7 +17,6 @@ from treespec.heads.eagle3.upstream import (
     normalize_eagle3_keys,
 )
 from treespec.heads.kind import DrafterKind
-from treespec.heads.upstream_common import Refused
 from treespec.reference import resolve
 
 

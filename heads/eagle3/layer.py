@@ -24,7 +24,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from treespec.compat import cache_arg
-from treespec.heads.layer_config import one_layer_config
+from treespec.heads.checkpoints.layer_config import one_layer_config
 
 LAYERS = ("llama", "target")  # which classes build the layer (module docstring); "llama" is the default
 

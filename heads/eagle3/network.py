@@ -14,7 +14,8 @@ decoder layer whose attention reads the token and the feature side by side:
 Entry j of the drafter's sequence pairs committed token x_{j+1} with the target's fused feature at j (as
 EAGLE-1: the drafter's sequence is the target's shifted by one, entry j at position j). A tree node
 deeper than the root's children pairs its token with its parent's ``out`` (H wide, so no fc): the
-drafter runs over its own outputs. Training-time test (heads/unroll.py, heads/eagle3/objective.py) trains exactly that.
+drafter runs over its own outputs. Training-time test (heads/training/unroll.py, heads/eagle3/objective.py) trains
+exactly that.
 
 **Aux layers.** ``aux_layers`` index transformers' ``hidden_states``: ``hidden_states[i]`` is the INPUT of
 decoder layer i (0-based), i.e. the output of layer i - 1; 0 is the embeddings and L (the last) is the
@@ -46,10 +47,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treespec.heads.drafter_folder import architecture, check_fits_target, load_drafter, save_drafter, vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import (
+    architecture,
+    check_fits_target,
+    load_drafter,
+    save_drafter,
+    vocab_size_of,
+)
+from treespec.heads.drafting.lean import LeanProjection
+from treespec.heads.drafting.vocab import DraftVocab
 from treespec.heads.eagle3.layer import Eagle3Layer, check_layer_choice, final_norm, layer_config_for, rotary_for
-from treespec.heads.lean import LeanProjection
-from treespec.heads.vocab import DraftVocab
 from treespec.io import check_float_weights
 from treespec.visibility import causal_mask
 
@@ -84,7 +91,7 @@ def resolve_aux_layers(aux_layers, num_hidden_layers: int) -> tuple[int, ...]:
 
 def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) of the ``draft_vocab_size`` most frequent target ids in ``token_counts`` [V] (frequencies
-    over the loss-masked training tokens; ties go to the smaller id): heads/vocab.py's DraftVocab, in
+    over the loss-masked training tokens; ties go to the smaller id): heads/drafting/vocab.py's DraftVocab, in
     EAGLE-3's buffers. ``draft_vocab_size == V`` gives the identity (d2t all zero)."""
     vocab = DraftVocab.most_frequent(token_counts, draft_vocab_size)
     return vocab.d2t, vocab.t2d
@@ -96,9 +103,9 @@ class Eagle3Model(nn.Module):
     """fc(cat(low, mid, high)) → EAGLE-3's decoder layer → norm → lm_head over the draft vocabulary."""
 
     #: the drafter kind that drives it, and its checkpoint folder's name: eagle3_config.json beside
-    #: eagle3.safetensors (heads/drafter_folder.py)
+    #: eagle3.safetensors (heads/checkpoints/drafter_folder.py)
     kind = "eagle3"
-    #: no stock decoder stack for heads/lean.py's LeanDecoder: its layer reads token and feature side by side
+    #: no stock decoder stack for heads/drafting/lean.py's LeanDecoder: its layer reads token and feature side by side
     decoder = None
 
     def __init__(self, target, *, aux_layers=None, vocab_map: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -180,7 +187,7 @@ class Eagle3Model(nn.Module):
         return self.draft_vocab.scatter(self.draft_logits(out))
 
     def head(self, lean: bool = False):
-        """``logits``, or with ``lean`` the same through a transposed copy of lm_head (heads/lean.py)."""
+        """``logits``, or with ``lean`` the same through a transposed copy of lm_head (heads/drafting/lean.py)."""
         if not lean:
             return self.logits
         projection = LeanProjection.of(self.lm_head)

@@ -2,7 +2,7 @@
 
 EAGLE-3 recipe (Li et al. 2025), training-time test: the target's aux hidden states and logits are
 computed online (frozen, no grad); the drafter is unrolled ``unroll_steps`` times on its own outputs
-(``treespec.heads.unroll.unrolled``, by root): step i scores, for every root entry j of the window, the node at
+(``treespec.heads.training.unroll.unrolled``, by root): step i scores, for every root entry j of the window, the node at
 draft depth i + 1, seeing exactly what sequential drafting sees (step-0 keys causally, then its own chain).
 Step i's loss is weighted ``decay ** i``.
 
@@ -17,8 +17,9 @@ The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the tra
 
 Batches are token windows [b, S] or dicts with a loss mask (chat data: position p is scored when token p + 1
 is trained on) and possibly the target's stored hidden states (train/training/features.py, a ``StoredTarget``). A
-packed batch (several conversations per row, heads/segments.py) keeps the drafter's attention inside each
-conversation (heads/unroll.py) and scores step i's root r only when r and the token it predicts, r + 2 + i, lie in
+packed batch (several conversations per row, heads/training/segments.py) keeps the drafter's attention inside each
+conversation (heads/training/unroll.py) and scores step i's root r only when r and the token it predicts, r + 2 + i,
+lie in
 one conversation.
 """
 
@@ -26,14 +27,14 @@ from __future__ import annotations
 
 import torch
 
-from treespec.heads.batches import batch_parts, shifted_mask
-from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
-from treespec.heads.objective import Recipe, mean_metrics, topk_distillation
-from treespec.heads.segments import packed_positions, same_segment, segment_ids
-from treespec.heads.target_states import target_states
-from treespec.heads.unroll import unrolled
+from treespec.heads.training.batches import batch_parts, shifted_mask
+from treespec.heads.training.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
+from treespec.heads.training.target_states import target_states
+from treespec.heads.training.unroll import unrolled
 
 
 def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,7 +74,7 @@ class RestrictedTarget:
         (loss, top-1 agreement on the valid ones), both 0-d. ``draft_logits``: the logits [b, S - start, Vd],
         or a function from the draft outputs' rows to logits together with those outputs, ``(head, out)``, so
         that the head runs on the valid rows only. ``topk_distill`` = K > 0 adds HASS's top-K distillation over
-        the draft vocabulary × ``topk_weight`` (heads/objective.py). ``inside`` [b, S - start] bool: only these
+        the draft vocabulary × ``topk_weight`` (heads/training/objective.py). ``inside`` [b, S - start] bool: only these
         positions (a packed batch's, whose prediction stays inside one conversation)."""
         valid = self.valid[:, start:] if inside is None else self.valid[:, start:] & inside
         if isinstance(draft_logits, tuple):

@@ -1,6 +1,7 @@
 """EAGLE-3 checkpoints as other projects write and read them, converted to and from treespec's ``Eagle3Model``
-(``UpstreamEagle3Model`` where the checkpoint's layer differs from what the target's config builds). heads/detect.py
-reads the files and the kind (heads/eagle3/kind.py) calls ``eagle3_from_upstream``; heads/export.py calls
+(``UpstreamEagle3Model`` where the checkpoint's layer differs from what the target's config builds).
+heads/checkpoints/detect.py
+reads the files and the kind (heads/eagle3/kind.py) calls ``eagle3_from_upstream``; heads/checkpoints/export.py calls
 ``eagle3_to_upstream`` and writes the files.
 
 **EAGLE-3** (SafeAILab/EAGLE ``cnets.py``; SpecForge; vLLM ``llama_eagle3.py``; SGLang ``llama_eagle3.py``;
@@ -38,11 +39,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from treespec.compat import cache_arg
-from treespec.heads.drafter_folder import load_drafter, vocab_size_of
-from treespec.heads.eagle.network import apply_layer_overrides, conform_linear_biases
-from treespec.heads.eagle3.layer import Eagle3Layer, llama_layer_config
-from treespec.heads.eagle3.network import Eagle3Model, fits
-from treespec.heads.upstream_common import (
+from treespec.heads.checkpoints.drafter_folder import load_drafter, vocab_size_of
+from treespec.heads.checkpoints.upstream_common import (
     Refused,
     base_config,
     bias_keys,
@@ -57,7 +55,10 @@ from treespec.heads.upstream_common import (
     strip_model_prefix,
     verifier_name,
 )
-from treespec.heads.vocab import DraftVocab
+from treespec.heads.drafting.vocab import DraftVocab
+from treespec.heads.eagle.network import apply_layer_overrides, conform_linear_biases
+from treespec.heads.eagle3.layer import Eagle3Layer, llama_layer_config
+from treespec.heads.eagle3.network import Eagle3Model, fits
 
 EAGLE3_LAYER_KEY = re.compile(r"^midlayer\.(self_attn\.[qkvo]_proj\.(weight|bias)|self_attn\.[qk]_norm\.weight"
                               r"|mlp\.(gate|up|down)_proj\.(weight|bias)"

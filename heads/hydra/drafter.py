@@ -25,10 +25,10 @@ import torch
 from treespec.cache import TreeCache
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.accuracy import RankHits
+from treespec.heads.drafting.lean import LeanProjection
 from treespec.heads.hydra.network import HydraHeads
-from treespec.heads.lean import LeanProjection
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.accuracy import RankHits
+from treespec.heads.training.target_states import target_hidden
 from treespec.rows import RowSlots, gather_last, right_aligned
 from treespec.sampling import GREEDY, Sampling, probs, sample, sample_without_replacement, top_k
 from treespec.tree import Tree
@@ -43,7 +43,7 @@ class Hydra(Drafter):
     def __init__(self, heads: HydraHeads, *, default_tree: Tree | None = None, candidates: str = "topk",
                  lean: bool = True):
         """candidates: "topk", "sample" or "without_replacement" (module docstring). lean: heads sharing the target's
-        lm_head project through a transposed copy of it (heads/lean.py)."""
+        lm_head project through a transposed copy of it (heads/drafting/lean.py)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         if default_tree is not None and not isinstance(default_tree, Tree):
@@ -186,7 +186,8 @@ class Hydra(Drafter):
 def rank_accuracy(target, heads: HydraHeads, windows: torch.Tensor, *, top_k: int = 10, batch_size: int = 8,
                   sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[k][r]: the chance that head k's rank-r token at t, its path the window's tokens t + 1 .. t + k + 1, is
-    the token the target emits after them (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1]: what an
+    the token the target emits after them (heads/training/accuracy.py), teacher forced on ``windows`` [n, s + 1]:
+    what an
     accepted path feeds the heads; from root ``first_root`` on."""
     was_training = heads.training
     heads.eval()

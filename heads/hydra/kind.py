@@ -4,11 +4,11 @@ serving stack reads Hydra heads, so it has no upstream layout to export to."""
 
 from __future__ import annotations
 
+from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.hydra import objective
 from treespec.heads.hydra.drafter import Hydra, rank_accuracy
 from treespec.heads.hydra.network import HydraHeads
 from treespec.heads.kind import DrafterKind
-from treespec.heads.upstream_common import Refused
 from treespec.reference import resolve
 
 # the drafter keys a Hydra run reads, beyond the integers and switches every drafter's are checked for

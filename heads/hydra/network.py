@@ -16,7 +16,8 @@ table (the paper's heads read the base model's token embeddings too).
 Hydra++'s options (the paper's §4): ``num_layers`` residual blocks per head (Hydra++ uses 4 layers per head MLP),
 and ``prefix_attention``: one extra decoder layer over the target's hidden states whose output replaces h_t as
 the heads' input (the paper's "prefix attention": it lets the heads query the whole context, not one position).
-It is the target's own decoder-layer class with one layer (heads/layer_config.py's config, as EAGLE builds its
+It is the target's own decoder-layer class with one layer (heads/checkpoints/layer_config.py's config, as EAGLE
+builds its
 layer), fed the hidden states as inputs_embeds, and it enters through a gate that starts at zero,
 
     base_t = h_t + g ⊙ prefix(h_{≤t})_t        g [h], zero-initialised
@@ -31,14 +32,14 @@ import torch
 from torch import nn
 
 from treespec.compat import cache_arg
-from treespec.heads.drafter_folder import (
+from treespec.heads.checkpoints.drafter_folder import (
     architecture,
     check_fits_target,
     load_drafter,
     save_drafter,
     vocab_size_of,
 )
-from treespec.heads.layer_config import one_layer_config
+from treespec.heads.checkpoints.layer_config import one_layer_config
 from treespec.io import load_checked_weights
 
 

@@ -13,7 +13,8 @@ token after a path, not after a context alone (heads/hydra/drafter.py's ``head_o
 
 The prefix-attention layer (``prefix_attention``) trains with the heads, run causally over each window's hidden
 states: what the drafter's cache over the committed positions computes during decoding. In a packed batch
-(heads/segments.py) it and the target attend inside each conversation, and head k at t is scored only where t and
+(heads/training/segments.py) it and the target attend inside each conversation, and head k at t is scored only where
+t and
 t + k + 2 lie in one conversation.
 """
 
@@ -22,17 +23,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treespec.heads.accuracy import accuracy_metrics
-from treespec.heads.batches import batch_parts, shifted_mask
 from treespec.heads.hydra.drafter import Hydra, head_outputs, rank_accuracy
 from treespec.heads.hydra.network import HydraHeads
-from treespec.heads.objective import Recipe, mean_metrics
-from treespec.heads.segments import packed_positions, segment_ids
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.accuracy import accuracy_metrics
+from treespec.heads.training.batches import batch_parts, shifted_mask
+from treespec.heads.training.objective import Recipe, mean_metrics
+from treespec.heads.training.segments import packed_positions, segment_ids
+from treespec.heads.training.target_states import target_hidden
 
 
 def hydra_loss(target, heads: HydraHeads, batch, decay: float, distill: bool) -> tuple[torch.Tensor, dict]:
-    """batch [b, s + 1] (or a dict batch, heads/batches.py). Head k at t, its path batch[t + 1 .. t + k + 1], is scored
+    """batch [b, s + 1] (or a dict batch, heads/training/batches.py). Head k at t, its path batch[t + 1 .. t + k +
+    1], is scored
     on token t + k + 2 (``distill``: on the target's distribution after that path)."""
     positions = packed_positions(batch, heads.device)
     batch, loss_mask, target = batch_parts(batch, target, heads.device)

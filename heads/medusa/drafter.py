@@ -8,11 +8,11 @@ import torch
 from einops import rearrange
 
 from treespec.drafter import Drafter, Proposals
-from treespec.heads.accuracy import RankHits
-from treespec.heads.lean import LeanProjection
+from treespec.heads.drafting.lean import LeanProjection
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
 from treespec.heads.medusa.network import MedusaHeads
-from treespec.heads.target_states import target_hidden
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.training.accuracy import RankHits
+from treespec.heads.training.target_states import target_hidden
 from treespec.sampling import GREEDY, Sampling, top_k
 from treespec.tree import Tree
 
@@ -25,9 +25,9 @@ class Medusa(Drafter):
 
     def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None,
                  lean: bool = True):
-        """draft_vocab: project onto these target ids only (FR-Spec, heads/vocab.py; still lossless).
+        """draft_vocab: project onto these target ids only (FR-Spec, heads/drafting/vocab.py; still lossless).
         lean: heads sharing the target's lm_head project all depths in one product through a transposed copy of
-        it (heads/lean.py) instead of one matrix-vector product per head."""
+        it (heads/drafting/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
         self.max_tree_depth = heads.num_heads  # head k fills depth k + 1
         self.max_tree_depth_note = (f"its {heads.num_heads} heads fill one depth each; give a tree of depth <= "
@@ -74,7 +74,8 @@ class Medusa(Drafter):
 def rank_accuracy(target, heads: MedusaHeads, windows: torch.Tensor, *, top_k: int = 10, batch_size: int = 8,
                   sampling: Sampling = GREEDY, first_root: int = 0) -> list[list[float]]:
     """acc[k][r]: the chance that head k's rank-r token at t is the token t + k + 2 the target emits
-    (heads/accuracy.py), teacher forced on ``windows`` [n, s + 1], from root ``first_root`` on. The walker accepts
+    (heads/training/accuracy.py), teacher forced on ``windows`` [n, s + 1], from root ``first_root`` on. The walker
+    accepts
     the target's own choices, not the corpus's, so that is what the heads are scored against."""
     counter = RankHits(heads.num_heads, top_k, sampling)
     for batch in windows.split(batch_size):

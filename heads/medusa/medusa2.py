@@ -33,14 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treespec.heads.accuracy import accuracy_metrics
-from treespec.heads.batches import batch_parts, shifted_mask, split_batch
-from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.medusa.drafter import Medusa, rank_accuracy
 from treespec.heads.medusa.network import MedusaHeads
 from treespec.heads.medusa.objective import heads_loss
-from treespec.heads.objective import TARGET_FOLDER, Recipe
-from treespec.heads.segments import PackedModel, packed_positions, segment_ids
+from treespec.heads.training.accuracy import accuracy_metrics
+from treespec.heads.training.batches import batch_parts, shifted_mask, split_batch
+from treespec.heads.training.objective import TARGET_FOLDER, Recipe
+from treespec.heads.training.segments import PackedModel, packed_positions, segment_ids
 
 
 class JointMedusa(nn.Module):
@@ -96,7 +96,7 @@ class JointMedusa(nn.Module):
         tokens, loss_mask, _ = batch_parts(batch, None, device)
         inputs = tokens[:, :-1]  # [b, s]
         segments = None if positions is None else segment_ids(positions)
-        # packed (heads/segments.py): both targets' attention inside each conversation
+        # packed (heads/training/segments.py): both targets' attention inside each conversation
         backbone, original = ((self.backbone, self.original) if positions is None else
                               (PackedModel(self.backbone, positions), PackedModel(self.original, positions)))
         with torch.set_grad_enabled(self.joint and torch.is_grad_enabled()):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treespec.heads.drafter_folder import check_fits_target, load_drafter, save_drafter, vocab_size_of
-from treespec.heads.vocab import DraftVocab, ReducedHead
+from treespec.heads.checkpoints.drafter_folder import check_fits_target, load_drafter, save_drafter, vocab_size_of
+from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
 from treespec.io import load_checked_weights
 
 

@@ -3,7 +3,8 @@
 Medusa-1 recipe (Cai et al. 2024): the backbone is frozen; head k learns token t+k+2 from the target's
 final hidden state at t with loss Σ_k w_k · CE_k, w_k = decay^k. Data is corpus text or, by default,
 self-distillation: continuations the target itself sampled from corpus prompts. With a loss mask (chat
-data) head k at t is scored only where token t + k + 2 is trained on; in a packed batch (heads/segments.py) only
+data) head k at t is scored only where token t + k + 2 is trained on; in a packed batch (heads/training/segments.py)
+only
 where t and t + k + 2 lie in one conversation, the target's attention kept inside each.
 """
 
@@ -12,14 +13,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treespec.heads.accuracy import accuracy_metrics
-from treespec.heads.batches import batch_parts, shifted_mask, split_batch
-from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.medusa.drafter import Medusa, rank_accuracy
 from treespec.heads.medusa.network import MedusaHeads
-from treespec.heads.objective import Recipe
-from treespec.heads.segments import packed_segments
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.accuracy import accuracy_metrics
+from treespec.heads.training.batches import batch_parts, shifted_mask, split_batch
+from treespec.heads.training.objective import Recipe
+from treespec.heads.training.segments import packed_segments
+from treespec.heads.training.target_states import target_hidden
 
 
 def medusa_loss(target, heads: MedusaHeads, batch, decay: float) -> tuple[torch.Tensor, dict]:
@@ -36,7 +37,7 @@ def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, batch: torch.Tensor, lo
     """Σ_k decay^k · CE_k of the heads on ``hidden`` [b, s, h], the target's last hidden states over
     ``batch[:, :-1]`` (batch [b, s + 1]); ``loss_mask`` [b, s + 1] or None; ``projections``: the heads'
     vocabulary projections in place of their own (``MedusaHeads.forward``); ``segments`` [b, s + 1]: a packed
-    batch's conversations (heads/segments.py)."""
+    batch's conversations (heads/training/segments.py)."""
     # each head's vocabulary projection runs on the rows it is scored on only: with chat data most rows are
     # prompt or padding, and a [K, b, s, V] stack of full-vocabulary logits dominates a CPU step
     projections = projections or heads.projections or [heads.shared_lm_head] * heads.num_heads

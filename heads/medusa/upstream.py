@@ -16,7 +16,7 @@
   with ``original_lm_head: true``; ``token_map`` / ``truncated_vocab_size`` < vocab (a reduced vocabulary)
   is not supported here.
 
-Pickle files are only ever read with ``torch.load(weights_only=True)`` (heads/detect.py).
+Pickle files are only ever read with ``torch.load(weights_only=True)`` (heads/checkpoints/detect.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import re
 
 import torch
 
-from treespec.heads.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.upstream_common import Refused, dtype_name, verifier_name
 from treespec.heads.medusa.network import MedusaHeads
-from treespec.heads.upstream_common import Refused, dtype_name, verifier_name
 from treespec.io import check_float_weights
 
 MEDUSA1_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")

@@ -5,7 +5,7 @@ One venv per upstream package (their pins conflict with each other and with tree
 venvs on first use (pip, from the registry) and kept: speculators, SpecForge (``--no-deps``: its modeling code),
 eagle-llm (EAGLE-1) and medusa-llm (Medusa-1). For each, with the shipped reference target:
 
-- **export**: a random treespec drafter → ``treespec.heads.export`` → the package's own loader → its logits;
+- **export**: a random treespec drafter → ``treespec.heads.checkpoints.export`` → the package's own loader → its logits;
 - **import**: a random drafter made and saved by the package's own classes → ``treespec.heads.load`` → logits;
 
 and the two sides' logits at every position of a held-out prompt must agree (``atol``). The upstream side runs
@@ -29,11 +29,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from treespec import reference
-from treespec.heads import export, load
+from treespec.heads import load
+from treespec.heads.checkpoints import export
 from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.target_states import target_hidden
 from treespec.train.checks.interop_serving import served_rows
 
 WORKER = Path(__file__).resolve().with_name("interop_worker.py")  # run by path, not imported

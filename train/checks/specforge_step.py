@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from treespec.heads.batches import shifted_mask
+from treespec.heads.checkpoints.export import export
 
 # treespec's EAGLE-3 training code, where it lives today: the one place to update when it moves.
 from treespec.heads.eagle3.objective import (
@@ -39,8 +39,8 @@ from treespec.heads.eagle3.objective import (
     target_states,
     token_counts,
 )
-from treespec.heads.export import export
-from treespec.heads.target_states import target_hidden
+from treespec.heads.training.batches import shifted_mask
+from treespec.heads.training.target_states import target_hidden
 from treespec.reference import load, path, prompts
 
 ENV = "TREESPEC_SPECFORGE_PYTHON"

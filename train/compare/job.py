@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from treespec import reference
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
-from treespec.heads.vocab import DraftVocab
+from treespec.heads.drafting.vocab import DraftVocab
 from treespec.io import single_run
 from treespec.planning.chain_tau import measure_chain_tau
 from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost

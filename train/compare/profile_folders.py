@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from treespec.heads.accuracy import write_accuracy
+from treespec.heads.training.accuracy import write_accuracy
 from treespec.planning.autotree import COST_CURVE_FILE, write_cost_record
 from treespec.planning.chain_tau import save_chain_tau
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import registry
-from treespec.heads.detect import resolve_source
+from treespec.heads.checkpoints.detect import resolve_source
 from treespec.heads.kind import DrafterKind
 from treespec.planning.tree_spec import build_tree
 from treespec.reference import PREFIX, resolve

@@ -6,7 +6,7 @@ evaluation whose per-step acceptance lengths are logged (scalars, a table, a his
 vanilla decoding, and a summary a researcher reads (train/training/run_summary.py). ``prepare_features`` is
 ``scripts/prepare_features.py``.
 
-What differs per drafter is its ``Recipe`` (heads/objective.py), found by the drafter's registry name.
+What differs per drafter is its ``Recipe`` (heads/training/objective.py), found by the drafter's registry name.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from treespec.heads import registry
-from treespec.heads.export import formats as export_formats
-from treespec.heads.objective import TARGET_FOLDER
+from treespec.heads.checkpoints.export import formats as export_formats
+from treespec.heads.training.objective import TARGET_FOLDER
 from treespec.io import single_run, weights_digest
 from treespec.planning.autotree import saved_chooser
 from treespec.planning.bench import Config, Row, measure

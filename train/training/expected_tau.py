@@ -6,7 +6,7 @@ there than on human-written text (train/training/data.py ``own_continuations``);
 the τ decoding reaches, accuracies on human text underestimate it. The continuations are generated once
 (greedy) at the start of the run, so each evaluation is one pass of the drafter over a small fixed set.
 
-From the accuracies acc[d][r] (heads/accuracy.py: the drafter's rank-r token at depth d + 1 is the target's
+From the accuracies acc[d][r] (heads/training/accuracy.py: the drafter's rank-r token at depth d + 1 is the target's
 argmax) the analysis (treespec.planning.analysis: Medusa's estimate, depths taken as independent) gives
 
 - ``eval/acc_depth_k``: top-1 at depth k (k = 1..the drafter's measured depth);

@@ -2,7 +2,7 @@
 at the end of training (train/training/drafter_job.py):
 
 - cost_curve.json: this machine's cost model, measured as ``load_profile`` and the comparison measure it
-  (heads/local_profile.py: the target's curve alone and after the drafter's calls, the drafting costs, the
+  (heads/checkpoints/local_profile.py: the target's curve alone and after the drafter's calls, the drafting costs, the
   engine's cost per step), with the machine, the target and the weights it was measured for, so that
   ``load_profile(folder, target)`` on this machine uses it as it is and measures afresh anywhere else;
 - chain_tau.json: each rule's τ of sampled chains (treespec/planning/chain_tau.py) at temperature 1 (and at the
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from treespec.heads import registry
-from treespec.heads.local_profile import about, files_fingerprint, measure_cost_model
+from treespec.heads.checkpoints.local_profile import about, files_fingerprint, measure_cost_model
 from treespec.planning.autotree import COST_CURVE_FILE, DEFAULT_SIZES, write_cost_record
 from treespec.planning.chain_tau import DEPTH, measure_chain_tau, save_chain_tau
 from treespec.sampling import Sampling

@@ -3,7 +3,8 @@
 A drafter some consumer cannot represent (an EAGLE-3 layer with the target's q/k norms, a treespec-variant EAGLE,
 Medusa blocks that differ) used to be found out only at export, after training. The job now builds the drafter
 it is about to train once more, as a probe, before any data is prepared, logs which formats
-(``treespec.heads.export.CONSUMERS``) it can be exported to and why not the others, and refuses to start when
+(``treespec.heads.checkpoints.export.CONSUMERS``) it can be exported to and why not the others, and refuses to start
+when
 ``export_to`` (conf/train_heads.yaml) names one it cannot reach.
 """
 
@@ -12,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from treespec.heads import registry
-from treespec.heads.drafter_folder import vocab_size_of
-from treespec.heads.export import CONSUMERS, formats
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.export import CONSUMERS, formats
 
 
 def check_export_names(cfg) -> list[str]:
@@ -36,7 +37,8 @@ def refusals(reach: dict[str, str | None]) -> dict[str, list[str]]:
 
 
 def check_export_targets(cfg, target, recipe, *, log: bool = True) -> list[str]:
-    """Build the drafter ``recipe`` (heads/objective.py's function) makes for ``target`` as a probe (the global RNG is
+    """Build the drafter ``recipe`` (heads/training/objective.py's function) makes for ``target`` as a probe (the
+    global RNG is
     left as it was), print (``log``) the formats it can be exported to and why not the others, and raise ValueError when
     ``export_to`` names one it cannot reach. Returns the reachable formats."""
     wanted = check_export_names(cfg)

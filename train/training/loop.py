@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from treespec.heads.batches import batch_rows, batch_size_of, batch_to, batch_tokens
+from treespec.heads.training.batches import batch_rows, batch_size_of, batch_to, batch_tokens
 from treespec.train.training import distributed
 from treespec.train.training.checkpoint import (
     clear_checkpoints,

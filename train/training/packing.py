@@ -3,9 +3,11 @@ of ``data.chat.max_length`` tokens (``trainer.seq_len`` by default), as SpecForg
 one conversation per right-padded row, where short conversations leave most of a row padding.
 
 **Attention and loss stay inside each conversation.** A packed row carries ``position_ids`` that restart at 0 with
-each conversation; the drafters' objectives read them (heads/segments.py): the target and any transformers model
+each conversation; the drafters' objectives read them (heads/training/segments.py): the target and any transformers
+model
 attend block-diagonally (transformers builds that mask from per-document position ids; ``check_packing`` makes sure
-the target does), the EAGLE drafters' own layers get the same relation as an additive mask (heads/unroll.py), and no
+the target does), the EAGLE drafters' own layers get the same relation as an additive mask
+(heads/training/unroll.py), and no
 token is predicted across a boundary (``shifted_mask``'s ``segments``). A packed batch therefore trains exactly what
 its conversations run one at a time would (tests/test_packing.py), only in fewer, fuller rows.
 
@@ -26,7 +28,7 @@ import bisect
 
 import torch
 
-from treespec.heads.segments import PackedModel
+from treespec.heads.training.segments import PackedModel
 from treespec.train.training.data import permuted_indices
 
 

@@ -175,7 +175,7 @@ def export_lines(formats: dict[str, str | None], export_dir, target: str) -> lis
 
 def top1_lines(kind: DrafterKind, val_metrics: dict, summary: dict, probe_acc: list[list[float]] | None) -> list[str]:
     """Depth-1 top-1 agreement under each definition the run logged, named so that they are not confused: the two
-    rank accuracies measured as decoding drafts (heads/accuracy.py: every position, EAGLE drafting over its own
+    rank accuracies measured as decoding drafts (heads/training/accuracy.py: every position, EAGLE drafting over its own
     outputs), during training on the target's own continuations (eval/acc_depth_k, train/training/expected_tau.py)
     and at export on the run's held-out windows (head_accuracy.json), and the in-training top-1 that ``kind``'s
     loop logs as a validation metric (``kind.top1_metric``, counting ``kind.top1_meaning``)."""

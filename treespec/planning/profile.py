@@ -8,7 +8,7 @@
     out.tree                                                            # the tree "auto" chose
 
 - ``accuracy[d][r]``: the chance that the rank-r candidate at depth d + 1 is the token the target emits there
-  (a trained folder's head_accuracy.json, heads/accuracy.py);
+  (a trained folder's head_accuracy.json, heads/training/accuracy.py);
 - ``chain_tau``: each acceptance rule's τ of sampled chains in closed form (treespec.planning.chain_tau), for
   drafters that sample their candidates: one measurement, or a list of them at different samplings (chain_tau.json);
 - ``tree_chooser``: ``(accuracy, max_nodes) → Tree`` on this device's cost model

@@ -1,6 +1,7 @@
 """A feature drafter's own decoder layer, configured from the target's: one layer, full attention (its tree
 expansion rolls a plain KV cache back) and an attention implementation that takes a float tree mask. EAGLE-1's
-layer (heads/eagle/network.py), EAGLE-3's (heads/eagle3/layer.py) and the upstream layouts' (heads/upstream_common.py)
+layer (heads/eagle/network.py), EAGLE-3's (heads/eagle3/layer.py) and the upstream layouts'
+(heads/checkpoints/upstream_common.py)
 all start from it.
 """
 

@@ -1,5 +1,5 @@
 """EAGLE-2's dynamic tree grown on the device (Li et al. 2024b; the rule itself: treespec/dynamic_tree.py), for the
-drafters that expand depth by depth over their own cache (heads/expansion.py).
+drafters that expand depth by depth over their own cache (heads/drafting/expansion.py).
 
 Each row grows its own tree with the same budget, in fixed shapes, as SGLang grows it: the root's k = ``top_k``
 children, then at every further depth the k newest nodes with the best cumulative draft log-probability (in float64,

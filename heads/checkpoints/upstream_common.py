@@ -12,8 +12,8 @@ import re
 import torch
 from torch import nn
 
-from treespec.heads.drafter_folder import vocab_size_of
-from treespec.heads.layer_config import one_layer_config
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
+from treespec.heads.checkpoints.layer_config import one_layer_config
 from treespec.io import check_float_weights
 
 

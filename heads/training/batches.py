@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from treespec.heads.segments import PackedModel, packed_positions, same_segment
+from treespec.heads.training.segments import PackedModel, packed_positions, same_segment
 
 # -- batches: a LongTensor of token windows, or a dict of row-aligned tensors ---------------------------------
 # A batch is either a LongTensor [b, S] (corpus windows, every position trained on) or a dict with
@@ -20,7 +20,7 @@ from treespec.heads.segments import PackedModel, packed_positions, same_segment
 # "hidden.<i>" [b, S, h] (the target's hidden_states[i]). Rows are right-padded: under causal attention no real
 # token sees padding, so padding never needs a mask in the forward passes, only in the losses. A packed batch
 # (several conversations per row, train/training/packing.py) adds "position_ids" [b, S], restarting at 0 with each
-# conversation: heads/segments.py keeps attention and the losses inside each one.
+# conversation: heads/training/segments.py keeps attention and the losses inside each one.
 Batch = torch.Tensor | dict
 
 
@@ -119,7 +119,7 @@ def batch_parts(batch, target, device=None):
     """(input_ids [b, S], loss mask [b, S] or None, the target, a ``StoredTarget`` or a ``PackedModel``) of any
     batch form (train/training/data.py), on ``device`` when given. Stored states were computed one conversation at
     a time, so a packed batch's ``StoredTarget`` needs no position ids; a packed batch run online gets the target
-    wrapped so that its attention stays inside each conversation (heads/segments.py)."""
+    wrapped so that its attention stays inside each conversation (heads/training/segments.py)."""
     if device is not None:
         batch = batch_to(batch, device)
     if torch.is_tensor(batch):
@@ -135,7 +135,7 @@ def shifted_mask(loss_mask: torch.Tensor, shift: int, width: int, segments: torc
                  ) -> torch.Tensor:
     """[b, S] loss mask → [b, width] bool whose entry j is ``loss_mask[:, j + shift]`` (False past the end):
     whether the token an entry (a position, a drafter entry, a head's position) predicts is trained on. With a
-    packed batch's ``segments`` [b, S] (heads/segments.py), also whether position j and the token j + shift lie
+    packed batch's ``segments`` [b, S] (heads/training/segments.py), also whether position j and the token j + shift lie
     in one conversation: no token is predicted across a boundary."""
     b, s = loss_mask.shape
     out = torch.zeros(b, width, dtype=torch.bool, device=loss_mask.device)

@@ -16,7 +16,7 @@ one of two ways:
 * a ``DynamicTree`` (EAGLE-2, Li et al. 2024b): at each depth the ``top_k`` newest nodes with the highest
   cumulative draft log-probability are expanded, each proposing its ``top_k`` likeliest children; the best
   ``total_tokens`` nodes are then kept as a connected Tree whose ranks follow draft probability, so the walker
-  tries siblings in that order (deterministic candidates). Grown on the device (heads/grow_dynamic.py).
+  tries siblings in that order (deterministic candidates). Grown on the device (heads/drafting/grow_dynamic.py).
 
 Nothing is read back to the host while a static tree grows: candidates stay on the device, and what the masks
 and positions need (which node sees which) is the tree's shape, known beforehand (docs/design.md, "Host reads
@@ -46,7 +46,7 @@ import torch
 from treespec.cache import PreallocatedLayer, SlidingWindowLayer
 from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals, own_nodes
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads.grow_dynamic import grow_dynamic
+from treespec.heads.drafting.grow_dynamic import grow_dynamic
 from treespec.recurrent import DraftRows, is_recurrent
 from treespec.rows import RowSlots
 from treespec.sampling import Sampling, probs, sample, sample_without_replacement, top_k

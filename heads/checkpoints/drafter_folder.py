@@ -2,7 +2,7 @@
 and the one check every drafter makes against the target it is given (``check_fits_target``).
 
 Weights are safetensors only (no pickle is ever loaded), written atomically; the accuracy file that may
-sit beside them is heads/accuracy.py's.
+sit beside them is heads/training/accuracy.py's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A drafter kind's training objective, as the drafter-training job (train/training/drafter_job.py) takes it: a
 ``Recipe``. Each trainable kind's ``recipe(cfg, target, train_tokens)`` (heads/<kind>/kind.py) builds its own from
 heads/<kind>/objective.py; ``train_tokens`` is the training stream, for recipes that need its statistics
-(EAGLE-3's draft vocabulary). A loss reads batches through heads/batches.py and nothing of train/.
+(EAGLE-3's draft vocabulary). A loss reads batches through heads/training/batches.py and nothing of train/.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from treespec.heads.accuracy import accuracy_metrics, write_accuracy
-from treespec.heads.batches import split_batch
+from treespec.heads.training.accuracy import accuracy_metrics, write_accuracy
+from treespec.heads.training.batches import split_batch
 
 # where a recipe that fine-tunes the target (Medusa-2) exports it, inside the drafter's export folder
 TARGET_FOLDER = "target"

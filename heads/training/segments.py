@@ -15,7 +15,7 @@ diagonal causal mask itself from its mask functions, so a sliding-window layer k
 would replace it); tests/test_packing.py checks sdpa and eager. ``PackedModel`` therefore passes
 ``use_cache=False``: with a cache the detection is off and attention would cross conversations. The drafting job
 checks once that the target honours it (train/training/packing.py's ``check_packing``). The EAGLE drafters' own
-layers run with a cache (the training-time unroll) and an explicit additive mask (heads/unroll.py takes
+layers run with a cache (the training-time unroll) and an explicit additive mask (heads/training/unroll.py takes
 ``segments``).
 """
 

@@ -117,7 +117,7 @@ def export(drafter_or_module, target, out_dir, to: str, *, verifier: str | None 
     else:  # the pickle the original project reads (a plain dict of tensors; treespec reads it weights_only)
         atomic_write(out / filename, lambda tmp: torch.save(tensors, tmp))
     atomic_write_json(out / "config.json", config, indent=2)
-    atomic_write_json(out / MANIFEST, {"written_by": "treespec.heads.export", "to": to,
+    atomic_write_json(out / MANIFEST, {"written_by": "treespec.heads.checkpoints.export", "to": to,
                                        "files": sorted([filename, "config.json", MANIFEST])}, indent=1)
     return out
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
-from treespec.heads.segments import segment_causal_mask, segment_ids
+from treespec.heads.training.segments import segment_causal_mask, segment_ids
 from treespec.visibility import dense_mask, relation_mask
 
 
@@ -35,7 +35,8 @@ def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device
     [1, 1, n − step, Σ_{m<=step} (n − m)] ``by_root``, else [1, 1, n, (step + 1)·n]. A query drafted from
     root r sees step-0 keys t <= r and, of each step m in 1..step, root r's key only (its own chain, itself
     last): the ancestor relation of the chain drafted from r. With a packed batch's ``segments`` [b, n] (the
-    conversation of each entry, heads/segments.py) the step-0 keys are also those of root r's conversation only,
+    conversation of each entry, heads/training/segments.py) the step-0 keys are also those of root r's conversation
+    only,
     and the mask is [b, 1, ., .]."""
 
     def roots(m: int) -> torch.Tensor:  # [entries of step m]: the root each one is drafted from
@@ -61,7 +62,7 @@ def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int,
     for i = 0..steps, lazily (a caller may stop early): the model's outputs at draft depth i + 1, whose
     logits predict token r + 2 + i for root r. ``by_root``: out_i [b, n − i, h], entry r = root r; else
     out_i [b, n, h], entry j = root j − i (module docstring). ``positions`` [b, S]: a packed batch's position ids
-    (heads/segments.py): entry j sits at its conversation's position j and attends inside it only."""
+    (heads/training/segments.py): entry j sits at its conversation's position j and attends inside it only."""
     n = input_ids.shape[1] - 1
     steps = max(0, min(steps, n - 1))
     cache = DynamicCache(config=model.layer_config) if steps else None
