@@ -82,7 +82,8 @@ def cost_record(target, drafter, folder, log=print) -> dict:
     def measure() -> dict:  # checked before it is cached, and when it is read back
         busy = other_work(target, entry("cost_model", name), log)
         return check_cost_record(measure_cost_model(target, drafter).record(**about(target, drafter_key),
-                                                                            busy_cores=busy), where)
+                                                                            busy_cores=busy), where,
+                                 measured=True)
 
     return check_cost_record(cached("cost_model", name, measure, log), where)
 

@@ -328,7 +328,7 @@ def save_cost_curve(folder, curve: dict[int, float], **kwargs) -> Path:
 
 def write_cost_record(path, record: dict) -> Path:
     """``record`` (a ``cost_curve_record``) as JSON at ``path``, checked first (``check_cost_record``)."""
-    record = check_cost_record(record, path)
+    record = check_cost_record(record, path, measured=True)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(Path(path), record, indent=1)
 

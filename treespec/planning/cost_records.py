@@ -38,9 +38,11 @@ def tree_size(key, where) -> int:
     return int(text)
 
 
-def check_cost_record(record, where) -> dict:
+def check_cost_record(record, where, *, measured: bool = False) -> dict:
     """``record`` with its curve's sizes as ints and every cost checked (module docstring): slightly negative
-    terms read as 0; ``where`` (the file) is named in every error and warning."""
+    terms read as 0; ``where`` (the file) is named in every error and warning. ``measured``: a measurement just
+    taken, being written: any negative engine term is then a busy machine's noise (a step's median minus a pass
+    timed alone), stored as 0 with a warning rather than failing the job that measured it (a training's end)."""
     if not isinstance(record, dict) or not isinstance(record.get("curve"), dict) or not record["curve"]:
         raise ValueError(f"cost record {where} must hold {{\"curve\": {{tree tokens: seconds}}, ...}}, got "
                          f"{str(record)[:80]}")
@@ -66,7 +68,7 @@ def check_cost_record(record, where) -> dict:
         if record.get(term) is None:  # a file written before that term was measured: 0
             continue
         value = out[term] = seconds(record[term], term, where)
-        if value < -one:
+        if value < -one and not measured:
             raise ValueError(f"cost record {where}: {term} = {value} s, more negative than a whole one-token pass "
                              f"({one:.3g} s): not a measurement")
         if value < 0:  # step minus pass alone, each a median: a busy machine's noise
