@@ -27,25 +27,28 @@ from .models import (
 from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
 from .upstream_checkpoints import (
-    INTEROP_PROMPT,
     UPSTREAM_CASES,
-    check_proposal,
     eagle1_official,
     eagle3_layer,
     eagle3_specforge,
     eagle3_speculators,
-    fresh_drafter,
-    interop_targets,
     medusa1,
     norm_w,
-    proposals_of,
-    recorded_run,
     rnd,
     speculators_config,
     synthesise,
+    write_checkpoint,
+)
+from .upstream_reference import (
+    INTEROP_PROMPT,
+    check_proposal,
+    fresh_drafter,
+    interop_targets,
+    proposals_of,
+    recorded_run,
     target_hidden_states,
     tiny_qwen2,
-    write_checkpoint,
+    tiny_qwen3,
 )
 from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_two_counts, logits_with_argmax
 from .wandb_logs import wandb_run_contains
@@ -62,6 +65,6 @@ __all__ = [
     "recorded_run", "rnd",
     "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
     "synthesise",
-    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_trained_target",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
     "wandb_run_contains", "write_checkpoint", "write_jsonl",
 ]
