@@ -11,6 +11,7 @@ from .chat_data import (
     tiny_chat_target,
     write_jsonl,
 )
+from .dflash_drafters import dflash_prompt, dflash_target, random_dflash, trained_dflash
 from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
@@ -55,16 +56,13 @@ from .wandb_logs import wandb_run_contains
 
 __all__ = [
     "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
-    "UNEVEN",
-    "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
-    "chat_tokenizer",
-    "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
-    "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
-    "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",
-    "proposals_of", "random_eagle", "random_eagle3", "random_heads", "random_hydra", "record_proposals",
-    "recorded_run", "rnd",
-    "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
-    "synthesise",
-    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
-    "wandb_run_contains", "write_checkpoint", "write_jsonl",
+    "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
+    "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "dflash_prompt", "dflash_target",
+    "eagle1_official", "eagle3_layer", "eagle3_specforge", "eagle3_speculators", "exact_distribution",
+    "first_two_counts", "free_port", "fresh_drafter", "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax",
+    "medusa1", "norm_w", "perturbed", "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads",
+    "random_hydra", "record_proposals", "recorded_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
+    "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "target_hidden_states",
+    "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target", "trained_dflash",
+    "wandb_run_contains", "write_checkpoint", "write_jsonl"
 ]
