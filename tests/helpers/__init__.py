@@ -27,6 +27,7 @@ from .models import (
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
+from .report_results import REPORT_PEERS, REPORT_PLAN, md_table_of, rendered_run, synthetic_result, with_categories
 from .upstream_checkpoints import (
     UPSTREAM_CASES,
     eagle1_official,
@@ -55,14 +56,15 @@ from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_tw
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
-    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
-    "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
-    "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "dflash_prompt", "dflash_target",
-    "eagle1_official", "eagle3_layer", "eagle3_specforge", "eagle3_speculators", "exact_distribution",
-    "first_two_counts", "free_port", "fresh_drafter", "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax",
-    "medusa1", "norm_w", "perturbed", "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads",
-    "random_hydra", "record_proposals", "recorded_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
-    "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "target_hidden_states",
-    "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target", "trained_dflash",
-    "wandb_run_contains", "write_checkpoint", "write_jsonl"
+    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
+    "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest",
+    "accept_everything", "assert_ok", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "conversations",
+    "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "eagle3_specforge", "eagle3_speculators",
+    "exact_distribution", "first_two_counts", "free_port", "fresh_drafter", "heads_cfg", "hf_greedy", "interop_targets",
+    "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed", "proposals_of", "random_dflash",
+    "random_eagle", "random_eagle3", "random_heads", "random_hydra", "record_proposals", "recorded_run", "rendered_run",
+    "rnd", "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
+    "synthesise", "synthetic_result", "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2",
+    "tiny_qwen3", "tiny_trained_target", "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint",
+    "write_jsonl"
 ]
