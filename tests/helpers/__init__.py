@@ -3,6 +3,7 @@ import ...``), never from one another (tests/test_layering.py checks it)."""
 
 from .chat_data import (
     BAD_ROWS,
+    SPEC_BENCH_ROWS,
     TINY_DRAFT,
     WORDS,
     chat_tokenizer,
@@ -57,14 +58,14 @@ from .wandb_logs import wandb_run_contains
 
 __all__ = [
     "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
-    "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest",
-    "accept_everything", "assert_ok", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "conversations",
-    "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "eagle3_specforge", "eagle3_speculators",
-    "exact_distribution", "first_two_counts", "free_port", "fresh_drafter", "heads_cfg", "hf_greedy", "interop_targets",
-    "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed", "proposals_of", "random_dflash",
-    "random_eagle", "random_eagle3", "random_heads", "random_hydra", "record_proposals", "recorded_run", "rendered_run",
-    "rnd", "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
-    "synthesise", "synthetic_result", "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2",
-    "tiny_qwen3", "tiny_trained_target", "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint",
-    "write_jsonl"
+    "SPEC_BENCH_ROWS", "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World",
+    "accept_deepest", "accept_everything", "assert_ok", "chat_tokenizer", "check_proposal", "chi2_pvalue",
+    "compose_cfg", "conversations", "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer",
+    "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
+    "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",
+    "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",
+    "record_proposals", "recorded_run", "rendered_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
+    "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "synthetic_result",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
+    "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint", "write_jsonl"
 ]
