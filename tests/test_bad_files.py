@@ -236,7 +236,7 @@ def test_model_shards_outside_the_folder_are_refused(model_folder):
 
 def test_a_vllm_medusa_export_missing_one_bias_is_refused(tmp_path):
     """Its config says medusa_fc_bias: a deleted bias tensor would load as zeros, silently."""
-    from treespec.heads.checkpoints import export
+    from treespec.heads.checkpoints.export import export
 
     from .helpers import random_heads
 

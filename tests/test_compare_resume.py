@@ -81,7 +81,7 @@ def assert_same_counts(resumed: dict, whole: dict) -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def no_figures():
-    """The report's figures take most of a tiny comparison's time and are tested in test_report.py: here the
+    """The report's figures take most of a tiny comparison's time and are tested in test_report_figures.py: here the
     report is only written as results.json (the measurement's own record)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness, "write_outputs", lambda result, out_dir, logger: save_result(result, out_dir))

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from treespec.heads.checkpoints import export
-from treespec.heads.checkpoints.export import MANIFEST
+from treespec.heads.checkpoints.export import MANIFEST, export
 
 from .helpers import random_eagle3, random_heads, tiny_llama
 

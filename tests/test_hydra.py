@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from treespec import Tree, generate, reference
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import Hydra, HydraHeads, load, registry
-from treespec.heads.checkpoints import export
+from treespec.heads.checkpoints.export import export
 from treespec.heads.hydra.drafter import rank_accuracy
 from treespec.heads.training.target_states import target_hidden
 from treespec.sampling import Sampling

@@ -1,10 +1,10 @@
 """Exporting drafters to each consumer's layout (heads/checkpoints/export.py; the loading side:
-tests/test_interop_load.py).
+tests/test_interop_load.py; what an export refuses: tests/test_export_refusals.py).
 
 Exports are loaded back (identical proposals) and checked against each consumer's loading rules, written down
 below as data from the consumer's source (vLLM, SGLang, speculators, SafeAILab's EAGLE, FasterDecoding's
 Medusa); loaded upstream checkpoints (tests/helpers/upstream_checkpoints.py) re-export to every consumer that can
-hold them, and what a consumer cannot represent is refused before anything is written.
+hold them.
 """
 
 import json
@@ -15,19 +15,17 @@ import torch
 from safetensors.torch import load_file
 
 from treespec.heads import load, registry
-from treespec.heads.checkpoints import export
-from treespec.heads.checkpoints.export import MANIFEST
+from treespec.heads.checkpoints.export import MANIFEST, export
 from treespec.heads.checkpoints.upstream_common import Refused
-from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
-from treespec.heads.medusa import MedusaHeads
 
-from .helpers import fresh_drafter, interop_targets, proposals_of, synthesise
+from .helpers import fresh_drafter, interop_targets, proposals_of, synthesise, tiny_qwen3
 
 
 @pytest.fixture(scope="module")
 def targets():
     return interop_targets()
+
 
 
 # -- what each consumer loads, from its source (the rules exports are checked against) ----------------------------
@@ -317,56 +315,7 @@ def test_upstream_checkpoints_re_export(name, tmp_path, targets):
     assert status == expected, done
 
 
-# -- refusals ----------------------------------------------------------------------------------------------------
-def test_exports_that_a_consumer_cannot_represent_are_refused(tmp_path, targets):
-    llama, qwen = targets["llama"], targets["qwen2"]
-    torch.manual_seed(0)
-    untied = MedusaHeads(32, 64, num_heads=2, num_layers=2, lm_head=llama.get_output_embeddings())
-    with torch.no_grad():
-        untied.blocks[0][1].linear.weight.normal_()
-    cases = [
-        (EagleModel(llama), llama, "sglang", "input norm on layer 0 and a final norm"),
-        (EagleModel(llama, feature_layers=(1, 2, -1), variant="upstream"), llama, "vllm", "fused EAGLE drafter"),
-        (EagleModel(llama, variant="upstream"), llama, "vllm", r"no fc\.bias .* nonzero"),
-        (EagleModel(llama, variant="upstream"), llama, "speculators", "eagle3 format only"),
-        (EagleModel(llama, variant="upstream"), llama, "medusa", "cannot be written as Medusa"),
-        (Eagle3Model(qwen, layer="target"), qwen, "sglang",  # the target's own class: Qwen2's q/k/v biases
-         r"no midlayer\.self_attn\.[qkv]_proj\.bias \(SGLang's EAGLE-3 q/k/v"),
-        (Eagle3Model(llama), llama, "eagle", r"hard-codes aux layers \(2, L//2, L-3\)"),
-        (Eagle3Model(llama, aux_layers=(0, 2, 3)), llama, "vllm", "inputs of decoder layers 1..3 only"),
-        (Eagle3Model(llama), llama, "medusa", "cannot be written as Medusa"),
-        (MedusaHeads(32, 64, num_heads=2, lm_head=llama.get_output_embeddings()), llama, "sglang",
-         "does not load Medusa"),
-        (untied, llama, "medusa", "repeats one residual block"),
-    ]
-    for module, target, consumer, message in cases:
-        with pytest.raises(Refused, match=message):
-            export(module, target, tmp_path / "x", to=consumer)
-        assert not (tmp_path / "x").exists()  # nothing written
-    nbr = load(synthesise("eagle3-speculators-llama", tmp_path, targets)[1], llama).model
-    with pytest.raises(Refused, match="norm_before_residual"):
-        export(nbr, llama, tmp_path / "y", to="sglang")
-    (tmp_path / "z").mkdir()
-    (tmp_path / "z" / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match="already holds pytorch_model.bin"):
-        export(Eagle3Model(llama), llama, tmp_path / "z", to="vllm")
-    with pytest.raises(ValueError, match="to must be one of"):
-        export(Eagle3Model(llama), llama, tmp_path / "w", to="tgi")
-
-
-
-# -- exports as their consumers load them -------------------------------------------------------------
-def tiny_qwen3(vocab=64, layers=4, seed=0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                         initializer_range=0.2, attn_implementation="sdpa", bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None)
-    return Qwen3ForCausalLM(config).eval()
-
-
+# -- exports as their consumers load them ------------------------------------------------------------------------------
 def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     """The EAGLE-3 layer is Llama-style by default whatever the target, so a head for a Qwen3 target exports to
     vLLM, SGLang and speculators and loads back identically; the target's own classes (q/k norms) stay an
@@ -390,24 +339,6 @@ def test_a_qwen3_head_exports_to_every_serving_stack(tmp_path):
     assert {c for c, why in formats(model, qwen3).items() if why is None} >= {"vllm", "sglang", "speculators"}
 
 
-def test_training_checks_export_targets_at_start_up(capsys):
-    from treespec.heads.eagle3 import objective as eagle3_recipe
-    from treespec.train.training.exportable import check_export_targets
-
-    from .helpers import compose_cfg
-
-    qwen3 = tiny_qwen3()
-    state = torch.random.get_rng_state()
-    cfg = compose_cfg("train_heads", ["drafter=eagle3", "drafter.draft_vocab_size=24", "export_to=[vllm,speculators]"])
-    assert {"vllm", "sglang", "speculators"} <= set(check_export_targets(cfg, qwen3, eagle3_recipe.recipe))
-    assert torch.equal(state, torch.random.get_rng_state())  # the probe leaves the run's seed alone
-    assert "eagle3: exportable to" in capsys.readouterr().out
-    cfg = compose_cfg("train_heads", ["drafter=eagle3", "drafter.layer=target", "export_to=[vllm]"])
-    with pytest.raises(ValueError, match=r"export_to names vllm, which this eagle3 drafter cannot be exported to: "
-                                         r"vllm: .*q/k norms.*\(drafter\.layer=llama"):
-        check_export_targets(cfg, qwen3, eagle3_recipe.recipe)
-
-
 def test_speculators_export_carries_the_targets_token_table(tmp_path, targets):
     """speculators' loader builds embed_tokens and leaves it all zeros when the file lacks it: the export carries
     the target's table (treespec reads it back as the target's, not a table of the drafter's own)."""
@@ -417,26 +348,3 @@ def test_speculators_export_carries_the_targets_token_table(tmp_path, targets):
     table = load_file(folder / "model.safetensors")["embed_tokens.weight"]
     assert torch.equal(table, llama.get_input_embeddings().weight.detach())
     assert getattr(load(folder, llama).model, "embed_tokens", None) is None
-
-
-def test_the_verifier_is_a_name_another_machine_resolves(tmp_path, targets):
-    """speculators records the target it verifies with; a local folder would fail on any other machine."""
-    llama = targets["llama"]
-    model = fresh_drafter("eagle3", llama)
-    llama.config._name_or_path = str(tmp_path / "my-target")
-    (tmp_path / "my-target").mkdir()
-    try:
-        with pytest.raises(ValueError, match=r"local folder .*my-target.* verifier='org/name' .*--verifier"):
-            export(model, llama, tmp_path / "a", to="speculators")
-        assert not (tmp_path / "a").exists()
-        folder = export(model, llama, tmp_path / "b", to="speculators", verifier="org/target")
-        assert json.loads((folder / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] \
-            == "org/target"
-        export(model, llama, tmp_path / "c", to="vllm")  # vLLM's own layout records no verifier
-        llama.config._name_or_path = "meta-llama/Llama-3.1-8B-Instruct"
-        folder = export(model, llama, tmp_path / "d", to="speculators")
-        assert json.loads((folder / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] \
-            == "meta-llama/Llama-3.1-8B-Instruct"
-    finally:
-        llama.config._name_or_path = ""
-

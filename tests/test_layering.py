@@ -4,7 +4,8 @@ jobs, heads/ never train/; so no two layers import each other, and no module imp
 layer. Inside the core, planning (treespec/planning/) sits above the loop, which never imports it. Every import
 counts, also inside functions and under TYPE_CHECKING. ruff's banned-api rules (per-folder ruff.toml) enforce the
 same in the linter; this test runs ruff too, so the README's test command fails on a new violation. The test suite
-has one rule of its own: test modules take shared helpers from tests/helpers and never import one another."""
+has one rule of its own: test modules take shared helpers from tests/helpers and never import one another. And no
+module (treespec/, heads/, masks/, train/, scripts/, tests/) is over 400 lines: one concept each."""
 
 import ast
 import subprocess
@@ -300,3 +301,45 @@ def test_setup_cfg_lists_every_package():
     listed = {p.strip() for p in cfg["options"]["packages"].replace(",", "\n").split() if p.strip()}
     found = {m for m, path in modules().items() if path.stem == "__init__"}
     assert listed == found, f"setup.cfg's packages: missing {sorted(found - listed)}, extra {sorted(listed - found)}"
+
+
+# -- no module over 400 lines ----------------------------------------------------------------------------------
+MAX_LINES = 400
+SIZED = ("treespec", "heads", "masks", "train", "scripts", "tests")  # the folders whose modules are held to it
+
+
+def tracked_python(root: Path = ROOT) -> list[Path]:
+    """The .py files git tracks under SIZED (every .py file there where ``root`` is not a git checkout)."""
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--", *SIZED], capture_output=True, text=True, cwd=root)
+    except FileNotFoundError:  # no git on this machine
+        done = None
+    if done is None or done.returncode != 0:
+        return sorted(p for d in SIZED for p in (root / d).rglob("*.py"))
+    return sorted(root / name for name in done.stdout.split("\0") if name.endswith(".py") and (root / name).is_file())
+
+
+def over_long(paths, limit: int = MAX_LINES) -> dict[str, int]:
+    """{path: its line count} of every file of ``paths`` longer than ``limit`` lines."""
+    counts = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in paths}
+    return {p.as_posix(): n for p, n in counts.items() if n > limit}
+
+
+def test_no_module_is_over_400_lines():
+    """A module over 400 lines holds more than one concept: split it along a seam (a sibling module, a helper in
+    tests/helpers, a test file per surface), never by an arbitrary cut."""
+    paths = tracked_python()
+    assert any(p.name == "generate.py" for p in paths) and any(p.parent.name == "tests" for p in paths)
+    bad = {str(Path(p).relative_to(ROOT)): n for p, n in over_long(paths).items()}
+    assert not bad, f"modules over {MAX_LINES} lines: {bad}"
+
+
+def test_the_length_check_sees_a_long_module(tmp_path):
+    """401 lines is over, 400 is not; a file outside git's view is still counted where git is absent."""
+    long, fits = tmp_path / "long.py", tmp_path / "fits.py"
+    long.write_text("x = 1\n" * 401)
+    fits.write_text("x = 1\n" * 400)
+    assert over_long([long, fits]) == {long.as_posix(): 401}
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("x = 1\n")
+    assert tracked_python(tmp_path) == [tmp_path / "tests" / "test_x.py"]

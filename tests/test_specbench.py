@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from treespec.train.compare import job as compare
+from treespec.train.compare.estimates import analyse
 from treespec.train.compare.peers import hf_peer
-from treespec.train.compare.report import analyse
 from treespec.train.compare.selection import counts_of
 from treespec.train.compare.specbench import COLUMN_OF, COLUMNS, MT_BENCH, table
 from treespec.train.compare.workload import load_workload

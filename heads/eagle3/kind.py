@@ -12,10 +12,10 @@ from treespec.heads.eagle3.network import Eagle3Model
 from treespec.heads.eagle3.upstream import (
     UpstreamEagle3Model,
     eagle3_from_upstream,
-    eagle3_to_upstream,
     is_eagle3,
     normalize_eagle3_keys,
 )
+from treespec.heads.eagle3.upstream_export import eagle3_to_upstream
 from treespec.heads.kind import DrafterKind
 from treespec.reference import resolve
 

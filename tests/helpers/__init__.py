@@ -3,6 +3,7 @@ import ...``), never from one another (tests/test_layering.py checks it)."""
 
 from .chat_data import (
     BAD_ROWS,
+    SPEC_BENCH_ROWS,
     TINY_DRAFT,
     WORDS,
     chat_tokenizer,
@@ -11,6 +12,7 @@ from .chat_data import (
     tiny_chat_target,
     write_jsonl,
 )
+from .dflash_drafters import dflash_prompt, dflash_target, random_dflash, trained_dflash
 from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
@@ -26,42 +28,44 @@ from .models import (
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
+from .report_results import REPORT_PEERS, REPORT_PLAN, md_table_of, rendered_run, synthetic_result, with_categories
 from .upstream_checkpoints import (
-    INTEROP_PROMPT,
     UPSTREAM_CASES,
-    check_proposal,
     eagle1_official,
     eagle3_layer,
     eagle3_specforge,
     eagle3_speculators,
-    fresh_drafter,
-    interop_targets,
     medusa1,
     norm_w,
-    proposals_of,
-    recorded_run,
     rnd,
     speculators_config,
     synthesise,
+    write_checkpoint,
+)
+from .upstream_reference import (
+    INTEROP_PROMPT,
+    check_proposal,
+    fresh_drafter,
+    interop_targets,
+    proposals_of,
+    recorded_run,
     target_hidden_states,
     tiny_qwen2,
-    write_checkpoint,
+    tiny_qwen3,
 )
 from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_two_counts, logits_with_argmax
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
-    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
-    "UNEVEN",
-    "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
-    "chat_tokenizer",
-    "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
+    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
+    "SPEC_BENCH_ROWS", "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World",
+    "accept_deepest", "accept_everything", "assert_ok", "chat_tokenizer", "check_proposal", "chi2_pvalue",
+    "compose_cfg", "conversations", "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
-    "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "medusa1", "norm_w", "perturbed",
-    "proposals_of", "random_eagle", "random_eagle3", "random_heads", "random_hydra", "record_proposals",
-    "recorded_run", "rnd",
-    "run_killed", "run_ranks", "sampled_counts", "scratch_logits", "scratch_proposal", "speculators_config",
-    "synthesise",
-    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_trained_target",
-    "wandb_run_contains", "write_checkpoint", "write_jsonl",
+    "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",
+    "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",
+    "record_proposals", "recorded_run", "rendered_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
+    "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "synthetic_result",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
+    "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint", "write_jsonl"
 ]

@@ -1,5 +1,6 @@
 """Chat data for tests: a small ChatML tokenizer, random well-formed conversations in both styles, malformed
-rows, a tiny chat target saved as a transformers folder, and a train_heads config on that data."""
+rows, Spec-Bench-style question rows, a tiny chat target saved as a transformers folder, and a train_heads config
+on that data."""
 
 import json
 import random
@@ -14,6 +15,14 @@ from .models import compose_cfg
 
 WORDS = ("the cat sat on a mat while dogs ran past quick brown foxes jumping over lazy rivers def return "
          "print value list items sorted yes no maybe hello there how are you fine thanks").split()
+
+# Spec-Bench's question.jsonl rows, in its own format: categories, one or two turns
+SPEC_BENCH_ROWS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now make it rhyme."]},
+    {"question_id": 82, "category": "writing", "turns": ["Name a colour."]},
+    {"question_id": 83, "category": "math", "turns": ["What is 2+2?"]},
+    {"question_id": 84, "category": "math", "turns": ["What is 3*3?"]},
+]
 
 
 def chat_tokenizer(folder=None):

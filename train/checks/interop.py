@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from treespec import reference
 from treespec.heads import load
-from treespec.heads.checkpoints import export
+from treespec.heads.checkpoints.export import export
 from treespec.heads.eagle import EagleModel
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map
 from treespec.heads.medusa import MedusaHeads

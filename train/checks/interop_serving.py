@@ -29,7 +29,7 @@ import torch
 
 from treespec import Tree, generate, reference
 from treespec.heads import registry
-from treespec.train.compare.report import analyse
+from treespec.train.compare.estimates import analyse
 from treespec.train.compare.results_file import load_result
 from treespec.train.compare.serving import run_settings
 

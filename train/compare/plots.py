@@ -2,7 +2,7 @@
 per drafter with bootstrap bands, predictions and reference lines; acceptance-length histograms of each
 drafter's best configuration; the measured acceptance heat map by depth × sibling rank; per-category speedup
 with intervals and τ by context length and by position in the generation (data: train/compare/categories.py).
-Everything is drawn from results.json's contents and report.analyse's analysis; the figure data
+Everything is drawn from results.json's contents and estimates.analyse's analysis; the figure data
 (``frontier``, ``reference_lines``, ``accept_length_distributions``, ``acceptance_grids``) is kept apart from
 the drawing so it can be tested. report.py imports this module (never the reverse).
 """

@@ -33,7 +33,7 @@ from treespec.heads.kind import DrafterKind
 from treespec.planning.tree_spec import build_tree
 from treespec.reference import PREFIX, resolve
 from treespec.train.compare.categories import shown_path
-from treespec.train.compare.report import analyse
+from treespec.train.compare.estimates import analyse
 from treespec.train.compare.results_file import load_result
 from treespec.tree import Tree
 

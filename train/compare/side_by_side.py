@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from treespec.train.compare.estimates import analyse
 from treespec.train.compare.plots import partial
-from treespec.train.compare.report import analyse
 from treespec.train.compare.results_file import load_result
 from treespec.train.compare.stamp import flatten
 from treespec.train.compare.tables import DASH, md_table, num, with_interval
