@@ -103,12 +103,12 @@ def decode(
     capacity = static_capacity(inputs.input_ids.shape[1] + inputs.max_new_tokens + inputs.tree.num_nodes)
     static = None if inputs.compile is None else \
         StaticPass(target_body, inputs.compile, target, feature_layers, capacity=capacity)
+    start = clock(observer)  # the cache is made in the prefill's time, as the prefill fills it
     # sliding-window layers too can be rolled back (treespec/cache.py); a hybrid's recurrent layers keep
     # transformers' own cache layers, verified by treespec/recurrent.py
     cache = decoding_cache(target.config)
     run = Run(target, inputs.drafter, inputs.tree, inputs.sampling, acceptance, generator, inputs.eos, observer,
               target_passes(target, cache, feature_layers, observer, static), inputs.whole_trees)
-    start = clock(observer)
     # one generation at a time per drafter (it holds the rows' state); with compile, its depth steps compiled too
     with in_use(run.drafter), compiled_steps(run.drafter, inputs.compile, capacity):
         rows = prefill(run, inputs)

@@ -192,7 +192,7 @@ class BatchRows:
 
     def retire(self, eos: frozenset[int]) -> torch.Tensor | None:
         """Rows whose root is an eos or that reached their end leave the batch, their tokens to ``done`` → the rows
-        kept (a LongTensor on the host, for a drafter's ``keep_rows``), or None when none left (or none remain)."""
+        kept (a LongTensor on the host, for a drafter's ``keep_rows``), or None when none finished or none is left."""
         finished = [b for b, row in enumerate(self.rows) if row.root in eos or row.length >= row.end]
         if not finished:
             return None
