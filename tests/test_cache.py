@@ -134,13 +134,13 @@ def test_per_row_compaction_and_row_selection(preallocate):
 
 def test_row_slots_positions_and_masks():
     """RowSlots: left padding and holes are invalid slots; positions count a row's valid slots."""
-    slots = RowSlots(2)
-    slots.append_prompts(torch.tensor([[0, 1, 1], [1, 1, 1]]), 3)
-    assert slots.ragged and slots.counts == [2, 3]
     cache = DynamicCache()
     cache.layers = [PreallocatedLayer()]
+    slots = RowSlots(2, cache=cache)  # the cache's slots: keep compacts it
+    slots.append_prompts(torch.tensor([[0, 1, 1], [1, 1, 1]]), 3)
+    assert slots.ragged and slots.counts == [2, 3]
     cache.layers[0].update(torch.zeros(2, 1, 6, 2), torch.zeros(2, 1, 6, 2))  # a pass of 3 nodes per row
-    slots.keep(cache, [[0, 2], [0]])
+    slots.keep([[0, 2], [0]])
     assert slots.length == 5 and slots.counts == [4, 4]
     assert slots.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
     assert slots.positions(torch.tensor([0, 1])).tolist() == [[4, 5], [4, 5]]

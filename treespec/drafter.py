@@ -18,7 +18,11 @@ drafter's side:
    the tokens another drafter proposed are ``NOT_PROPOSED`` there (``own_nodes`` keeps the rest). A drafter
    that ``observes_logits`` is first shown the pass itself, ``observe_pass(tokens, trees, logits)``: the
    target's logits at every node it verified, rejected candidates' included (Token Recycling's matrix).
-4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only.
+4. ``keep_rows(rows)``: rows that finished leave the batch; the drafter keeps the state of ``rows`` only. A
+   drafter names the attributes holding its per-row state in ``per_row`` (tensors with a row axis first, lists
+   with an entry per row, its cache's ``RowSlots``, which select their cache too) and the base class's
+   ``keep_rows`` selects them all (``select_rows_of``); one with more to do (a Combined forwards it to its
+   drafters) extends it.
 
 A drafter holds one generation's state (its rows' caches, their committed lengths), so it serves one
 generate() call at a time: a second call that starts while the first holds it (another thread) is refused
@@ -173,6 +177,8 @@ class Drafter:
     #: earlier outputs): a comparison gives each configuration its own copy, so none drafts from another's output
     #: of the same prompt
     remembers_across_calls: bool = False
+    #: the attributes holding per-row state, which ``keep_rows`` selects (``select_rows_of``)
+    per_row: tuple[str, ...] = ()
 
     def check_target(self, target) -> None:
         """Raise ValueError if this drafter cannot serve ``target`` (vocabulary, hidden size, ...)."""
@@ -211,13 +217,32 @@ class Drafter:
         [b, N, V] the target's at each of them, on the target's device. Reading them must not change them."""
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep the per-row state of batch rows ``rows`` (LongTensor [b'], in that order) only: the others
-        finished."""
+        """Keep the per-row state of batch rows ``rows`` (LongTensor [b'] on the host, in that order) only: the
+        others finished. Selects every attribute ``per_row`` names."""
+        for name in self.per_row:
+            setattr(self, name, select_rows_of(getattr(self, name), rows))
 
     def compile_steps(self, options: dict | None, capacity: int) -> None:
         """Called by generate() before each batch: with ``options`` (torch.compile's arguments), run each drafting
         depth's network as a static compiled graph whose cache holds ``capacity`` slots (treespec/static_pass.py);
         None: run it eagerly. A drafter without a network over its own cache ignores it."""
+
+
+def select_rows_of(state, rows: torch.Tensor):
+    """``state`` of the batch rows ``rows`` (LongTensor [b'] on the host) only: a tensor's rows (axis 0), a list's
+    entries, an object's own ``select(rows)`` (a RowSlots: its cache too; selected in place); None, or an empty
+    list, is nothing held yet."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.index_select(0, rows.to(state.device))
+    if isinstance(state, list):
+        return [state[b] for b in rows.tolist()] if state else state
+    if hasattr(state, "select"):
+        state.select(rows)
+        return state
+    raise TypeError(f"per-row state of type {type(state).__name__} cannot be selected by row: give it a "
+                    "select(rows) method, or override keep_rows")
 
 
 def own_nodes(path: list[int]) -> list[int]:

@@ -58,7 +58,7 @@ import torch
 
 from treespec.drafter import Proposal, Proposals
 from treespec.sampling import Sampling, argmax, generator_device, probs, sample
-from treespec.walker_batch import Verdicts, accepted, walk_batch
+from treespec.walker_batch import Verdicts, Walked, accepted, read_back, walk_batch
 from treespec.walker_traversal import draft_after, trials
 
 ACCEPTANCE_MODES = ("rejection", "block", "traversal", "typical")
@@ -136,19 +136,22 @@ def walk(
 
 
 def walk_rows(logits: torch.Tensor, proposals: Proposals, sampling: Sampling, *, acceptance: str = "rejection",
-              generator: torch.Generator | None = None) -> Verdicts:
-    """Every row of a batch: logits [b, ≥ N, V] → Verdicts. Greedy, rejection and typical walks run on the
-    device (``walk_batch``); block and traversal verification, row by row on the host (``walk``)."""
+              generator: torch.Generator | None = None) -> Walked:
+    """Every row of a batch: logits [b, ≥ N, V] → what the loop commits, read back once (``read_back``: the step's
+    one host read). Greedy, rejection and typical walks run on the device (``walk_batch``); block and traversal
+    verification, row by row on the host (``walk``)."""
     if acceptance in ("block", "traversal") and not sampling.greedy:
         return row_by_row(walk)(logits, proposals, sampling, acceptance=acceptance, generator=generator)
-    return walk_batch(logits, proposals, sampling, acceptance=acceptance, generator=generator)
+    return read_back(walk_batch(logits, proposals, sampling, acceptance=acceptance, generator=generator), proposals,
+                     sampling)
 
 
 def row_by_row(walker):
     """``walker`` (``walk``'s signature: one row's logits [N, V] and Proposal → Walk) as ``walk_rows``: each row
-    walked on its own, one after another, the outcomes gathered as Verdicts (on the host)."""
+    walked on its own, one after another, the outcomes gathered as Verdicts on the host and read back as
+    ``walk_rows`` reads them."""
 
-    def walk_each(logits, proposals, sampling, **options) -> Verdicts:
+    def walk_each(logits, proposals, sampling, **options) -> Walked:
         walks = [walker(logits[b, : proposals.trees[b].num_nodes], proposals.row(b), sampling, **options)
                  for b in range(len(proposals.trees))]
         depth = max(1, *(tree.depth for tree in proposals.trees))
@@ -161,7 +164,8 @@ def row_by_row(walker):
             tokens[b, :k] = drafted[b, w.path - 1]
             tokens[b, k] = w.next_token
         lengths = torch.tensor([len(w.path) for w in walks], dtype=torch.long)
-        return Verdicts(lengths, nodes, tokens, torch.zeros(len(walks), dtype=torch.bool))
+        return read_back(Verdicts(lengths, nodes, tokens, torch.zeros(len(walks), dtype=torch.bool)), proposals,
+                         sampling)
 
     return walk_each
 

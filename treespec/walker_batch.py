@@ -1,8 +1,9 @@
 """The walk of a batch on the device: every row's accepted path and next token in tensor ops, with no host read.
 
-generate() verifies every row's tree in one target pass and walks them all here, on the logits' device; it reads
-the outcome back once (``Verdicts.packed``: each row's accepted nodes and committed tokens), the step's one host
-read (docs/design.md, "Host reads per step"). ``treespec.walker.walk`` is the one-row form and describes the rules;
+generate() verifies every row's tree in one target pass and walks them all here, on the logits' device; the outcome
+is read back once (``read_back``: each row's accepted nodes and committed tokens, packed in one table), the step's
+one host read (docs/design.md, "Host reads per step"), and ``treespec.walker.walk_rows`` hands the loop what it
+commits (``Walked``). ``treespec.walker.walk`` is the one-row form and describes the rules;
 these are their batched, read-free forms:
 
 * greedy: node c passes when its token is the target's argmax at its parent;
@@ -61,7 +62,9 @@ class Verdicts:
     def packed(self, *flags: torch.Tensor) -> torch.Tensor:
         """One LongTensor [b, 2 + F + 2D + 1] to read back: lengths, invalid, the F ``flags`` ([b] each), nodes,
         tokens (``accepted`` reads its rows)."""
-        columns = torch.stack([self.lengths, self.invalid.long(), *(flag.long() for flag in flags)], dim=1)
+        # (a host walk's verdicts are on the host already: a flag from the device joins them there)
+        flags = tuple(flag.to(self.lengths.device).long() for flag in flags)
+        columns = torch.stack([self.lengths, self.invalid.long(), *flags], dim=1)
         return torch.cat([columns, self.nodes, self.tokens], dim=1)
 
 
@@ -72,6 +75,27 @@ class Accepted:
     path: list[int]       # accepted nodes, depth order, root excluded
     tokens: list[int]     # the committed tokens: the path's, then the next token
     flags: list[int]      # the extra columns packed with it
+
+
+@dataclass
+class Walked:
+    """A step's walk as the loop commits it (``read_back``)."""
+
+    rows: list[Accepted]   # each row's, on the host
+    tokens: torch.Tensor   # LongTensor [b, D + 1]: the same committed tokens where the walk ran (copied from there)
+
+    @property
+    def draft_not_finite(self) -> bool:
+        """Whether a sampled q_draft held NaN or inf (flagged in the same read; greedy walks read no q)."""
+        return any(row.flags and row.flags[0] for row in self.rows)
+
+
+def read_back(verdicts: Verdicts, proposals: Proposals, sampling: Sampling) -> Walked:
+    """Every row's walk brought to the host in one read, with a flag per row for a sampled q_draft holding NaN or
+    inf (rejection sampling against it would not give the target's distribution)."""
+    flags = () if proposals.q_draft is None or sampling.greedy else (
+        (~torch.isfinite(proposals.q_draft)).flatten(1).any(-1),)
+    return Walked(accepted(verdicts.packed(*flags).tolist(), sampling, len(flags)), verdicts.tokens)
 
 
 def accepted(rows: list[list[int]], sampling: Sampling, flags: int = 0) -> list[Accepted]:

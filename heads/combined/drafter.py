@@ -93,6 +93,8 @@ def members(drafters: list[Drafter], combined: Drafter, inside: tuple[int, ...] 
 
 
 class Combined(Drafter):
+    per_row = ("_maps",)  # its own; each drafter selects its rows itself
+
     def __init__(self, drafters: list[Drafter], *, mode: str = "union", nodes: int | None = None, min_nodes: int = 1):
         drafters = list(drafters)
         if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
@@ -159,7 +161,7 @@ class Combined(Drafter):
     def keep_rows(self, rows: torch.Tensor) -> None:
         for d in self.drafters:
             d.keep_rows(rows)
-        self._maps = [self._maps[b] for b in rows.tolist()] if self._maps else []
+        super().keep_rows(rows)
 
     def propose(self, committed: Committed, feature, tree: Tree | DynamicTree, sampling: Sampling,
                 generator=None) -> Proposals:

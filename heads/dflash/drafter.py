@@ -39,6 +39,7 @@ class DFlash(Drafter):
     needs_features = True
     fills_tree_at_once = True
     grows_dynamic_trees = True
+    per_row = ("slots",)  # (None: nothing cached yet)
 
     def __init__(self, model: DFlashModel, *, default_tree: Tree | DynamicTree | None = None,
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
@@ -67,10 +68,6 @@ class DFlash(Drafter):
         self.cache = TreeCache(self.model.layer_config)  # the context's keys and values, per layer
         self.slots: RowSlots | None = None  # the cache's rows; made for the first batch
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        if self.slots is not None:  # else nothing is cached yet
-            self.slots.select(rows, self.cache)
-
     @torch.no_grad()
     def prefill(self, input_ids, features, attention_mask=None) -> None:
         # every prompt token's feature is context of the first root (the token its last one produced)
@@ -94,7 +91,7 @@ class DFlash(Drafter):
 
     def _rows(self, batch: int) -> RowSlots:
         if self.slots is None:
-            self.slots = RowSlots(batch, self.model.device)
+            self.slots = RowSlots(batch, self.model.device, self.cache)
         return self.slots
 
     @torch.no_grad()

@@ -84,6 +84,7 @@ class ExpandingDrafter(Drafter):
     ``_new_cache``, ``_start`` and ``_forward_nodes``; this class grows the tree and keeps its cache."""
 
     grows_dynamic_trees = True
+    per_row = ("slots", "_grown_of")  # (slots None: nothing cached yet, a row finished at its first token)
 
     #: keep the accepted path's expanded entries in the cache; False when they were computed from inputs
     #: the committed sequence must not keep (EAGLE refeeds accepted tokens with the target's features)
@@ -120,11 +121,6 @@ class ExpandingDrafter(Drafter):
         if batch_size > 1 and any(isinstance(layer, SlidingWindowLayer) for layer in self.cache.layers):
             raise ValueError(f"{type(self).__name__}'s model has sliding-window layers, whose windows count slots: "
                              "it drafts for one prompt at a time")
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        if self.slots is not None:  # else nothing is cached yet (a row finished at its first token)
-            self.slots.select(rows, self.cache)  # (rows on the host: the slots read them)
-        self._grown_of = [self._grown_of[b] for b in rows.tolist()] if self._grown_of else []
 
     def compile_steps(self, options: dict | None, capacity: int) -> None:
         # a cache of preallocated full-attention layers only (not a recurrent or sliding-window draft's)
@@ -172,7 +168,7 @@ class ExpandingDrafter(Drafter):
     def _rows(self, batch: int) -> RowSlots:
         """The cache's RowSlots, made for a batch of ``batch`` rows on the first call after ``reset``."""
         if self.slots is None:
-            self.slots = RowSlots(batch, self.model.device)
+            self.slots = RowSlots(batch, self.model.device, self.cache)
         return self.slots
 
     def _committed_inputs(self, counts: list[int]) -> dict:
@@ -331,5 +327,5 @@ class ExpandingDrafter(Drafter):
                 on_path = {self._grown_of[b][i] for i in own_nodes(path.tolist())}
                 expanded = self._expanded[b if len(self._expanded) > 1 else 0]
                 keeps[b] = [j for j, node in enumerate(expanded) if node in on_path]
-        self.slots.keep(self.cache, keeps)
+        self.slots.keep(keeps)
         self._expanded = []

@@ -32,6 +32,7 @@ class Eagle(ExpandingDrafter):
 
     needs_features = True
     keeps_expanded_path = False  # expanded nodes were fed the drafter's features, not the target's
+    per_row = (*ExpandingDrafter.per_row, "_pending", "_pending_counts")
 
     def __init__(self, model: EagleModel, *, default_tree: Tree | DynamicTree | None = None,
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
@@ -67,12 +68,6 @@ class Eagle(ExpandingDrafter):
         self._pending: torch.Tensor | None = None  # [b, m, h]: drafter features of committed entries not fed yet
         self._pending_counts: list[int] = []  # row b's are the first _pending_counts[b]
         self._outputs: torch.Tensor | None = None  # [b, nodes, h]: drafter output g at each grown node
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        super().keep_rows(rows)
-        if self._pending is not None:
-            self._pending = self._pending.index_select(0, rows.to(self._pending.device))
-            self._pending_counts = [self._pending_counts[b] for b in rows.tolist()]
 
     def _new_cache(self):
         return TreeCache(self.model.layer_config)  # preallocated (treespec/cache.py): no copy per depth

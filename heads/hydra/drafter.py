@@ -39,6 +39,7 @@ class Hydra(Drafter):
     """The drafter: a static tree, depth by depth, each node's children conditioned on its own path."""
 
     needs_features = True
+    per_row = ("slots", "_base")
 
     def __init__(self, heads: HydraHeads, *, default_tree: Tree | None = None, candidates: str = "topk",
                  lean: bool = True):
@@ -73,18 +74,12 @@ class Hydra(Drafter):
         self.slots: RowSlots | None = None
         self._base: torch.Tensor | None = None  # [b, h]: the base state at each row's newest fed position
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        if self.slots is not None:
-            self.slots.select(rows, self.cache)
-        if self._base is not None:
-            self._base = self._base.index_select(0, rows.to(self._base.device))
-
     def _feed(self, features: torch.Tensor, counts: list[int]) -> None:
         """Run the prefix layer over ``features`` [b, m, h] (row b's first ``counts[b]`` valid), after its cache, and
         keep each row's output at its last valid entry as the next base state."""
         heads = self.heads
         if self.slots is None:
-            self.slots = RowSlots(len(counts), heads.device)
+            self.slots = RowSlots(len(counts), heads.device, self.cache)
         width, kwargs = features.shape[1], {}
         if self.slots.ragged or any(c != width for c in counts):  # each row its own mask and positions
             allowed = causal_rows(counts, width, heads.device)  # [b, m, m]

@@ -64,6 +64,7 @@ class _Row:
 class Lookahead(Drafter):
     grows_dynamic_trees = True
     observes_logits = True
+    per_row = ("_rows", "_lengths", "_pending", "_pending_trees")
 
     def __init__(self, *, window: int = 4, ngram: int = 3, guesses: int = 4, pool_size: int = 8,
                  prompt_ngrams: bool = True, seed: int = 0):
@@ -98,14 +99,6 @@ class Lookahead(Drafter):
                 for i in range(len(prompt) - self.ngram + 1):
                     self._remember(row, prompt[i], tuple(prompt[i + 1 : i + self.ngram]))
             row.levels = [[0] + row.fill(self.window - 1)]  # level 0; its column 0 is the root, set each step
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
-        self._rows = [self._rows[b] for b in keep]
-        self._lengths = [self._lengths[b] for b in keep]
-        if self._pending is not None:
-            self._pending = self._pending.index_select(0, rows.to(self._pending.device))
-            self._pending_trees = [self._pending_trees[b] for b in keep]
 
     def observe_pass(self, tokens: torch.Tensor, trees: list[Tree], logits: torch.Tensor) -> None:
         self._pending, self._pending_trees = logits.argmax(-1), list(trees)  # kept on the device until propose

@@ -55,6 +55,7 @@ def tokenizer_of(target):
 
 class Rest(Drafter):
     grows_dynamic_trees = True
+    per_row = ("_contexts", "_lengths")
 
     def __init__(self, corpus: str | os.PathLike | SuffixArray = "stdlib", *, tokenizer=None,
                  pattern: str | None = None, max_retrieved: int = 5000, max_match: int = 16, min_match: int = 2,
@@ -93,11 +94,6 @@ class Rest(Drafter):
         rows = [ids[b] if mask is None else ids[b][mask[b]] for b in range(ids.shape[0])]
         self._contexts = [row[-self.max_match :].tolist() for row in rows]
         self._lengths = [len(row) for row in rows]
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
-        self._contexts = [self._contexts[b] for b in keep]
-        self._lengths = [self._lengths[b] for b in keep]
 
     def propose(self, committed: Committed, feature, tree: Tree | DynamicTree, sampling: Sampling,
                 generator=None) -> Proposals:

@@ -53,6 +53,7 @@ class _Row:
 
 class SuffixDecoding(Drafter):
     grows_dynamic_trees = True
+    per_row = ("_rows",)
 
     def __init__(self, *, alpha: float = 4.0, min_prob: float = 0.1, max_match: int = 12,
                  max_cached_tokens: int = 50_000, default_tree: Tree | DynamicTree | None = None):
@@ -110,8 +111,8 @@ class SuffixDecoding(Drafter):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
-        self._retire([row for b, row in enumerate(self._rows) if b not in keep])
-        self._rows = [self._rows[b] for b in keep]
+        self._retire([row for b, row in enumerate(self._rows) if b not in keep])  # their outputs join the index
+        super().keep_rows(rows)
 
     def propose(self, committed: Committed, feature, tree: Tree | DynamicTree, sampling: Sampling,
                 generator=None) -> Proposals:
