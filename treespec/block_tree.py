@@ -61,6 +61,21 @@ def budget_of(policy: DynamicTree, depth: int, top_k: int) -> int:
     return len(DynamicTree(policy.total_tokens, depth, top_k))
 
 
+def block_proposals(logits: torch.Tensor, tree: Tree | DynamicTree, sampling: Sampling, candidates: str = "topk",
+                    generator: torch.Generator | None = None, *, what: str = "block") -> Proposals:
+    """A block drafter's proposals from its block's logits [b, D, V] (depth d + 1's at d): DDTree's best tree for a
+    ``DynamicTree`` (deterministic candidates only), else ``static_block_proposals``; a static tree deeper than the D
+    positions ``what`` fills is refused, naming them."""
+    if isinstance(tree, DynamicTree):
+        if candidates in SAMPLED_CANDIDATES and not sampling.greedy:
+            raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={candidates!r} needs a static "
+                             "Tree")
+        return dynamic_block_proposals(logits, tree)
+    if tree.depth > logits.shape[1]:
+        raise ValueError(f"{tree!r} is deeper than the {logits.shape[1]} positions {what} fills")
+    return static_block_proposals(logits, tree, sampling, candidates, generator)
+
+
 def dynamic_block_proposals(logits: torch.Tensor, policy: DynamicTree) -> Proposals:
     """Each row's best tree (DDTree, module docstring) from its block's logits [b, D, V] (depth d + 1's at d) →
     Proposals of deterministic top-k candidates, each row with its own Tree; one host read."""
