@@ -155,9 +155,6 @@ def rank_accuracy(target, model: DFlashModel, windows: torch.Tensor, *, depth: i
         for chunk in roots.split(anchors_per_pass):
             out = model.anchored(batch, features, chunk[None].expand(batch.shape[0], -1))  # [b, m, size, H]
             top = model.logits(out[:, :, 1 : depth + 1]).topk(top_k, dim=-1).indices  # [b, m, D, R]
-            for d in range(depth):
-                keep = chunk + d + 1 < s  # depth d + 1 from root a guesses token a + d + 1
-                if keep.any():
-                    counter.add(d, top[:, keep, d], target_logits[:, chunk[keep] + d])
+            counter.add_blocks(top, chunk, target_logits)
     model.train(was_training)
     return counter.table()

@@ -229,10 +229,6 @@ def rank_accuracy(target, model, windows: torch.Tensor, *, parallel: int, mask_t
         for chunk in roots.split(anchors_per_pass):
             chosen = chunk[None].expand(batch.shape[0], -1)
             out = anchor_outputs(anchored_hidden(model, batch, chosen, parallel, mask_token_id), chosen, s, parallel)
-            top = head(out[:, :, :depth]).topk(top_k, dim=-1).indices  # [b, m, D, R]
-            for d in range(depth):
-                keep = chunk + d + 1 < s  # depth d + 1 from root a guesses token a + d + 1
-                if keep.any():
-                    counter.add(d, top[:, keep, d], target_logits[:, chunk[keep] + d])
+            counter.add_blocks(head(out[:, :, :depth]).topk(top_k, dim=-1).indices, chunk, target_logits)
     model.train(was_training)
     return counter.table()

@@ -25,7 +25,16 @@ from .models import (
     tiny_trained_target,
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
-from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
+from .proposals import (
+    accept_deepest,
+    accept_random_prefix,
+    block_proposal,
+    expect_batched_greedy,
+    proposed_while_accepting,
+    record_proposals,
+    scratch_logits,
+    scratch_proposal,
+)
 from .upstream_checkpoints import (
     INTEROP_PROMPT,
     UPSTREAM_CASES,
@@ -54,6 +63,7 @@ __all__ = [
     "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "RUNS", "T07", "T1", "TINY_DRAFT",
     "UNEVEN",
     "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World", "accept_deepest", "accept_everything", "assert_ok",
+    "accept_random_prefix", "block_proposal", "expect_batched_greedy", "proposed_while_accepting",
     "chat_tokenizer",
     "check_proposal", "chi2_pvalue", "compose_cfg", "conversations", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
