@@ -1,8 +1,9 @@
 """Trees over a block: candidates drawn from per-position distributions that do not depend on the parent's token.
 
-A block drafter (DFlash, heads/dflash/) gives, in one pass, a distribution q_d for every depth d = 1..D of the block
-it fills: position d's distribution is the same whichever tokens sit at depths < d, since the block is not
-autoregressive. Any tree over the block is therefore filled from those D distributions alone:
+A block drafter (DFlash, heads/dflash/; PARD, heads/draft_model/parallel.py) gives, in one pass, a distribution q_d
+for every depth d = 1..D of the block it fills: position d's distribution is the same whichever tokens sit at depths
+< d, since the block is not autoregressive. Any tree over the block is therefore filled from those D distributions
+alone:
 
 * a static ``Tree``: a node at depth d with rank r is q_d's rank-r token (deterministic top-k candidates, verified
   with EAGLE-2's sibling rule), or its children are drawn from q_{d+1}, i.i.d. (``candidates="sample"``) or without
