@@ -1,5 +1,6 @@
 """The draft-model kind (SpS: Leviathan et al. 2023, Chen et al. 2023): a small causal LM of the target's
-tokenizer, distilled from the target (heads/draft_model/objective.py). Its checkpoint is a transformers model folder
+tokenizer, trained by the language-model job (scripts/train_lm.py) or distilled from a target (heads/draft_model/
+objective.py). Its checkpoint is a transformers model folder
 (format "transformers"), so ``treespec.heads.load("reference:draft", target)`` reads one as it reads EAGLE's or
 Medusa's. A PARD model (heads/draft_model/parallel.py) is a draft model too, adapted by the recipe ``pard``
 (conf/drafter/pard.yaml; heads/draft_model/pard_objective.py): its config.json holds its mask token
