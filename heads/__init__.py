@@ -1,16 +1,9 @@
 """Drafters: everything that proposes a candidate token tree for the target to verify.
 
-One folder per kind (``heads/<kind>/``: draft_model, prompt_lookup, recycling, suffix, rest, lookahead, medusa,
-hydra, dflash, eagle, eagle3, combined; PARD is a draft model), each holding the same roles, one module each:
-``network.py`` (its trained module), ``drafter.py`` (the core's ``Drafter`` interface, treespec/drafter.py, and its
-rank accuracy), ``objective.py`` (its training loss, a ``Recipe``: heads/training/objective.py), ``upstream.py``
-(other projects' layouts) and ``kind.py`` (its
-``DrafterKind``: heads/kind.py). Beside them the shared machinery: tree expansion, the unrolled window, draft
-vocabularies, lean layer calls, batches, checkpoint detection and export. ``registry`` lists the kinds by name,
-once, for training, the comparison, the loader and the scripts. ``Combined`` (heads/combined/) merges several
-drafters' trees into one. ``load`` (the registry's "auto" kind) reads any drafter checkpoint (treespec's own,
-EAGLE-1/2, EAGLE-3, Medusa; a folder or a Hub repo id) into a Drafter, ``load_profile`` its measurements; ``export``
-writes one for SGLang, vLLM, speculators, SafeAILab/EAGLE or FasterDecoding/Medusa.
+One folder per kind (heads/<kind>/), three folders of shared machinery (drafting/, training/, checkpoints/), the
+DrafterKind base (kind.py) and the registry that lists the kinds once (registry.py). ``load`` reads any drafter
+checkpoint into a Drafter, ``load_profile`` its measurements, ``export`` writes one for a serving stack. Every module,
+and who may import whom: docs/design.md, "Module map".
 """
 
 from treespec.drafter import Drafter, Proposal

@@ -9,6 +9,8 @@ into ancestor matrices, positions and lengths, and chooses between the dense and
     block_mask(seen)                                          the FlexAttention BlockMask (masks.flex)
     DenseTreeMasks, FlexTreeMasks                             one run's masks, parts kept across steps
     CascadeTreeMasks, prefix_order                            cascade attention's block, a ragged batch's keys
+
+Where this sits in the house: docs/design.md, "Module map".
 """
 
 from .dense import CascadeTreeMasks, DenseTreeMasks, additive, ancestor_mask, prefix_order

@@ -1,4 +1,4 @@
-"""The layers (README "Layout"), bottom to top: masks → core → heads → train. Each imports only its own layer
+"""The layers (docs/design.md, "Module map"), bottom up: masks → core → heads → train. Each imports only its layer
 and those below it: masks/ is a leaf that imports nothing of treespec, the core never imports drafters or
 jobs, heads/ never train/; so no two layers import each other, and no module import cycles exist inside a
 layer. Inside the core, planning (treespec/planning/) sits above the loop, which never imports it. Every import
