@@ -10,7 +10,7 @@ from treespec.drafter import Drafter, Proposal
 from treespec.heads.checkpoints.export import export
 from treespec.heads.combined import Combined
 from treespec.heads.dflash import DFlash, DFlashModel
-from treespec.heads.draft_model import DraftModel
+from treespec.heads.draft_model import DraftModel, ParallelDraft
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.hydra import Hydra, HydraHeads
@@ -22,6 +22,6 @@ from treespec.heads.registry import load, load_profile
 from treespec.heads.rest import Rest
 from treespec.heads.suffix import SuffixDecoding
 
-__all__ = ["Drafter", "Proposal", "Combined", "DraftModel", "PromptLookup", "TokenRecycling", "SuffixDecoding",
-           "Rest", "Lookahead", "Medusa", "MedusaHeads", "Hydra", "HydraHeads", "Eagle", "EagleModel", "Eagle3",
-           "Eagle3Model", "DFlash", "DFlashModel", "load", "load_profile", "export"]
+__all__ = ["Drafter", "Proposal", "Combined", "DraftModel", "ParallelDraft", "PromptLookup", "TokenRecycling",
+           "SuffixDecoding", "Rest", "Lookahead", "Medusa", "MedusaHeads", "Hydra", "HydraHeads", "Eagle", "EagleModel",
+           "Eagle3", "Eagle3Model", "DFlash", "DFlashModel", "load", "load_profile", "export"]

@@ -131,6 +131,10 @@ class DrafterKind:
         """The deepest tree it can fill (Medusa: its number of heads); None: unbounded."""
         return None
 
+    def check_module(self, d, module) -> None:
+        """Raise ValueError when drafter config ``d`` (a comparison's entry) cannot drive the ``module`` its source
+        loaded (a recipe's entry given a checkpoint another recipe trained)."""
+
     def drafting_step(self, drafter: Drafter, batch: int = 1) -> Callable[[], object] | None:
         """A call that runs one drafting call of ``drafter`` for ``batch`` rows (what ``cost`` times), to time
         target passes after it; None: it has no weights to push the target's out of the caches."""

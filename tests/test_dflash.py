@@ -7,7 +7,6 @@ tests/test_dflash_training.py; z-lab's layout read and written: tests/test_dflas
 import importlib
 import itertools
 import math
-import random
 
 import pytest
 import torch
@@ -20,23 +19,23 @@ from treespec.heads import DFlash, DFlashModel, registry
 from treespec.heads.dflash.network import default_target_layers
 from treespec.heads.training.target_states import target_states
 from treespec.host_reads import reads_per_step
-from treespec.inputs import left_padded
 from treespec.sampling import Sampling
 from treespec.train.checks.architectures import FAMILIES, build, expect_greedy, use_attention
 from treespec.train.checks.architectures import prompt as matrix_prompt
-from treespec.walker import Walk, row_by_row
+from treespec.walker import row_by_row
 
 from .helpers import (
     VOCAB,
-    accept_deepest,
     accept_everything,
+    block_proposal,
     chi2_pvalue,
     dflash_prompt,
     dflash_target,
     exact_distribution,
+    expect_batched_greedy,
     hf_greedy,
+    proposed_while_accepting,
     random_dflash,
-    record_proposals,
     sampled_counts,
     tiny_llama,
     trained_dflash,
@@ -86,48 +85,15 @@ def scratch_tokens(model, target, committed, tree) -> dict:
         out = model(model.block_ids(committed[:, -1]), features, torch.arange(n, n + model.block_size)[None],
                     torch.arange(n)[None])
         log_q = torch.log_softmax(model.logits(out[0, 1:]).float(), -1)  # [size − 1, V]
-    if isinstance(tree, Tree):
-        return {p: int(log_q[len(p) - 1].topk(p[-1] + 1).indices[-1]) for p in tree.paths}
-    depth, k = min(tree.depth, model.block_size - 1), tree.top_k
-    top = log_q[:depth].topk(k)
-    # every path of ranks, scored by the sum of its log-probabilities; the best ones (ties to the smaller path)
-    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)]
-    score = {p: sum(float(top.values[i, r]) for i, r in enumerate(p)) for p in paths}
-    kept = sorted(paths, key=lambda p: (-score[p], p))[: len(DynamicTree(tree.total_tokens, depth, k))]
-    return {p: int(top.indices[len(p) - 1, p[-1]]) for p in kept}
-
-
-def ragged(seed=0):
-    """A walker that accepts a random prefix of the deepest path, whatever the target says: rows of a batch keep
-    different numbers of tokens every step."""
-    rng = random.Random(seed)
-
-    def walk(logits, proposal, sampling, **kwargs):
-        deepest = max(proposal.tree.leaf_paths, key=len) if len(proposal.tree) else []
-        path = torch.tensor(deepest[: rng.randint(0, len(deepest))], dtype=torch.long)
-        return Walk(path=path, next_token=int(logits[int(path[-1]) if len(path) else 0].argmax()))
-
-    return walk
+    return block_proposal(log_q, tree)
 
 
 @pytest.mark.parametrize("tree_name", list(TREES))
 @pytest.mark.parametrize("rows", ["one", "ragged"])
 def test_proposals_match_recomputation(target, prompt, tree_name, rows, monkeypatch):
     model = random_dflash(target, seed=2)
-    drafter = DFlash(model)
-    seen = record_proposals(drafter)
-    walker = accept_deepest if rows == "one" else ragged()
-    monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(walker))
-    if rows == "one":
-        out = generate(target, prompt, drafter=drafter, tree=TREES[tree_name], max_new_tokens=16)
-        assert out.mean_accept_length > 2.5
-    else:
-        ids, mask = left_padded([torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n))
-                                 for n in (3, 11, 1, 7)], 0)
-        out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=TREES[tree_name], max_new_tokens=16)
-        assert len({tuple(row.accept_lengths) for row in out.rows}) > 1
-    assert len(seen) > 3
-    for committed, step_tree, proposal in seen:
+    for committed, step_tree, proposal in proposed_while_accepting(target, prompt, DFlash(model), TREES[tree_name],
+                                                                   rows, monkeypatch):
         got = dict(zip(proposal.tree.paths, proposal.tokens.tolist(), strict=True))
         assert got == scratch_tokens(model, target, committed, step_tree)
 
@@ -142,13 +108,7 @@ def test_greedy_equals_vanilla(target, prompt, trained, tree_name):
 
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_ragged_batch_equals_transformers_batched_greedy(target, trained, tree_name):
-    ids, mask = left_padded([torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n))
-                             for n in (3, 17, 9, 1)], 0)
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
-    drafter = DFlash(trained, candidates="sample")  # greedy: sampled candidates are top-k ranks
-    out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=TREES[tree_name], max_new_tokens=24)
-    assert torch.equal(out.sequences, expected)
-    assert len({tuple(row.accept_lengths) for row in out.rows}) > 1
+    expect_batched_greedy(target, DFlash(trained, candidates="sample"), TREES[tree_name])  # greedy: top-k ranks
 
 
 @pytest.mark.parametrize("tree_name", ["chain", "full"])

@@ -8,7 +8,7 @@ import torch
 
 from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import DraftModel, PromptLookup
+from treespec.heads import DraftModel, ParallelDraft, PromptLookup
 from treespec.heads.eagle import Eagle
 from treespec.heads.eagle3 import Eagle3
 from treespec.heads.hydra import Hydra
@@ -44,6 +44,7 @@ def target():
 DRAFTERS = {
     "draft": lambda t: DraftModel(perturbed(t, 0.3)),
     "draft-sampled": lambda t: DraftModel(perturbed(t, 0.3), candidates="sample"),
+    "pard": lambda t: ParallelDraft(perturbed(t, 0.3), parallel=4),  # one pass per step, trees over its k depths
     "eagle": lambda t: Eagle(random_eagle(t)),
     "eagle3": lambda t: Eagle3(random_eagle3(t, draft_vocab=24)),
     "medusa": lambda t: Medusa(random_heads(t)),

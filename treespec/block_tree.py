@@ -1,8 +1,9 @@
 """Trees over a block: candidates drawn from per-position distributions that do not depend on the parent's token.
 
-A block drafter (DFlash, heads/dflash/) gives, in one pass, a distribution q_d for every depth d = 1..D of the block
-it fills: position d's distribution is the same whichever tokens sit at depths < d, since the block is not
-autoregressive. Any tree over the block is therefore filled from those D distributions alone:
+A block drafter (DFlash, heads/dflash/; PARD, heads/draft_model/parallel.py) gives, in one pass, a distribution q_d
+for every depth d = 1..D of the block it fills: position d's distribution is the same whichever tokens sit at depths
+< d, since the block is not autoregressive. Any tree over the block is therefore filled from those D distributions
+alone:
 
 * a static ``Tree``: a node at depth d with rank r is q_d's rank-r token (deterministic top-k candidates, verified
   with EAGLE-2's sibling rule), or its children are drawn from q_{d+1}, i.i.d. (``candidates="sample"``) or without
@@ -59,6 +60,21 @@ def budget_of(policy: DynamicTree, depth: int, top_k: int) -> int:
     """The most nodes a block tree grown for ``policy`` over ``depth`` positions of ``top_k`` candidates keeps:
     ``total_tokens``, capped at what the loop sizes a dynamic tree's pass by (``len`` of the same budget)."""
     return len(DynamicTree(policy.total_tokens, depth, top_k))
+
+
+def block_proposals(logits: torch.Tensor, tree: Tree | DynamicTree, sampling: Sampling, candidates: str = "topk",
+                    generator: torch.Generator | None = None, *, what: str = "block") -> Proposals:
+    """A block drafter's proposals from its block's logits [b, D, V] (depth d + 1's at d): DDTree's best tree for a
+    ``DynamicTree`` (deterministic candidates only), else ``static_block_proposals``; a static tree deeper than the D
+    positions ``what`` fills is refused, naming them."""
+    if isinstance(tree, DynamicTree):
+        if candidates in SAMPLED_CANDIDATES and not sampling.greedy:
+            raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={candidates!r} needs a static "
+                             "Tree")
+        return dynamic_block_proposals(logits, tree)
+    if tree.depth > logits.shape[1]:
+        raise ValueError(f"{tree!r} is deeper than the {logits.shape[1]} positions {what} fills")
+    return static_block_proposals(logits, tree, sampling, candidates, generator)
 
 
 def dynamic_block_proposals(logits: torch.Tensor, policy: DynamicTree) -> Proposals:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from treespec.block_tree import dynamic_block_proposals, static_block_proposals
+from treespec.block_tree import block_proposals
 from treespec.cache import TreeCache
-from treespec.drafter import CANDIDATE_MODES, SAMPLED_CANDIDATES, Drafter, Proposals
+from treespec.drafter import CANDIDATE_MODES, Drafter, Proposals
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads.dflash.network import DFlashModel
 from treespec.heads.drafting.lean import LeanProjection
@@ -104,15 +104,8 @@ class DFlash(Drafter):
         index = torch.tensor(committed.lengths, device=committed.tokens.device)[:, None] - 1
         roots = committed.tokens.gather(1, index)[:, 0].to(self.model.device)  # [b]: on the device, no read
         logits = self._head(self._block(roots)[:, 1:])  # [b, block_size − 1, V]: depth d's at d − 1
-        if isinstance(tree, DynamicTree):
-            if self.candidates in SAMPLED_CANDIDATES and not sampling.greedy:
-                raise ValueError(f"{tree!r} grows deterministic top-k candidates; candidates={self.candidates!r} "
-                                 "needs a static Tree")
-            return dynamic_block_proposals(logits, tree)
-        if tree.depth > self.max_tree_depth:
-            raise ValueError(f"{tree!r} is deeper than the {self.max_tree_depth} positions a DFlash block of "
-                             f"{self.model.block_size} fills")
-        return static_block_proposals(logits, tree, sampling, self.candidates, generator)
+        return block_proposals(logits, tree, sampling, self.candidates, generator,
+                               what=f"a DFlash block of {self.model.block_size}")
 
     def _block(self, roots: torch.Tensor) -> torch.Tensor:
         """Each row's block rooted at ``roots`` [b] over its cached context → outputs [b, block_size, H]."""
@@ -159,9 +152,6 @@ def rank_accuracy(target, model: DFlashModel, windows: torch.Tensor, *, depth: i
         for chunk in roots.split(anchors_per_pass):
             out = model.anchored(batch, features, chunk[None].expand(batch.shape[0], -1))  # [b, m, size, H]
             top = model.logits(out[:, :, 1 : depth + 1]).topk(top_k, dim=-1).indices  # [b, m, D, R]
-            for d in range(depth):
-                keep = chunk + d + 1 < s  # depth d + 1 from root a guesses token a + d + 1
-                if keep.any():
-                    counter.add(d, top[:, keep, d], target_logits[:, chunk[keep] + d])
+            counter.add_blocks(top, chunk, target_logits)
     model.train(was_training)
     return counter.table()

@@ -30,37 +30,13 @@ import torch
 
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
+from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import Recipe, mean_metrics
 from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_states
 
 LOSSES = ("kl", "ce")
-
-
-def anchor_positions(input_ids: torch.Tensor, loss_mask: torch.Tensor | None,
-                     segments: torch.Tensor | None) -> torch.Tensor:
-    """BoolTensor [b, S]: the positions a block may be anchored at (module docstring)."""
-    b, s = input_ids.shape
-    ok = torch.zeros(b, s, dtype=torch.bool, device=input_ids.device)
-    if s < 3:
-        return ok
-    ok[:, 1 : s - 1] = True if loss_mask is None else loss_mask[:, 2:s].bool()
-    if segments is not None:
-        ok[:, 1 : s - 1] &= segments[:, 1 : s - 1] == segments[:, 2:s]
-    return ok
-
-
-def sample_anchors(allowed: torch.Tensor, count: int, generator: torch.Generator | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``count`` anchors per row, uniformly without replacement among ``allowed`` [b, S] → (anchors [b, m]
-    in increasing order, real [b, m]: False where a row had fewer to give (those anchors point at position 1))."""
-    m = max(1, min(int(count), allowed.shape[1]))
-    scores = torch.rand(allowed.shape, generator=generator).to(allowed.device).masked_fill(~allowed, -1.0)
-    values, anchors = scores.topk(m, dim=1)
-    anchors, order = anchors.sort(dim=1)
-    real = values.gather(1, order) >= 0
-    return anchors.masked_fill(~real, 1), real
 
 
 def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,

@@ -31,7 +31,7 @@ from treespec.heads.training.accuracy import RankHits
 from treespec.inputs import max_positions
 from treespec.layer_types import check_rollback
 from treespec.recurrent import one_token_at_a_time, steps
-from treespec.rows import gather_last
+from treespec.rows import gather_last, gather_positions
 from treespec.sampling import GREEDY, Sampling
 from treespec.tree import Tree
 
@@ -57,10 +57,11 @@ class DraftModel(ExpandingDrafter):
         self._head = ReducedHead(head, draft_vocab, lean=lean) if draft_vocab is not None else \
             LeanProjection.of(head) if self._decoder is not None else None
 
-    def _logits(self, input_ids, attention_mask=None, position_ids=None, cache=None) -> torch.Tensor:
+    def _logits(self, input_ids, attention_mask=None, position_ids=None, cache=None, keep=None) -> torch.Tensor:
         """One cached forward over ``input_ids`` [b, n] → draft logits over the target vocabulary [b, n, V];
         without a mask the tokens are committed ones (causal after the cache). ``cache``: the drafter's own, or a
-        static pass's (treespec/static_pass.py), which always comes with positions."""
+        static pass's (treespec/static_pass.py), which always comes with positions. ``keep`` [b, k]: only each
+        row's outputs at those indices → [b, k, V] (projected alone where the head is the drafter's own)."""
         cache = self.cache if cache is None else cache
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if self._decoder is not None:
@@ -68,10 +69,11 @@ class DraftModel(ExpandingDrafter):
             hidden = self._decoder(self.model.get_input_embeddings()(input_ids), cache, past, position_ids,
                                    attention_mask)
         elif self._head is None:
-            return self.model(**inputs, **cache_arg(cache), use_cache=True).logits
+            logits = self.model(**inputs, **cache_arg(cache), use_cache=True).logits
+            return logits if keep is None else gather_positions(logits, keep)
         else:
             hidden = self.model.base_model(**inputs, **cache_arg(cache), use_cache=True).last_hidden_state
-        return self._head(hidden)
+        return self._head(hidden if keep is None else gather_positions(hidden, keep))
 
     def check_target(self, target) -> None:
         check_same_vocab(self.model, target, "draft model")

@@ -82,6 +82,15 @@ def check_settings(cfg) -> None:
     check_arch(arch_of(d))
     if d.get("init", "random") not in INITS:
         raise ValueError(f"drafter.init must be one of {', '.join(INITS)}, got {d.get('init')!r}")
+    check_weight_and_export(d)
+    positions = arch_of(d).get("max_position_embeddings")
+    if positions is not None and positions < cfg.trainer.seq_len:
+        raise ValueError(f"drafter.arch.max_position_embeddings={positions} is below trainer.seq_len="
+                         f"{cfg.trainer.seq_len}")
+
+
+def check_weight_and_export(d) -> None:
+    """``drafter.ce_weight`` and ``drafter.export_dtype``, which every draft-model recipe reads."""
     weight = d.get("ce_weight", 0.0)
     if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not weight >= 0:
         raise ValueError(f"drafter.ce_weight must be a number >= 0, got {weight!r}")
@@ -90,10 +99,16 @@ def check_settings(cfg) -> None:
     except ValueError:
         raise ValueError(f"drafter.export_dtype must be float32, bfloat16 or float16, got {d.get('export_dtype')!r}"
                          ) from None
-    positions = arch_of(d).get("max_position_embeddings")
-    if positions is not None and positions < cfg.trainer.seq_len:
-        raise ValueError(f"drafter.arch.max_position_embeddings={positions} is below trainer.seq_len="
-                         f"{cfg.trainer.seq_len}")
+
+
+def saver(model, d):
+    """folder → writes ``model`` as a transformers folder in ``drafter.export_dtype`` (a copy when it differs)."""
+    dtype = float_dtype(d.get("export_dtype", "float32"))
+
+    def save(folder) -> None:
+        (model if model.dtype == dtype else copy.deepcopy(model).to(dtype)).save_pretrained(Path(folder))
+
+    return save
 
 
 def recipe(cfg, target, train_tokens=None) -> Recipe:
@@ -102,11 +117,6 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     d = cfg.drafter
     init, ce_weight = d.get("init", "random"), float(d.get("ce_weight", 0.0))
     model = new_draft_model(target, arch_of(d), init)
-    dtype = float_dtype(d.get("export_dtype", "float32"))
-
-    def save(folder) -> None:
-        (model if model.dtype == dtype else copy.deepcopy(model).to(dtype)).save_pretrained(Path(folder))
-
     c = model.config
     n_params = sum(p.numel() for p in model.parameters())
     share = matmul_weights(model) / matmul_weights(target)
@@ -116,4 +126,4 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     return Recipe(model, lambda batch: draft_loss(target, model, batch, ce_weight=ce_weight),
                   lambda val: draft_metrics(target, model, val),
                   lambda val: rank_accuracy(target, model, val, depth=d.get("accuracy_depth", 8)),
-                  lambda: DraftModel(model), description, save=save, tokenizer_beside=True)
+                  lambda: DraftModel(model), description, save=saver(model, d), tokenizer_beside=True)

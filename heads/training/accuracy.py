@@ -47,6 +47,16 @@ class RankHits:
         self.hits[depth] += accepted.reshape(-1, accepted.shape[-1]).double().sum(0).cpu()
         self.counts[depth] += accepted.numel() // accepted.shape[-1]
 
+    def add_blocks(self, candidates: torch.Tensor, roots: torch.Tensor, target_logits: torch.Tensor) -> None:
+        """A block drafter's ``candidates`` [b, m, D, R] at depths 1..D of blocks rooted at window positions
+        ``roots`` [m], against the target's ``target_logits`` [b, S, V] on the window: depth d + 1 from root a guesses
+        token a + d + 1, scored where that lies in the window."""
+        s = target_logits.shape[1]
+        for d in range(candidates.shape[2]):
+            keep = roots + d + 1 < s
+            if keep.any():
+                self.add(d, candidates[:, keep, d], target_logits[:, roots[keep] + d])
+
     def table(self) -> list[list[float]]:
         """acc[d][r], each in [0, 1] and each depth's ranks summing to at most 1: sampled acceptances are
         float32 probabilities of distinct tokens, whose sum may pass 1 by rounding, so such a row is scaled

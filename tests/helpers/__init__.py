@@ -27,7 +27,16 @@ from .models import (
     tiny_trained_target,
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
-from .proposals import accept_deepest, record_proposals, scratch_logits, scratch_proposal
+from .proposals import (
+    accept_deepest,
+    accept_random_prefix,
+    block_proposal,
+    expect_batched_greedy,
+    proposed_while_accepting,
+    record_proposals,
+    scratch_logits,
+    scratch_proposal,
+)
 from .report_results import REPORT_PEERS, REPORT_PLAN, md_table_of, rendered_run, synthetic_result, with_categories
 from .upstream_checkpoints import (
     UPSTREAM_CASES,
@@ -57,10 +66,11 @@ from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_tw
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
-    "ALPHA", "BAD_ROWS", "CONF", "GREEDY", "INTEROP_PROMPT", "NEW", "PROMPT", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
+    "accept_deepest", "accept_everything", "accept_random_prefix", "ALPHA", "assert_ok", "BAD_ROWS",
+    "block_proposal", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "CONF", "conversations",
+    "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "expect_batched_greedy", "GREEDY",
+    "INTEROP_PROMPT", "NEW", "PROMPT", "proposed_while_accepting", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
     "SPEC_BENCH_ROWS", "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World",
-    "accept_deepest", "accept_everything", "assert_ok", "chat_tokenizer", "check_proposal", "chi2_pvalue",
-    "compose_cfg", "conversations", "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",
     "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",

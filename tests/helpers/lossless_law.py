@@ -21,28 +21,29 @@ ROWS = 50  # prompts per generate() call: a batch of independent samples (sample
 PROMPT = torch.tensor([[1, 3, 0, 1, 3]])
 
 
-def exact_distribution(target, sampling: Sampling) -> np.ndarray:
-    """P(x1, x2, x3 | prompt) by enumeration under the same temperature / top-p: array [V, V, V]."""
-    dist = np.zeros((VOCAB,) * NEW)
+def exact_distribution(target, sampling: Sampling, new: int = NEW) -> np.ndarray:
+    """P(x1, .., x_new | prompt) by enumeration under the same temperature / top-p: array [V] * new (3 tokens by
+    default; 4 lets a first step's tree reach depth 2)."""
+    dist = np.zeros((VOCAB,) * new)
     with torch.no_grad():
-        for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
+        for prefix in itertools.product(range(VOCAB), repeat=new - 1):
             ids = torch.cat([PROMPT, torch.tensor([prefix])], dim=1).to(target.device)
-            p = probs(target(input_ids=ids).logits[0, -NEW:], sampling).double().cpu().numpy()  # [NEW, V]
-            dist[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
+            p = probs(target(input_ids=ids).logits[0, -new:], sampling).double().cpu().numpy()  # [new, V]
+            dist[prefix] = np.prod([p[i, token] for i, token in enumerate(prefix)]) * p[-1]
     return dist
 
 
 def sampled_counts(target, drafter, tree, sampling: Sampling, runs: int = RUNS, seed: int = 0,
-                   acceptance: str = "rejection", rows: int = ROWS) -> np.ndarray:
-    """How often each 3-token continuation came out of generate(): array [V, V, V]. ``rows`` (> 1) decodes that
+                   acceptance: str = "rejection", rows: int = ROWS, new: int = NEW) -> np.ndarray:
+    """How often each ``new``-token continuation came out of generate(): array [V] * new. ``rows`` (> 1) decodes that
     many copies of the prompt per call, a batch whose rows draw in turn from the one generator, so each row is an
     independent sample (rows accept different lengths: the ragged-batch path, docs/batch.md); for a drafter
     that drafts one prompt at a time, pass ``rows=1``. Batches divide the calls, and the suite's time, by ``rows``."""
     gen = torch.Generator().manual_seed(seed)
-    counts = np.zeros((VOCAB,) * NEW)
+    counts = np.zeros((VOCAB,) * new)
     for start in range(0, runs, rows):
         batch = PROMPT.repeat(min(rows, runs - start), 1)  # [b, P]
-        out = generate(target, batch, drafter=drafter, tree=tree, max_new_tokens=NEW, acceptance=acceptance,
+        out = generate(target, batch, drafter=drafter, tree=tree, max_new_tokens=new, acceptance=acceptance,
                        temperature=sampling.temperature, top_p=sampling.top_p, generator=gen)
         for row in out.sequences[:, PROMPT.shape[1]:].tolist():
             counts[tuple(row)] += 1

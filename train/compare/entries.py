@@ -47,6 +47,7 @@ def made(cfg, label: str, target, vocab_of=lambda spec: None):
             f"{cfg.target}: {err}. Leave it out (drafters=[...] without {label}; drafters=null picks the ones "
             f"that fit) or set available.{label}.source to a {entry.name} checkpoint trained for this target "
             f"(python scripts/train_heads.py target={cfg.target} drafter={entry.name})") from None
+    kind.check_module(entry, module)
     draft_vocab = vocab_of(entry.get("draft_vocab"))
     drafter = registry.make(entry.name, module, entry.get("candidates", "topk"), draft_vocab,
                             lean=entry.get("lean", True))
