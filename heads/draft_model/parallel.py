@@ -125,7 +125,7 @@ class ParallelDraft(DraftModel):
         keep = torch.tensor([[c - 1] for c in counts])  # each row's root, then its masks
         keep = torch.cat([keep, width + torch.arange(masks).expand(len(counts), -1)], dim=1).to(device)  # [b, k]
         logits = self._logits(ids, **self._block_inputs(counts, width), keep=keep)
-        slots.keep(self.cache, [list(range(c)) for c in counts])  # the fed tokens stay; masks and padding go
+        slots.keep([list(range(c)) for c in counts])  # the fed tokens stay; masks and padding go
         return logits
 
     def _block_inputs(self, counts: list[int], width: int) -> dict:
