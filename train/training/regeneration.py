@@ -58,6 +58,28 @@ def _done_rows(out: Path) -> set[int]:
     return done
 
 
+def _pending(settings: dict, done: set[int], cache_dir, rank: int, world_size: int) -> tuple[list, Counter]:
+    """The source's rows this rank still has to answer, as (row, messages ending in the assistant turn to write,
+    kept fields), and the bad rows counted by reason."""
+    rows = load_rows(settings["source"], split=settings["split"] or "train", cache_dir=cache_dir)
+    todo, bad = [], Counter()
+    limit = settings["max_conversations"]
+    for i, row in enumerate(rows):
+        if limit and i >= limit:
+            break
+        if i % world_size != rank or i in done:
+            continue
+        try:
+            messages = normalize(row, settings["system_prompt"], answered=False)
+        except BadRow as err:
+            bad[err.reason] += 1
+            continue
+        if messages[-1]["role"] == "user":  # a prompt without its answer: the target writes it
+            messages.append({"role": "assistant", "content": ""})
+        todo.append((i, messages, {k: row[k] for k in KEPT_FIELDS if row.get(k) is not None}))
+    return todo, bad
+
+
 def regenerate(backend, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8, max_new_tokens: int = 512,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, follow_ups: magpie.FollowUps | None = None,
                cache_dir: str | os.PathLike | None = None, rank: int = 0, world_size: int = 1,
@@ -75,22 +97,7 @@ def regenerate(backend, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8
     out = Path(out) if world_size == 1 else Path(f"{out}.rank{rank}")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_rows(out)
-    rows = load_rows(settings["source"], split=settings["split"] or "train", cache_dir=cache_dir)
-    todo, bad = [], Counter()
-    limit = settings["max_conversations"]
-    for i, row in enumerate(rows):
-        if limit and i >= limit:
-            break
-        if i % world_size != rank or i in done:
-            continue
-        try:
-            messages = normalize(row, settings["system_prompt"], answered=False)
-        except BadRow as err:
-            bad[err.reason] += 1
-            continue
-        if messages[-1]["role"] == "user":  # a prompt without its answer: the target writes it
-            messages.append({"role": "assistant", "content": ""})
-        todo.append((i, messages, {k: row[k] for k in KEPT_FIELDS if row.get(k) is not None}))
+    todo, bad = _pending(settings, done, cache_dir, rank, world_size)
     bar = tqdm(total=len(todo), disable=not progress, desc="regenerating", unit="conv", dynamic_ncols=True)
     turns = empty = tokens = 0
 
