@@ -56,7 +56,7 @@ def truncate_metrics(path: str | os.PathLike, step: int) -> int:
     if not path.is_file():
         return 0
     kept, dropped = [], 0
-    for line in path.read_text(errors="replace").splitlines():
+    for line in path.read_text(errors="replace").split("\n"):
         if not line.strip():
             continue
         try:

@@ -57,7 +57,7 @@ def excluded_texts(path) -> set[str]:
     """Request keys of every question in a JSONL file of Spec-Bench / MT-bench rows (``turns``), OpenAI rows
     (``messages``: the user turns) or ``prompt`` rows: texts a training request may never be."""
     keys = set()
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -75,10 +75,12 @@ def _written(out: Path) -> tuple[list[dict], int]:
     kill is removed from the file."""
     if not out.is_file():
         return [], 0
+    # split at "\n" only: str.splitlines() also splits at U+2028 and the like, which json.dumps(ensure_ascii=False)
+    # writes raw inside a string (a request with one made the resume fail)
     data = out.read_bytes()
     if data and not data.endswith(b"\n"):
         out.write_bytes(data[: data.rfind(b"\n") + 1])
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line.strip()]
     return rows, max((r["batch"] for r in rows), default=0)
 
 

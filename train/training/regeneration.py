@@ -45,12 +45,13 @@ def _done_rows(out: Path) -> set[int]:
     """Rows already in a regeneration output; a last line cut by a kill is removed from the file."""
     if not out.is_file():
         return set()
+    # split at "\n" only (magpie._written says why): a row holding U+2028 was skipped, so answered twice
     data = out.read_bytes()
     if data and not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]
         out.write_bytes(data)
     done = set()
-    for line in data.decode("utf-8", errors="replace").splitlines():
+    for line in data.decode("utf-8", errors="replace").split("\n"):
         try:
             done.add(int(json.loads(line)["row"]))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
@@ -267,7 +268,7 @@ def run(cfg) -> dict:
             rows = []
             for rank in range(ctx.world_size):
                 part = Path(f"{r.out}.rank{rank}")
-                rows += [json.loads(line) for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
+                rows += [json.loads(line) for line in part.read_text(encoding="utf-8").split("\n") if line.strip()]
             rows.sort(key=lambda row: row["row"])
             atomic_write(Path(r.out), lambda tmp: tmp.write_text(
                 "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"))
