@@ -24,7 +24,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from treespec import linear_kernels
 from treespec.gguf_models import PackagedGGUF, converted_folder
+from treespec.gqa_attention import use_in_place_gqa
 from treespec.io import index_shards, read_json, regular_file
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -68,18 +70,25 @@ def path(name: str) -> Path:
     return folder
 
 
-def load(name: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
+def load(name: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None,
+         linear_kernel: str = linear_kernels.DEFAULT):
     """(model, tokenizer) for a reference model, in eval mode. The shipped ones' weights are stored in bf16,
     a GGUF target's converted folder in float32; both are cast to ``dtype`` (float32 is fastest on CPUs)."""
-    return load_model(path(name), dtype=dtype, attn_implementation=attn_implementation)
+    return load_model(path(name), dtype=dtype, attn_implementation=attn_implementation, linear_kernel=linear_kernel)
 
 
-def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"):
+def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, attn_implementation: str | None = None,
+               linear_kernel: str = linear_kernels.DEFAULT):
     """(model in eval mode, tokenizer) from any spec ``resolve`` takes (``reference:<name>``, ``smollm2``, a
-    ``.gguf`` file, a transformers model folder). A folder that transformers cannot read, weight files that
-    are missing, truncated, integer-typed or outside the folder (``check_weight_files``), a tensor the model
+    ``.gguf`` file, a transformers model folder), its linear layers on ``linear_kernel`` (treespec/linear_kernels.py:
+    "auto": oneDNN's on CPUs where torch has it, "torch" for ``F.linear``). ``attn_implementation`` None is "sdpa",
+    and on a CPU a grouped-query model's is treespec's (treespec/gqa_attention.py), which reads the grouped heads in
+    place under a mask; any name is passed to transformers as given. A folder that transformers cannot read, weight
+    files that are missing, truncated, integer-typed or outside the folder (``check_weight_files``), a tensor the model
     needs that the files lack (transformers would keep its random initialisation), a shape that differs from
     the config's, or weights with NaN/inf are errors naming the folder (and file or tensor)."""
+    if linear_kernel not in linear_kernels.KERNELS:  # before any weight is read
+        raise ValueError(f"linear_kernel must be one of {linear_kernels.KERNELS}, got {linear_kernel!r}")
     folder = resolve(spec)
     dtype = float_dtype(dtype)
     config = read_json(folder / "config.json", "model config", dict) if (folder / "config.json").exists() else None
@@ -94,7 +103,8 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
                                  "floating-point torch dtype (float32, bfloat16, float16)") from None
     check_weight_files(folder, quantized="quantization_config" in config)
     try:  # mismatched shapes are reported in ``info`` and refused below, naming the tensors
-        model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
+        model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype,
+                                                           attn_implementation=attn_implementation or "sdpa",
                                                            output_loading_info=True, ignore_mismatched_sizes=True)
     except pickle.UnpicklingError:
         raise ValueError(f"the pickled weights in {folder} hold objects other than tensors: refused "
@@ -115,6 +125,9 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
     bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
     if bad:
         raise ValueError(f"the weights in {folder} hold NaN or infinite values ({', '.join(bad[:3])}): corrupt file?")
+    linear_kernels.use_linear_kernel(model, linear_kernel)
+    if attn_implementation is None:
+        use_in_place_gqa(model)
     return model.eval(), load_tokenizer(folder)
 
 

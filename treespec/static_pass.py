@@ -44,10 +44,11 @@ import torch
 
 from treespec.compat import cache_arg
 from treespec.drafter import stack_features
+from treespec.gqa_attention import NAME as GQA_SDPA
 from treespec.layer_types import is_hybrid, sliding_window
 
 #: attention implementations a static pass runs (the float additive mask of treespec/visibility.py)
-STATIC_ATTENTION = ("sdpa", "eager")
+STATIC_ATTENTION = ("sdpa", "eager", GQA_SDPA)
 #: the torch.compile arguments ``generate(compile={...})`` may set (fullgraph and static shapes are fixed)
 COMPILE_KEYS = ("backend", "mode", "options")
 #: dynamo's limit on the graphs one function keeps (torch's default is 8): one per shape of rows, tree tokens and

@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 from treespec.cache import PreallocatedLayer, check_layer
 from treespec.cascade import CASCADE_ATTENTION, PREFIX_KWARG
 from treespec.drafter import Proposals
+from treespec.gqa_attention import NAME as GQA_SDPA
 from treespec.masks import (
     CascadeTreeMasks,
     DenseTreeMasks,
@@ -56,7 +57,7 @@ from treespec.rows import RowSlots
 from treespec.tree import Tree
 
 # attention implementations that take a float additive 4D mask (a drafter's expansion passes build one)
-DENSE_MASK_ATTENTION = ("eager", "sdpa")
+DENSE_MASK_ATTENTION = ("eager", "sdpa", GQA_SDPA)
 # ... and those a target's tree pass can take (flex_attention with a BlockMask, masks/flex.py; cascade attention
 # with the tree's block, masks/dense.py, or a float additive mask)
 TREE_MASK_ATTENTION = (*DENSE_MASK_ATTENTION, "flex_attention", *CASCADE_ATTENTION)

@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from treespec import reference
+from treespec import linear_kernels, reference
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
 from treespec.heads.drafting.vocab import DraftVocab
@@ -157,7 +157,8 @@ def assistant_peer(cfg, tokenizer, device, log=print):
         reason = f"its vocabulary differs from the target's ({source} is not a draft model for {cfg.target})"
         log(f"assisted-generation peer skipped: {reason}")
         return None, {"source": str(source), "used": False, "reason": reason}
-    return reference.load_model(source)[0].to(device), {"source": str(source), "used": True}
+    return (reference.load_model(source, linear_kernel=cfg.get("linear_kernel", linear_kernels.DEFAULT))[0].to(device),
+            {"source": str(source), "used": True})
 
 
 def workload_prompts(cfg, target, tokenizer, log=print):
@@ -243,7 +244,7 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     precheck(out_dir, journal_config(cfg), resume)  # refused before any model loads
     set_threads(cfg.threads, cfg.get("device") or "cpu")
     tree_specs = tree_specs_of(cfg)
-    target, tokenizer = reference.load_model(cfg.target)
+    target, tokenizer = reference.load_model(cfg.target, linear_kernel=cfg.get("linear_kernel", linear_kernels.DEFAULT))
     device = torch.device(cfg.get("device") or "cpu")
     target = target.to(device)  # drafters load onto the target's device (heads/registry.py)
     assistant, assistant_note = assistant_peer(cfg, tokenizer, device)
