@@ -97,7 +97,11 @@ def label_variants(result: dict, configs, measured) -> None:
 
 def chosen(c: dict) -> str:
     """A configuration's tree label; an ``auto`` one says what it chose: "auto → chain γ=4", "auto → 12 nodes,
-    depth 5", "auto → none" (no drafting)."""
+    depth 5", "auto → none" (no drafting); across drafters, which drafter too: "auto → eagle, chain γ=4", "auto →
+    vanilla"."""
+    across = c.get("chose")
+    if across:
+        return "auto → vanilla" if across["drafter"] == "vanilla" else f"auto → {across['drafter']}, {across['tree']}"
     spec = c.get("tree_spec")
     if c.get("tree") != "auto" or not isinstance(spec, dict) or spec.get("kind") not in ("paths", "chain"):
         return c["tree"]

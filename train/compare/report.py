@@ -20,6 +20,8 @@ from pathlib import Path
 
 from treespec.planning.tree_spec import build_tree, save_tree
 from treespec.train.compare import time_split
+from treespec.train.compare.auto_across import drafter_of
+from treespec.train.compare.auto_across_report import across_markdown
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.estimates import analyse, vanilla_spread
@@ -140,6 +142,8 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     if a["peers"]:
         lines += ["", "## Peers", ""] + md_table(*peer_table(a))
     lines += [""] + category_markdown(result, a)
+    across = across_markdown(result, a)  # what "auto" across drafters chose, and how it paid per category
+    lines += [""] + across if across else []
     specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
     lines += [""] + specbench if specbench else []
     split = time_split.markdown(a)  # where each best configuration's pass time goes
@@ -210,8 +214,8 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
     best = a.get("best")
     if best and best.get("tree_spec"):  # the best configuration's tree, for generate(tree=Tree.load(...))
         save_tree(build_tree(best["tree_spec"]), out_dir / "best_tree.json", config=best["config"],
-                  drafter=best["drafter"], speedup=best["speedup_est"].value,
-                  load=(result.get("drafter_entries") or {}).get(best["drafter"]))
+                  drafter=drafter_of(best), speedup=best["speedup_est"].value,
+                  load=(result.get("drafter_entries") or {}).get(drafter_of(best)))
     text = render_batches(result, a, out_dir, markdown(result, a, out_dir), _write_csv, figures)
     (out_dir / "results.md").write_text(text)
     if figures:

@@ -18,8 +18,11 @@ from treespec.planning.autotree import (
 )
 from treespec.planning.engine_cost import measure_engine_cost
 from treespec.planning.tree_spec import tree_to_spec
+from treespec.train.compare.auto_across import across_specs, chosen_trees, per_drafter, plan_across_run
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.tree import Tree
+
+MEASURED_SHARE = 0.05  # a size a measured tree's passes verified at least this often is timed on the curve too
 
 
 def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], rules: list[str],
@@ -56,12 +59,14 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
     log(f"engine, beyond the curve's pass: {1e3 * engine.vanilla:.2f} ms per vanilla step, {1e3 * engine.fixed:.2f} ms "
         f"+ {1e3 * engine.per_node:.3f} ms per tree node per speculative step")
     # each drafter's own trees (DrafterSpec.trees, e.g. Spec-Bench's one per method), else the run's
-    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or tree_specs)
+    planned = [(d, spec, rule) for d in drafters for spec in expand_specs(d.trees or per_drafter(tree_specs))
                for rule in rules]
     for _ in range(2):  # the curves at the sizes the trees have; "auto" may choose again on the finer curve
         costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}
         resolved = [resolve_tree(spec, d, costs[d.name], max_nodes, rule=rule)[0] for d, spec, rule in planned]
-        measure_tree_sizes(target, drafters, planned, resolved, curve, curves, context, log)
+        across = chosen_trees(across_specs(tree_specs), drafters, costs, rules, max_nodes)
+        measure_tree_sizes(target, drafters, planned + [p for p, _ in across], resolved + [t for _, t in across],
+                           curve, curves, context, log)
     costs = {d.name: d.cost_model(curves.get(d.name, curve), baseline, engine) for d in drafters}
     configs, meta, skipped, seen = [], {}, [], {}
     for d, spec, rule in planned:
@@ -82,22 +87,35 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
         # predicted
         source = d.tau_source(rule)
         pred = predict(tree, source, costs[d.name]) \
-            if source is not None and isinstance(tree, Tree) and tau_source(source).predicts(tree) else None
-        # what a measured speedup is: whole generations, prefill included, each prompt at its own lengths
-        whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill)
-                                  for p in prompt_info) if pred else None
+            if source is not None and tau_source(source).predicts(tree) else None
         meta[name] = {"drafter": d.name, "tree": spec_label(spec), "nodes": len(tree),
                       "depth": tree.depth if isinstance(tree, Tree) else spec.get("depth"),
-                      "predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
-                      "predicted_decode_speedup": pred.speedup if pred else None, "acceptance": rule,
-                      "predicted_step_ms": 1e3 * pred.step_cost if pred else None,
+                      **predicted(pred, prompt_info, prefill), "acceptance": rule,
                       "tree_spec": tree_to_spec(tree), "tree_file": tree_file(name),
                       **({"same_tree_as": same_as} if same_as != name else {})}
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
+    for spec in across_specs(tree_specs):  # "auto" across drafters: one configuration, the drafter it chose
+        config, meta[config["name"]] = plan_across_run(spec, drafters, costs, rules, max_nodes, configs, meta)
+        pred = meta[config["name"]].pop("prediction")
+        meta[config["name"]].update(predicted(pred, prompt_info, prefill), predicted_by_category={
+            cat: predicted(pred, [p for p in prompt_info if p["category"] == cat], prefill)["predicted_speedup"]
+            for cat in dict.fromkeys(p["category"] for p in prompt_info)})
+        log(f"  {config['name']}: {meta[config['name']]['chose']}")
+        configs.append(config)
     return {"cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill, "configs": configs,
             "meta": meta, "skipped": skipped, "engine": engine.record(),
             "cost_models": {name: c.record() for name, c in costs.items()}}
+
+
+def predicted(pred, prompt_info: list[dict], prefill: dict) -> dict:
+    """A configuration's predicted fields (none: None) from its per-step ``pred``: the speedup of whole generations,
+    prefill included, each prompt at its own lengths (what a measured speedup is), per step, τ, a step's ms."""
+    whole = statistics.median(predict_generation(pred, p["prompt_tokens"], p["answer_tokens"], prefill)
+                              for p in prompt_info) if pred else None
+    return {"predicted_tau": pred.tau if pred else None, "predicted_speedup": whole,
+            "predicted_decode_speedup": pred.speedup if pred else None,
+            "predicted_step_ms": 1e3 * pred.step_cost if pred else None}
 
 
 def measure_tree_sizes(target, drafters: list[DrafterSpec], planned: list, resolved: list, curve: dict,
@@ -108,11 +126,18 @@ def measure_tree_sizes(target, drafters: list[DrafterSpec], planned: list, resol
     curve at powers of two interpolates away."""
     by_name = {d.name: d for d in drafters}
     sizes: dict[str, set[int]] = {}
-    for (d, _, _), tree in zip(planned, resolved, strict=True):
-        if isinstance(tree, Tree) and len(tree):
-            own = curves.get(d.name, curve)
-            if tree.num_nodes not in own:
-                sizes.setdefault(d.name if d.name in curves else "", set()).add(tree.num_nodes)
+    for (d, _, rule), tree in zip(planned, resolved, strict=True):
+        if tree is None or not len(tree):
+            continue
+        source = d.tau_source(rule)
+        # a tree measured by a dry run verifies the sizes its passes met (a share of them at least), another its own
+        verified = [n for n, share in source.sizes(tree).items() if share >= MEASURED_SHARE] \
+            if callable(getattr(source, "sizes", None)) and source.predicts(tree) else \
+            [tree.num_nodes] if isinstance(tree, Tree) else []
+        own = curves.get(d.name, curve)
+        for n in verified:
+            if n not in own:
+                sizes.setdefault(d.name if d.name in curves else "", set()).add(n)
     for name, missing in sizes.items():
         step = by_name[name].drafting_step() if name else None
         own = curves[name] if name else curve

@@ -43,6 +43,7 @@ import torch
 
 from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
+from treespec.dynamic_tree import DynamicTree
 from treespec.io import atomic_write_json, read_json
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.planning.cost_records import check_cost_record
@@ -114,7 +115,7 @@ def cost_at(curve: dict[int, float], n: int) -> float:
 
 @dataclass
 class Prediction:
-    tree: Tree
+    tree: Tree | DynamicTree  # a dynamic one only where its τ was measured by decoding
     tau: float              # predicted tokens per verification pass
     step_cost: float        # predicted seconds per step (target verify + drafting + engine)
     speedup: float          # predicted tokens/s over vanilla decoding
@@ -164,8 +165,15 @@ class CostModel:
 
     def step(self, tree: Tree) -> float:
         """Seconds of one speculative step verifying ``tree``."""
-        return (cost_at(self.curve, tree.num_nodes) + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
-                + tree.num_nodes * self.draft_cost_per_node + self.engine.step(tree.num_nodes))
+        return self.expected_step(tree, {tree.num_nodes: 1.0})
+
+    def expected_step(self, tree, sizes: dict[int, float]) -> float:
+        """Seconds of one speculative step drafting ``tree`` whose passes verified N nodes (root included) in a
+        share ``sizes[N]`` of them: a drafter that fills only part of its tree (prompt lookup without a match)
+        pays the target and the engine for what it verifies, its drafting per depth for the tree it was asked."""
+        per_size = sum(share * (cost_at(self.curve, n) + n * self.draft_cost_per_node + self.engine.step(n))
+                       for n, share in sizes.items())
+        return per_size + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
 
     @classmethod
     def from_record(cls, record: dict) -> CostModel:
@@ -201,8 +209,10 @@ class RankAccuracy:
         max_paths = sum(math.prod(len(row) for row in acc[:d]) for d in range(1, len(acc) + 1))
         return [grow_tree(acc, b) for b in range(0, min(max_nodes, max_paths) + 1)]
 
-    def predicts(self, tree: Tree) -> bool:
-        return True  # expected_tree_tokens_from_rank_accuracy names a tree it cannot cover
+    def predicts(self, tree) -> bool:
+        # a static tree: expected_tree_tokens_from_rank_accuracy names one it cannot cover; a dynamic tree's shape
+        # is grown per step, which no closed form here covers
+        return isinstance(tree, Tree)
 
     def tau(self, tree: Tree) -> float:
         return expected_tree_tokens_from_rank_accuracy(tree, self.accuracy)
@@ -235,17 +245,24 @@ class RankChains(RankAccuracy):
         return [Tree.chain(g) for g in range(0, min(max_nodes, len(self.accuracy)) + 1)]
 
 
-def tau_source(accuracy) -> RankAccuracy | ChainTable:
+def is_tau_source(x) -> bool:
+    """Whether ``x`` is a τ source (``trees``, ``predicts``, ``tau``): RankAccuracy, ChainTable, or τ measured per
+    tree by decoding (treespec/planning/measured_tau.py's MeasuredTrees), rather than rank accuracies acc[d][r]."""
+    return all(callable(getattr(x, name, None)) for name in ("trees", "predicts", "tau"))
+
+
+def tau_source(accuracy):
     """What τ predictions come from: a source as is, or rank accuracies acc[d][r] (RankAccuracy)."""
-    return accuracy if isinstance(accuracy, (RankAccuracy, ChainTable)) else RankAccuracy(accuracy)
+    return accuracy if is_tau_source(accuracy) else RankAccuracy(accuracy)
 
 
-def chains_only(accuracy) -> RankAccuracy | ChainTable:
+def chains_only(accuracy):
     """``tau_source(accuracy)`` choosing among chains only: what "auto" grows from under a rule that verifies
     chains (block), so it never picks a tree the rule refuses."""
     source = tau_source(accuracy)
-    return RankChains(source.accuracy) if isinstance(source, RankAccuracy) and not isinstance(source, RankChains) \
-        else source
+    if isinstance(source, RankAccuracy) and not isinstance(source, RankChains):
+        return RankChains(source.accuracy)
+    return source.chains_only() if callable(getattr(source, "chains_only", None)) else source
 
 
 def predict(tree: Tree, accuracy, curve: dict[int, float] | CostModel, draft_cost_per_depth: float = 0.0,
@@ -261,8 +278,11 @@ def predict(tree: Tree, accuracy, curve: dict[int, float] | CostModel, draft_cos
     vanilla = costs.vanilla()
     if not len(tree):  # no candidates: nothing is drafted, so this is vanilla decoding
         return Prediction(tree, 1.0, vanilla, 1.0, vanilla)
-    tau = tau_source(accuracy).tau(tree)
-    step = costs.step(tree)
+    source = tau_source(accuracy)
+    tau = source.tau(tree)
+    # τ measured by decoding knows the sizes its passes verified (measured_tau.py); other sources fill their trees
+    sizes = source.sizes(tree) if callable(getattr(source, "sizes", None)) else {tree.num_nodes: 1.0}
+    step = costs.expected_step(tree, sizes)
     return Prediction(tree, tau, step, tau * vanilla / step, vanilla)
 
 
