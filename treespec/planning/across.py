@@ -84,7 +84,7 @@ def choose_across(options: list[Option], *, max_nodes: int = 64) -> Plan:
         source = chains_only(o.source) if o.rule in CHAIN_RULES else tau_source(o.source)  # block: chains only
         considered[(o.name, o.rule)] = choose_tree(source, o.costs, max_nodes=max_nodes)[0]
     (name, rule), best = max(considered.items(), key=lambda item: item[1].speedup)
-    if best.speedup <= 1.0 or not len(best.tree):
+    if best.speedup <= 1.0:  # the empty tree is 1.0 exactly: nothing pays
         vanilla = options[0].costs.vanilla()
         return Plan(None, Tree.chain(0), "rejection", Prediction(Tree.chain(0), 1.0, vanilla, 1.0, vanilla),
                     considered)
