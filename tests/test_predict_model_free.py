@@ -73,8 +73,8 @@ def test_measured_trees_are_kept_and_read_back(tmp_path):
     profile = load_profile(tmp_path)  # a comparison's profile folder of a model-free drafter
     assert profile.tau_source("auto", "topk", "rejection", Sampling(0.0)) == m
     assert profile.tau_source("auto", "topk", "block", Sampling(0.0)) == m  # at greedy: the same tokens per pass
-    with pytest.raises(ValueError, match="holds none under typical"):
-        profile.tau_source("auto", "topk", "typical", Sampling(0.0))
+    with pytest.raises(ValueError, match="holds none under rejection at T=1.0"):
+        profile.tau_source("auto", "topk", "rejection", Sampling(1.0))
     (tmp_path / "measured_trees.json").write_text('{"measurements": [{"rule": "rejection"}]}')
     with pytest.raises(ValueError, match="measured_trees.json"):
         read_measured_trees(tmp_path)

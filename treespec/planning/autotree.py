@@ -13,7 +13,9 @@ strategies): ``RankAccuracy``, the drafter's measured per-depth top-k accuracies
 (analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
 al. 2024, optimises the same trade-off with a hardware-aware search); or ``ChainTable``, chains γ = 0..D with
 each acceptance rule's τ measured in closed form on sampled drafts (treespec/planning/chain_tau.py: token-level
-rejection, Sun et al. 2024's block verification), for drafters that sample their candidates.
+rejection, Sun et al. 2024's block verification), for drafters that sample their candidates. A third source,
+``MeasuredTrees`` (treespec/planning/measured_tau.py), holds τ per tree measured by decoding, for drafters without
+rank accuracies; it also knows the sizes its passes verified, which ``predict`` charges (``CostModel.expected_step``).
 
 A whole generation also pays the prefill, which speculation does not shorten: ``predict_generation``
 turns a per-step prediction into the speedup of one prompt's generation (its prompt length, its number

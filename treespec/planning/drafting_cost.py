@@ -14,6 +14,10 @@ alone, and each generation's drafting per pass is taken as a fraction of it, so 
 down between this and the cost curve moves neither.
 The fractions are fitted as fixed + per_depth · depth + per_node · nodes (``fit_drafting``), each term ≥ 0, and put
 on the cost model's own pass (``DraftingCost.on``).
+
+The decoding itself is ``dry_run``: any trees (a model-free drafter's dynamic budgets too), at any sampling and rule,
+keeping per tree its τ and the sizes its passes verified as well (treespec/planning/measured_tau.py's ``TreeRun``),
+which is how a drafter without rank accuracies is predicted (treespec/planning/model_free.py).
 """
 
 from __future__ import annotations

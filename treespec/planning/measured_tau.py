@@ -27,7 +27,6 @@ from treespec.sampling import Sampling
 from treespec.tree import Tree
 
 MEASURED_TREES_FILE = "measured_trees.json"
-LOSSLESS = ("rejection", "block", "traversal")  # treespec/walker.py's lossless rules: at greedy, the argmax path
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,10 @@ class MeasuredTrees:
 
     def serves(self, sampling: Sampling | None, rule: str) -> bool:
         """Whether it predicts decoding at ``sampling`` (None: any) under ``rule``: measured there, or at greedy under
-        another lossless rule (each commits the target's argmax path, so the same tokens per pass)."""
+        another rule (under greedy decoding every rule is the greedy walk: the same tokens per pass)."""
         if sampling is not None and sampling != self.sampling:
             return False
-        return rule == self.rule or (self.sampling.greedy and {rule, self.rule} <= set(LOSSLESS))
+        return rule == self.rule or self.sampling.greedy
 
     def trees(self, max_nodes: int) -> list[Tree | DynamicTree]:
         """The empty tree (no speculation) and every measured tree of at most ``max_nodes`` candidates."""
