@@ -188,3 +188,17 @@ def test_the_comparison_predicts_model_free_drafters_and_reports_auto_across(tmp
     out = generate(target, PROMPTS[0], drafter=PromptLookup(), tree={"kind": "auto", "max_nodes": 8}, profile=profile,
                    max_new_tokens=8)
     assert out.tree == Tree.chain(4)
+
+
+def test_a_dry_run_decodes_the_held_out_prompts_as_timed_prompts_are():
+    """From the held-out prompt on, not from the target's continuation of it (which would hand a model-free drafter
+    the target's own loops before it starts: τ far above the timed prompts'); a held-out text without prompts gives
+    its windows."""
+    from treespec.train.compare.dry_runs import prompts_of
+    from treespec.train.compare.templates import HeldOutText
+
+    windows = [torch.arange(10)[None], torch.arange(20, 32)[None]]
+    held = HeldOutText(windows, [4, 5], [w[:, :lead] for w, lead in zip(windows, [4, 5], strict=True)])
+    assert [p.tolist() for p in prompts_of(held)] == [[[0, 1, 2, 3]], [[20, 21, 22, 23, 24]]]
+    assert [p.tolist() for p in prompts_of(HeldOutText(torch.arange(12).reshape(2, 6), 2), count=1)] == [
+        [[0, 1, 2, 3, 4, 5]]]

@@ -18,6 +18,15 @@ PROMPTS = 4  # held-out prompts a dry run decodes: a model-free drafter's τ var
 MIN_TOKENS, MAX_TOKENS = 16, 64  # tokens each dry-run generation decodes: the run's budget, within these
 
 
+def prompts_of(held, count: int = PROMPTS) -> list:
+    """What a dry run decodes: the first ``count`` held-out prompts as a timed prompt is decoded, from its prompt on
+    (the target's continuation is what the dry run decodes, as it is what decoding drafts against); a HeldOutText
+    that kept none gives its whole windows."""
+    if held.prompts:
+        return list(held.prompts[:count])
+    return [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])][:count]
+
+
 def trees_to_measure(drafter, specs: list[dict], rule: str) -> list:
     """``candidate_trees`` and the static and dynamic trees of ``specs`` that ``drafter`` can draft under ``rule``."""
     out = candidate_trees(drafter, rule)

@@ -30,9 +30,8 @@ from treespec.io import single_run
 from treespec.planning.chain_tau import measure_chain_tau
 from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.sampling import Sampling
-from treespec.train.compare import dry_runs
 from treespec.train.compare.configurations import DrafterSpec
-from treespec.train.compare.dry_runs import measure_dry_runs
+from treespec.train.compare.dry_runs import measure_dry_runs, prompts_of
 from treespec.train.compare.entries import drafter_checksum, entry_record, made, max_depth_of
 from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job_config import (
@@ -62,6 +61,7 @@ from treespec.train.training.distributed import LOCK_FILE
 from treespec.train.training.log import RunLogger
 
 LEAD = 16  # corpus tokens kept before each held-out code continuation (train/training/data.py's own_continuations)
+CONTEXT = 128  # corpus tokens each held-out code continuation is decoded after (what a dry run decodes from)
 CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
 
 
@@ -138,7 +138,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         if accuracy is not None or chain is not None:  # both came from windows(): they exist
             cost = measure_drafting_cost(target, drafter, calibration_prompts(windows()))
         elif candidates == "topk" and windows() is not None:  # nothing else predicts it: τ per tree from a dry run
-            measured, cost = measure_dry_runs(target, label, drafter, calibration_prompts(windows(), dry_runs.PROMPTS),
+            measured, cost = measure_dry_runs(target, label, drafter, prompts_of(windows()),
                                               own_trees(cfg, label) or tree_specs_of(cfg), rules_of(cfg), sampling,
                                               int(cfg.max_new_tokens), log)
         if cost is not NO_DRAFTING:
@@ -199,7 +199,8 @@ def workload_prompts(cfg, target, tokenizer, log=print):
             if shared:
                 log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
             return HeldOutText(own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
-                                                 top_p=cfg.top_p, seed=seed, lead=LEAD).to(device), LEAD)
+                                                 top_p=cfg.top_p, seed=seed, lead=LEAD, context=CONTEXT), LEAD,
+                               [w[None, :CONTEXT] for w in held_out]).to(device)
         if not workload.held_out:
             log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
                 "accuracy or auto trees and no predictions")
