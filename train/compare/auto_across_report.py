@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from treespec.train.compare.categories import best_per_category, categories_of, category_estimates
-from treespec.train.compare.predictions import ratio
+from treespec.train.compare.predictions import predicted_text, ratio
 from treespec.train.compare.tables import DASH, md_table, num, with_interval
 
 
@@ -26,7 +26,7 @@ def across_markdown(result: dict, a: dict) -> list[str]:
         considered = ", ".join(f"{k} {v:.2f}×" for k, v in (c.get("considered") or {}).items())
         lines += [f"`{c['config']}` chose {what}: {chose['why']}"
                   + (f" (each one's best tree, predicted per step: {considered})" if considered else "") + ". "
-                  f"Predicted {num(c.get('predicted_speedup'), suffix='×')} over whole generations, measured "
+                  f"Predicted {predicted_text(c)} over whole generations, measured "
                   f"{with_interval(c['speedup_est'], suffix='×')} (pred ÷ meas {num(ratio(c))}).", ""]
         table = category_lines(result, a, c)
         if table:

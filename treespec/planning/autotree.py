@@ -36,8 +36,6 @@ treespec/planning/drafting_cost.py).
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +46,10 @@ from treespec.compat import prefill_kwargs
 from treespec.dynamic_tree import DynamicTree
 from treespec.io import atomic_write_json, read_json
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
+from treespec.planning.cost_curve import cost_curve_rounds
 from treespec.planning.cost_records import check_cost_record
-from treespec.timing import forward_steps, median_time, wait_for
+from treespec.planning.robust import robust
+from treespec.timing import median_time
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -57,29 +57,17 @@ COST_CURVE_FILE = "cost_curve.json"
 
 
 def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10,
-                       before=None, batch: int = 1) -> dict[int, float]:
-    """Median seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for
-    ``batch`` rows (a batch's cost curve is over B × N tokens). ``before``: a drafting call to run (untimed)
-    ahead of each forward, so the curve is what verification costs while that drafter alternates with the
-    target (its weights push the target's out of the caches)."""
-    # sizes interleaved forward by forward (up, then down, 2 × ``repeats`` rounds), each size the median of its
-    # forwards: a shared machine's slow spell then falls on every size alike and bends no part of the curve. Timed
-    # size by size, a spell on one size once put a pass over 5 tokens below one over 4 (docs/results.md,
-    # "Drafting measured in the loop")
-    sizes = sorted({int(n) for n in sizes})
-    steps = forward_steps(model, sizes, past_len, batch=batch)
-    times = {n: [] for n in sizes}
-    for round_ in range(2 * repeats + 1):  # the first round untimed: lazy initialisation
-        for n in sizes if round_ % 2 == 0 else sizes[::-1]:
-            if before is not None:
-                before()
-            wait_for()
-            start = time.perf_counter()
-            steps[n]()
-            wait_for()
-            if round_:
-                times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(times[n]) for n in sizes}
+                       before=None, batch: int = 1, spread: dict | None = None) -> dict[int, float]:
+    """Seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for ``batch`` rows (a
+    batch's cost curve is over B × N tokens): each size the median of its rounds without the outliers
+    (treespec/planning/cost_curve.py, ``cost_curve_rounds``; robust.py), whose ``Spread`` goes into ``spread`` {N:
+    Spread} when given. ``before``: a drafting call to run (untimed) ahead of each forward, so the curve is what
+    verification costs while that drafter alternates with the target (its weights push the target's out of the
+    caches)."""
+    spreads = {n: robust(t) for n, t in cost_curve_rounds(model, sizes, past_len, repeats, before, batch).items()}
+    if spread is not None:
+        spread.update(spreads)
+    return {n: s.value for n, s in spreads.items()}
 
 
 def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:
