@@ -46,8 +46,8 @@ from treespec.compat import prefill_kwargs
 from treespec.dynamic_tree import DynamicTree
 from treespec.io import atomic_write_json, read_json
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
-from treespec.planning.cost_curve import cost_curve_rounds
 from treespec.planning.cost_records import check_cost_record
+from treespec.planning.curve_rounds import cost_curve_rounds
 from treespec.planning.robust import robust
 from treespec.timing import median_time
 from treespec.tree import Tree
@@ -60,7 +60,7 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
                        before=None, batch: int = 1, spread: dict | None = None) -> dict[int, float]:
     """Seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for ``batch`` rows (a
     batch's cost curve is over B × N tokens): each size the median of its rounds without the outliers
-    (treespec/planning/cost_curve.py, ``cost_curve_rounds``; robust.py), whose ``Spread`` goes into ``spread`` {N:
+    (treespec/planning/curve_rounds.py, ``cost_curve_rounds``; robust.py), whose ``Spread`` goes into ``spread`` {N:
     Spread} when given. ``before``: a drafting call to run (untimed) ahead of each forward, so the curve is what
     verification costs while that drafter alternates with the target (its weights push the target's out of the
     caches)."""
