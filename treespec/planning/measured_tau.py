@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from treespec.dynamic_tree import DynamicTree
-from treespec.io import atomic_write_json, read_json
+from treespec.io import atomic_write_json, read_measurements
 from treespec.planning.tree_spec import build_tree, tree_to_spec
 from treespec.sampling import Sampling
 from treespec.tree import Tree
@@ -120,14 +120,7 @@ def save_measured_trees(folder, measured: list[MeasuredTrees], **about) -> Path:
 
 def read_measured_trees(folder) -> list[MeasuredTrees]:
     """The measurements ``save_measured_trees`` wrote in ``folder`` (none: [])."""
-    path = Path(folder) / MEASURED_TREES_FILE
-    if not path.is_file():
-        return []
-    data = read_json(path, "measured trees file", dict)
-    try:
-        return [MeasuredTrees.from_record(m) for m in data["measurements"]]
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"measured trees file {path}: {err}") from None
+    return read_measurements(Path(folder) / MEASURED_TREES_FILE, "measured trees file", MeasuredTrees.from_record)
 
 
 def serving(measured: list[MeasuredTrees], sampling: Sampling | None, rule: str) -> MeasuredTrees | None:
