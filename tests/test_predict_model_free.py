@@ -202,3 +202,19 @@ def test_a_dry_run_decodes_the_held_out_prompts_as_timed_prompts_are():
     assert [p.tolist() for p in prompts_of(held)] == [[[0, 1, 2, 3]], [[20, 21, 22, 23, 24]]]
     assert [p.tolist() for p in prompts_of(HeldOutText(torch.arange(12).reshape(2, 6), 2), count=1)] == [
         [[0, 1, 2, 3, 4, 5]]]
+
+
+def test_a_drafter_that_learns_meets_each_prompt_once_per_tree(monkeypatch):
+    """SuffixDecoding learns from every answer: in a dry run each tree's copy meets the prompts one after another, as a
+    comparison's configuration does, so its τ is a fresh drafter's on the first prompt, never one that has already
+    seen this prompt's answer under another tree."""
+    from treespec.heads import SuffixDecoding
+
+    monkeypatch.setattr(drafting_cost, "forward_time", lambda *a, **k: 0.01)
+    target = tiny_llama(seed=0)
+    trees = [Tree.chain(2), Tree.chain(4)]
+    m, _ = measure_trees(target, SuffixDecoding(), PROMPTS[:1], trees=trees, max_new_tokens=16)
+    for run in m.runs:
+        accepted = generate(target, PROMPTS[0], drafter=SuffixDecoding(), tree=run.tree, max_new_tokens=16).accept_lengths
+        whole = [accepted[i] for i in drafting_cost.whole_tree_steps(accepted, run.tree.depth, 16)]
+        assert run.tau == pytest.approx(sum(whole) / len(whole))

@@ -32,7 +32,9 @@ import torch
 
 from treespec.drafter import Drafter
 from treespec.generate import decode
+from treespec.planning.bench import own_copy
 from treespec.planning.measured_tau import TreeRun
+from treespec.planning.robust import robust_median
 from treespec.sampling import Sampling
 from treespec.timing import DRAFT, UPDATE, StepTimer, forward_time
 from treespec.tree import Tree
@@ -155,27 +157,33 @@ def dry_run(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAF
             batch: int = 1, sampling: Sampling | None = None, acceptance: str = "rejection", seed: int = 0) -> DryRun:
     """Decode each of ``prompts`` ([1, P] token ids; each as ``batch`` rows) with ``drafter`` once per tree of
     ``trees`` (Trees or DynamicTrees), at ``sampling`` (None: greedy) under ``acceptance``, after one untimed
-    generation (lazy initialisation), timing each of the drafter's calls (``CallTimer``). Over the steps that drafted
-    the whole tree: τ, the sizes the passes verified, and drafting per pass (the median proposal, plus the updates
-    per pass; the prefill's drafting call is not a step's) as a fraction of the one-token pass timed right before that
-    generation, the median over prompts. A tree no step drafted whole is left out."""
+    generation (lazy initialisation), timing each of the drafter's calls (``CallTimer``); ``drafter`` itself learns
+    nothing (``bench.own_copy``). Over the steps that drafted the whole tree: τ, the sizes the passes verified, and
+    drafting per pass (the median proposal, plus the updates per pass; the prefill's drafting call is not a step's) as
+    a fraction of the one-token pass timed right before that generation, the median over prompts (without outliers:
+    robust.py). A tree no step drafted whole is left out."""
     if not prompts:
         raise ValueError("a dry run needs at least one prompt to decode")
     sampling = sampling or Sampling(0.0)
     rows = [p.to(target.device).expand(batch, -1) for p in prompts]
-    decode(target, rows[0], drafter=drafter, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
-    drafter.reset()
+    warm = own_copy(drafter)
+    decode(target, rows[0], drafter=warm, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
+    warm.reset()
+    # a drafter that learns from every generation (SuffixDecoding, Token Recycling) gets a copy per tree, which meets
+    # the prompts one after another as a comparison's configuration does: one drafter decoding a prompt once per tree
+    # would have seen that prompt's answer by its second tree
+    drafters = {tree: own_copy(drafter) for tree in trees}
     fractions, lengths, verified, passes = {t: [] for t in trees}, {t: [] for t in trees}, {t: [] for t in trees}, []
     generator = torch.Generator().manual_seed(seed)
     for prompt in rows:
         for tree in trees:
             alone = forward_time(target, n_tokens=1, past_len=prompt.shape[1], repeats=8, batch=batch)
             timer, sizes = CallTimer(synchronize=True, device=target.device), []
-            with proposal_sizes(drafter, sizes):
-                result = decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
+            with proposal_sizes(drafters[tree], sizes):
+                result = decode(target, prompt, drafter=drafters[tree], tree=tree, max_new_tokens=max_new_tokens,
                                 observer=timer, temperature=sampling.temperature, top_p=sampling.top_p,
                                 acceptance=acceptance, generator=None if sampling.greedy else generator)
-            drafter.reset()
+            drafters[tree].reset()
             proposals = timer.calls[DRAFT][1 : 1 + result.target_passes]  # after the prefill's call
             accepted = result.rows[0].accept_lengths
             whole = whole_tree_steps(accepted, tree.depth, max_new_tokens)
@@ -189,7 +197,7 @@ def dry_run(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAF
             passes.append(alone)
     runs = [TreeRun(tree, sum(lengths[tree]) / len(lengths[tree]),
                     {n: c / len(verified[tree]) for n, c in sorted(Counter(verified[tree]).items())},
-                    statistics.median(fractions[tree]), len(lengths[tree])) for tree in trees if fractions[tree]]
+                    robust_median(fractions[tree]), len(lengths[tree])) for tree in trees if fractions[tree]]
     if not runs:
         raise ValueError(f"max_new_tokens={max_new_tokens} left no step of any tree whole: raise it")
     return DryRun(runs, statistics.median(passes))

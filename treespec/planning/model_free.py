@@ -22,7 +22,6 @@ import torch
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.planning.autotree import DEFAULT_SIZES, CostModel, auto_chooser, cost_at, measure_cost_curve
-from treespec.planning.bench import own_copy
 from treespec.planning.drafting_cost import DraftingCost, drafting_fit, dry_run, own_text_prompts
 from treespec.planning.engine_cost import measure_engine_cost
 from treespec.planning.measured_tau import MeasuredTrees
@@ -52,14 +51,14 @@ def measure_trees(target, drafter: Drafter, prompts: list[torch.Tensor], *, tree
                   seed: int = 0) -> tuple[MeasuredTrees, DraftingCost]:
     """(τ per tree, drafting cost) of ``drafter`` decoding ``prompts`` ([1, P] each: held-out text, never the prompts
     a prediction is checked on) over ``trees`` (None: ``candidate_trees``) at ``sampling`` (None: greedy) under
-    ``acceptance``. A drafter that learns across generations (SuffixDecoding, Token Recycling) runs as a copy, so the
-    dry run teaches the caller's drafter nothing."""
+    ``acceptance``. A drafter that learns across generations (SuffixDecoding, Token Recycling) runs as a copy per tree
+    (``dry_run``), so the dry run teaches the caller's drafter nothing and no tree sees a prompt's answer twice."""
     sampling = sampling or Sampling(0.0)
     trees = list(trees) if trees is not None else candidate_trees(drafter, acceptance)
     if acceptance in CHAIN_RULES and any(not (isinstance(t, Tree) and t.is_chain) for t in trees):
         raise ValueError(f"acceptance={acceptance!r} verifies chains only; the trees to measure hold "
                          f"{[t for t in trees if not (isinstance(t, Tree) and t.is_chain)]}")
-    measured = dry_run(target, own_copy(drafter), prompts, trees=trees, max_new_tokens=max_new_tokens,
+    measured = dry_run(target, drafter, prompts, trees=trees, max_new_tokens=max_new_tokens,
                        sampling=sampling, acceptance=acceptance, seed=seed)
     return MeasuredTrees(measured.runs, sampling, acceptance), drafting_fit(measured)
 
