@@ -215,6 +215,7 @@ def test_a_drafter_that_learns_meets_each_prompt_once_per_tree(monkeypatch):
     trees = [Tree.chain(2), Tree.chain(4)]
     m, _ = measure_trees(target, SuffixDecoding(), PROMPTS[:1], trees=trees, max_new_tokens=16)
     for run in m.runs:
-        accepted = generate(target, PROMPTS[0], drafter=SuffixDecoding(), tree=run.tree, max_new_tokens=16).accept_lengths
+        fresh = SuffixDecoding()
+        accepted = generate(target, PROMPTS[0], drafter=fresh, tree=run.tree, max_new_tokens=16).accept_lengths
         whole = [accepted[i] for i in drafting_cost.whole_tree_steps(accepted, run.tree.depth, 16)]
         assert run.tau == pytest.approx(sum(whole) / len(whole))
