@@ -107,8 +107,8 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
     shipped beside a drafter were measured on human-written text and underestimate τ.
     ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
     drafter's drafting is timed in the loop on the first held-out windows (``calibration_prompts``); a drafter with
-    neither accuracies nor chain τ (the model-free kinds) is measured by a dry run on them instead
-    (train/compare/dry_runs.py): τ per tree and its drafting, in one decoding."""
+    neither accuracies nor chain τ (the model-free kinds) is measured by a dry run instead, decoding the held-out
+    prompts as timed prompts are decoded (train/compare/dry_runs.py): τ per tree and its drafting, in one decoding."""
     specs = []
     missing = unshipped(cfg, drafter_labels(cfg))
     for label, source in missing.items():
