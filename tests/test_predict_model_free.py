@@ -155,6 +155,10 @@ def test_bad_lists_are_refused_naming_the_problem():
     with pytest.raises(ValueError, match="only kind 'auto'"):
         check_config(cfg)
     check_config(compose_cfg("compare", [*base, "trees=[{kind: chain, depth: 2}, {kind: auto, drafters: [suffix]}]"]))
+    with pytest.raises(ValueError, match="'eagle' is not one of this run's drafters"):  # the harness, called directly
+        run_comparison(target, [DrafterSpec("prompt_lookup", PromptLookup())],
+                       [{"kind": "auto", "drafters": ["eagle"]}], PROMPTS, max_new_tokens=4, peers=False,
+                       out_dir="unused", log=lambda *_: None)
 
 
 def test_the_comparison_predicts_model_free_drafters_and_reports_auto_across(tmp_path, monkeypatch):

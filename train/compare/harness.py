@@ -27,7 +27,7 @@ import torch
 
 from treespec.planning.bench import Config, Row, own_copy, step_parts
 from treespec.planning.tree_spec import build_tree, save_tree
-from treespec.train.compare.auto_across import per_drafter
+from treespec.train.compare.auto_across import across_specs, check_across, per_drafter
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.train.compare.journal import open_journal
@@ -121,6 +121,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
                               drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
+    for spec in across_specs(tree_specs):  # before anything is measured (the job checks its config the same way)
+        check_across(spec, [d.name for d in drafters])
     context = context_length(prompt_info)
     key = {"target": {k: v for k, v in stamp["target"].items() if k != "source"}, "drafters": stamp["drafters"],
            "prompts": prompts_digest(prompts), "max_new_tokens": budgets, "repeats": repeats,
