@@ -130,7 +130,7 @@ def test_the_chosen_plan_decodes_as_vanilla_greedy():
         assert out.tree == plan.tree
 
 
-def test_bad_lists_are_refused_naming_the_problem():
+def test_bad_lists_are_refused_naming_the_problem(tmp_path):
     target = tiny_llama(seed=0)
     with pytest.raises(ValueError, match="empty list"):
         choose_across([])
@@ -158,7 +158,8 @@ def test_bad_lists_are_refused_naming_the_problem():
     with pytest.raises(ValueError, match="'eagle' is not one of this run's drafters"):  # the harness, called directly
         run_comparison(target, [DrafterSpec("prompt_lookup", PromptLookup())],
                        [{"kind": "auto", "drafters": ["eagle"]}], PROMPTS, max_new_tokens=4, peers=False,
-                       out_dir="unused", log=lambda *_: None)
+                       out_dir=tmp_path / "refused", log=lambda *_: None)
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_comparison_predicts_model_free_drafters_and_reports_auto_across(tmp_path, monkeypatch):

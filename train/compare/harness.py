@@ -112,6 +112,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
         raise ValueError(f"baselines={baselines}: each one of {', '.join(PEERS)}, without peers=True (which "
                          "measures them in a pass of their own), and assisted with an assistant model")
+    for spec in across_specs(tree_specs):  # before anything is written or measured (the job checks its config alike)
+        check_across(spec, [d.name for d in drafters])
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -121,8 +123,6 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         stamp = collect_stamp(target=target, prompts=prompts, prompt_set="given to run_comparison", seed=seed,
                               drafters={d.name: d.checksum or _module_checksum(d.drafter) for d in drafters})
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
-    for spec in across_specs(tree_specs):  # before anything is measured (the job checks its config the same way)
-        check_across(spec, [d.name for d in drafters])
     context = context_length(prompt_info)
     key = {"target": {k: v for k, v in stamp["target"].items() if k != "source"}, "drafters": stamp["drafters"],
            "prompts": prompts_digest(prompts), "max_new_tokens": budgets, "repeats": repeats,
