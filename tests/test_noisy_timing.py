@@ -71,6 +71,12 @@ def test_an_implausible_engine_cost_is_timed_again(monkeypatch):
         [3e-3] * 3)(target, **kw))
     e = measure_engine_cost(None, trees=TREES, repeats=3, retries=2, log=logs.append)
     assert len(calls) == 3 and implausible(e) and logs[-1].startswith("warning: the engine's cost is still implausible")
+    assert e.vanilla == pytest.approx(3e-3)  # kept as measured: nothing says which term is wrong
+    # a term that stays below 0 is kept at 0, as a cost record keeps it
+    monkeypatch.setattr(engine_cost, "engine_samples", lambda target, **kw: (
+        [0.5e-3] * 3, {tree: [-1e-3 + 1e-5 * tree.num_nodes] * 3 for tree in TREES}))
+    e = measure_engine_cost(None, trees=TREES, repeats=3, retries=1, log=logs.append)
+    assert e.fixed == 0.0 and e.vanilla == pytest.approx(0.5e-3) and "below 0 at 0" in logs[-1]
 
 
 def test_a_prediction_carries_its_cost_terms_spread():

@@ -163,7 +163,8 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
                         log=print) -> EngineCost:
     """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
     beyond the target's pass as ``autotree.measure_cost_curve`` times it. When it is ``implausible``, ``repeats``
-    rounds more are timed and pooled with the first, up to ``retries`` times (then it is kept, with a warning).
+    rounds more are timed and pooled with the first, up to ``retries`` times (then it is kept, a term below 0 at 0,
+    with a warning).
     ``bounds``: filled with each term's (lo, hi) over its kept rounds (``engine_from``)."""
     if steps < 2 or repeats < 1 or not trees:
         raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
@@ -176,9 +177,12 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
         if why is None:
             break
         if attempt == retries:
+            # a term below 0 would make every speculative step look cheaper than its own pass: 0, as a cost record
+            # keeps it (planning/cost_records.py); the rest is kept as measured
+            kept = EngineCost(max(0.0, cost.vanilla), max(0.0, cost.fixed), cost.per_node)
             log(f"warning: the engine's cost is still implausible after {retries} re-measures ({why}); kept as "
-                "measured: measure again on an idle machine")
-            break
+                f"measured{' with its terms below 0 at 0' if kept != cost else ''}: measure again on an idle machine")
+            return kept
         log(f"the engine's cost looks implausible ({why}): timing {repeats} more rounds")
         more_vanilla, more = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
                                             batch=batch, seed=seed)
