@@ -40,6 +40,7 @@ from treespec.heads.kind import DrafterKind
 from treespec.heads.training.accuracy import read_accuracy
 from treespec.planning.autotree import read_cost_curve
 from treespec.planning.chain_tau import read_chain_tau
+from treespec.planning.measured_tau import read_measured_trees
 from treespec.planning.profile import DrafterProfile
 
 #: every kind, in the order the comparison lists them (the "auto" kind, any checkpoint, follows them)
@@ -152,16 +153,18 @@ def load(source, target, *, format: str = "auto", aux_layers=None, written_by: s
 def load_profile(source, target=None, *, log=print) -> DrafterProfile:
     """What a drafter's folder holds beside its weights, so that generate(..., profile=) can grow
     ``{"kind": "accuracy"}`` and ``{"kind": "auto"}`` trees for it (treespec.planning.tree_spec): its measured
-    accuracies (head_accuracy.json), its cost curve (cost_curve.json) and its chain τ of sampled candidates
-    (chain_tau.json). Any may be missing (None).
+    accuracies (head_accuracy.json), its cost curve (cost_curve.json), its chain τ of sampled candidates
+    (chain_tau.json) and, for a model-free drafter's profile a comparison kept, its τ per tree from a dry run
+    (measured_trees.json). Any may be missing (None).
 
     With its ``target``, what is missing on this machine is measured once on first use and cached
     (heads/checkpoints/local_profile.py): the cost curve, when the folder holds none measured here for this target (the
     shipped drafters' are not), now; a chain τ at a sampling it lacks, when "auto" first needs it."""
     folder = resolve_source(source)
     accuracy, chains = read_accuracy(folder), read_chain_tau(folder) or None
+    measured = read_measured_trees(folder) or None
     if target is None:
-        return DrafterProfile.from_cost_curve(accuracy, read_cost_curve(folder), chains)
+        return DrafterProfile.from_cost_curve(accuracy, read_cost_curve(folder), chains, measured=measured)
     record = local_profile.cost_record(target, load(folder, target), folder, log)
     measure = local_profile.chain_tau_measurer(target, folder, log)
     return DrafterProfile.from_cost_curve(accuracy, record, chains, measure)

@@ -138,6 +138,19 @@ def read_json(path: str | os.PathLike, what: str = "file", kind: type | None = N
     return obj
 
 
+def read_measurements(path: str | os.PathLike, what: str, from_record: Callable[[dict], object]) -> list:
+    """The entries of a ``{"measurements": [record, ...]}`` file (a profile's chain τ, its measured trees), each made
+    by ``from_record``; [] without the file; a file of another shape is a ValueError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = read_json(path, what, dict)
+    try:
+        return [from_record(m) for m in data["measurements"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{what} {path}: {err}") from None
+
+
 def load_safetensors(path: str | os.PathLike, what: str = "weights") -> dict:
     """Every tensor of a safetensors file, on the CPU: {name: Tensor}.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from treespec.train.compare.auto_across import drafter_of
 from treespec.train.compare.stats import Estimate, groups_of, median_interval, tau_interval
 from treespec.train.compare.tables import DASH, md_table, with_interval
 
@@ -227,13 +228,13 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
     best = a.get("best")
     if not best or not best.get("tree_spec"):
         return []
-    entry = (result.get("drafter_entries") or {}).get(best["drafter"]) or {}
+    entry = (result.get("drafter_entries") or {}).get(drafter_of(best)) or {}
     stop = (result.get("settings") or {}).get("end_token_ids")
     return ["## Use the best tree", "", f"The run's best configuration, {best['config']}, saved its tree as "
             "`best_tree.json` beside this file (every configuration's tree is under `trees/`):", "", "```python",
             "from treespec import Tree, generate", "from treespec.heads import registry"
             + (", Combined" if entry.get("parts") else ""), "",
-            f"drafter = {make_line({'name': best['drafter'], **entry})}",
+            f"drafter = {make_line({'name': drafter_of(best), **entry})}",
             f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
             + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder)

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, cost_at, cost_model
 from treespec.planning.drafting_cost import DraftingCost
+from treespec.planning.measured_tau import serving
 from treespec.planning.tree_spec import NEEDS_ACCURACY, build_tree
 from treespec.tree import Tree
 
+#: the key that makes a tree spec "auto" across drafters, {kind: auto, drafters: [...]}: train/compare/auto_across.py
+ACROSS_KEY = "drafters"
 
 @dataclass
 class DrafterSpec:
@@ -34,11 +37,18 @@ class DrafterSpec:
     drafting_cost: DraftingCost | None = None  # measured in the loop, as fractions of a one-token pass
                                                # (treespec/planning/drafting_cost.py): put on the cost model's
                                                # own pass, in place of the seconds above
+    measured: list | None = None        # planning.measured_tau.MeasuredTrees per rule: τ per tree from a dry run,
+                                        # for a drafter without rank accuracies (treespec/planning/model_free.py)
 
     def tau_source(self, rule: str = "rejection"):
         """What predictions and "auto" use under ``rule``: for sampled candidates the measured chain τ of that rule
-        (None where no closed form exists: typical acceptance), else the top-k rank accuracies."""
-        return self.chain_tau.source(rule) if self.chain_tau is not None else self.accuracy
+        (None where no closed form exists: typical acceptance), else the top-k rank accuracies, else the τ per tree
+        its dry run measured under that rule (None: not measured under it)."""
+        if self.chain_tau is not None:
+            return self.chain_tau.source(rule)
+        if self.accuracy is None and self.measured:
+            return serving(self.measured, None, rule)
+        return self.accuracy
 
     def cost_model(self, curve: dict[int, float], baseline: float | None = None,
                    engine: EngineCost | None = None) -> CostModel:
@@ -55,11 +65,12 @@ class DrafterSpec:
 
 
 def expand_specs(specs) -> list[dict]:
-    """List-valued fields expand into one spec per value: {"kind": "chain", "depth": [1, 2]} → two specs."""
+    """List-valued fields expand into one spec per value: {"kind": "chain", "depth": [1, 2]} → two specs (a path
+    list and an "auto" across drafters' list of drafters are one value)."""
     out = []
     for spec in specs:
         spec = dict(spec)
-        keys = [k for k, v in spec.items() if isinstance(v, (list, tuple)) and k != "paths"]
+        keys = [k for k, v in spec.items() if isinstance(v, (list, tuple)) and k not in ("paths", ACROSS_KEY)]
         for values in itertools.product(*(spec[k] for k in keys)):
             out.append({**spec, **dict(zip(keys, values, strict=True))})
     return out
@@ -95,6 +106,8 @@ def resolve_tree(spec: dict, d: DrafterSpec, costs: CostModel | dict[int, float]
         return None, f"{d.name} has no measured accuracies" + (f" (no closed-form τ for {rule})" if d.chain_tau else "")
     if spec.get("kind") == "accuracy" and d.chain_tau is not None:
         return None, f"{d.name} samples its candidates; accuracy trees grow top-k ranks (auto chooses its chain)"
+    if spec.get("kind") == "accuracy" and d.accuracy is None:
+        return None, f"{d.name} has no rank accuracies to grow a tree from (auto chooses among its dry run's trees)"
     if spec.get("kind") == "auto":
         spec = {**spec, "max_nodes": spec.get("max_nodes", max_nodes)}
     costs = costs if isinstance(costs, CostModel) else d.cost_model(costs, baseline)

@@ -97,10 +97,16 @@ def label_variants(result: dict, configs, measured) -> None:
 
 def chosen(c: dict) -> str:
     """A configuration's tree label; an ``auto`` one says what it chose: "auto → chain γ=4", "auto → 12 nodes,
-    depth 5", "auto → none" (no drafting)."""
+    depth 5", "auto → dynamic 16/8/4", "auto → none" (no drafting); across drafters, which drafter too: "auto →
+    eagle, chain γ=4", "auto → vanilla"."""
+    across = c.get("chose")
+    if across:
+        return "auto → vanilla" if across["drafter"] == "vanilla" else f"auto → {across['drafter']}, {across['tree']}"
     spec = c.get("tree_spec")
-    if c.get("tree") != "auto" or not isinstance(spec, dict) or spec.get("kind") not in ("paths", "chain"):
+    if c.get("tree") != "auto" or not isinstance(spec, dict) or spec.get("kind") not in ("paths", "chain", "dynamic"):
         return c["tree"]
+    if spec["kind"] == "dynamic":  # a model-free drafter's own budget, chosen from its dry run
+        return f"auto → dynamic {spec['total_tokens']}/{spec['depth']}/{spec['top_k']}"
     tree = build_tree(spec)
     if not len(tree):
         return "auto → none"

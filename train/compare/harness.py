@@ -27,6 +27,7 @@ import torch
 
 from treespec.planning.bench import Config, Row, own_copy, step_parts
 from treespec.planning.tree_spec import build_tree, save_tree
+from treespec.train.compare.auto_across import across_specs, check_across, per_drafter
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.train.compare.journal import open_journal
@@ -111,6 +112,8 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     if unknown or (baselines and peers) or ("assisted" in baselines and assistant is None):
         raise ValueError(f"baselines={baselines}: each one of {', '.join(PEERS)}, without peers=True (which "
                          "measures them in a pass of their own), and assisted with an assistant model")
+    for spec in across_specs(tree_specs):  # before anything is written or measured (the job checks its config alike)
+        check_across(spec, [d.name for d in drafters])
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,9 +148,10 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                       acceptance=c["rule"])
                for c in planned if c["same_as"] is None]
     for c in planned:  # every configuration's tree, for use elsewhere (the same files when resumed)
-        d = by_drafter[c["drafter"]]
-        save_tree(build_tree(c["tree_spec"]), out_dir / tree_file(c["name"]), config=c["name"], drafter=d.name,
-                  tree=meta[c["name"]]["tree"], **{"load": d.entry} if d.entry else {})
+        d = by_drafter.get(c["drafter"])  # None: an "auto" across drafters that chose no speculation
+        save_tree(build_tree(c["tree_spec"]), out_dir / tree_file(c["name"]), config=c["name"],
+                  drafter=d.name if d else "none", tree=meta[c["name"]]["tree"],
+                  **{"load": d.entry} if d and d.entry else {})
     entries = {d.name: d.entry for d in drafters if d.entry}
     configs += [Config(PEERS[b], run=hf_peer(target, b, assistant, eos_token_id)) for b in baselines]
 
@@ -182,6 +186,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
             "prompt_of_run": list(prompt_of_run),
             "cost_curve": curve, "cost_curves_after_drafting": curves, "prefill_curve": prefill,
             "engine": setup.get("engine"), "cost_models": setup.get("cost_models"), "profiles": profiles,
+            "cost_bounds": setup.get("cost_bounds"),
             "records": records, "skipped": skipped,
             "best": best_of(rows),
             "accuracy": {d.name: d.accuracy for d in drafters if d.accuracy is not None}, "drafter_entries": entries,
@@ -195,7 +200,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
     order = measuring_order(budgets, repeats)
     restored = {p: journal.restored(p, order) for p in ("main", "peers")}
     # the peers' pass: vanilla, each drafter's best, transformers greedy, prompt lookup and assisted generation
-    peer_count = 3 + len({c["drafter"] for c in planned}) + (assistant is not None) if peers else 0
+    peer_count = 3 + len({c["drafter"] for c in planned} - {None}) + (assistant is not None) if peers else 0
     progress = Progress((len(configs) + 1 + peer_count) * len(order), len(order),
                         sum(map(len, restored.values())), log)
     common = {"temperature": temperature, "top_p": top_p, "seed": seed, "eos_token_id": eos_token_id,
@@ -217,7 +222,9 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         for rec in records[1:]:
             if rec["drafter"] not in bests or rec["speedup"] > bests[rec["drafter"]]["speedup"]:
                 bests[rec["drafter"]] = rec
-        peer_configs = [by_name[measured_as[rec["config"]]] for rec in bests.values()]
+        # each measured once ("auto" across drafters measured as another's configuration, or as vanilla, is not again)
+        peer_configs = [by_name[n] for n in dict.fromkeys(measured_as[rec["config"]] for rec in bests.values())
+                        if n in by_name]
         peer_configs += [Config("transformers greedy", run=hf_peer(target, "greedy", eos_token_id=eos_token_id))]
         if assistant is not None:
             peer_configs.append(Config("transformers assisted", run=hf_peer(target, "assisted", assistant,
@@ -235,7 +242,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
         save_result(result, out_dir)
     if batch_sizes:
         result["batch"] = run_batch_sizes(
-            target, drafters, [(spec_label(spec), spec) for spec in expand_specs(tree_specs)], prompts,
+            target, drafters, [(spec_label(spec), spec) for spec in expand_specs(per_drafter(tree_specs))], prompts,
             resolve=lambda spec, d, costs: resolve_tree(spec, d, costs, max_nodes),
             batch_sizes=batch_sizes, batches=batches, max_new_tokens=max(budgets), temperature=temperature,
             top_p=top_p, eos_token_id=eos_token_id, cost_sizes=batch_cost_sizes, past_len=context, seed=seed, log=log)

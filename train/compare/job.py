@@ -31,6 +31,7 @@ from treespec.planning.chain_tau import measure_chain_tau
 from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.sampling import Sampling
 from treespec.train.compare.configurations import DrafterSpec
+from treespec.train.compare.dry_runs import measure_dry_runs, prompts_of
 from treespec.train.compare.entries import drafter_checksum, entry_record, made, max_depth_of
 from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job_config import (
@@ -60,6 +61,7 @@ from treespec.train.training.distributed import LOCK_FILE
 from treespec.train.training.log import RunLogger
 
 LEAD = 16  # corpus tokens kept before each held-out code continuation (train/training/data.py's own_continuations)
+CONTEXT = 128  # corpus tokens each held-out code continuation is decoded after (what a dry run decodes from)
 CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
 
 
@@ -93,13 +95,20 @@ def calibration_prompts(held: HeldOutText, count: int = 2) -> list[torch.Tensor]
     return [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])][:count]
 
 
+def rules_of(cfg) -> list[str]:
+    rules = acceptance_rules(cfg)
+    return [rules] if isinstance(rules, str) else rules
+
+
 def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
     target's own continuations of the workload's held-out part, what verification will see; the accuracies
     shipped beside a drafter were measured on human-written text and underestimate τ.
     ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
-    drafter's drafting is timed in the loop on the first held-out windows (``calibration_prompts``)."""
+    drafter's drafting is timed in the loop on the first held-out windows (``calibration_prompts``); a drafter with
+    neither accuracies nor chain τ (the model-free kinds) is measured by a dry run instead, decoding the held-out
+    prompts as timed prompts are decoded (train/compare/dry_runs.py): τ per tree and its drafting, in one decoding."""
     specs = []
     missing = unshipped(cfg, drafter_labels(cfg))
     for label, source in missing.items():
@@ -125,9 +134,14 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
                 f"{rule} " + " ".join(f"{t:.2f}" for t in chain.tau[rule]) for rule in chain.tau))
         # as it drafts (lean or not, reduced vocabulary or not), in the decoding loop: only for a drafter whose
         # configurations are predicted (the others' predictions do not exist to use it)
-        cost = NO_DRAFTING
+        cost, measured = NO_DRAFTING, None
         if accuracy is not None or chain is not None:  # both came from windows(): they exist
             cost = measure_drafting_cost(target, drafter, calibration_prompts(windows()))
+        elif candidates == "topk" and windows() is not None:  # nothing else predicts it: τ per tree from a dry run
+            measured, cost = measure_dry_runs(target, label, drafter, prompts_of(windows()),
+                                              own_trees(cfg, label) or tree_specs_of(cfg), rules_of(cfg), sampling,
+                                              int(cfg.max_new_tokens), log)
+        if cost is not NO_DRAFTING:
             fixed, per_depth, per_node = cost.on()  # in seconds of this moment's pass: the setup puts them on its curve
             log(f"drafting cost of {label}, in the loop: {1e3 * fixed:.2f} ms per step + {1e3 * per_depth:.2f} ms per "
                 f"depth + {1e3 * per_node:.3f} ms per node")
@@ -135,7 +149,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         specs.append(DrafterSpec(label, drafter, accuracy, drafting_cost=cost,
                                  max_depth=max_depth_of(cfg, label, module), checksum=drafter_checksum(entry, module),
                                  drafting_step=step, entry=entry_record(cfg, label, module), chain_tau=chain,
-                                 trees=own_trees(cfg, label)))
+                                 trees=own_trees(cfg, label), measured=measured))
     return specs
 
 
@@ -186,7 +200,8 @@ def workload_prompts(cfg, target, tokenizer, log=print):
             if shared:
                 log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
             return HeldOutText(own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
-                                                 top_p=cfg.top_p, seed=seed, lead=LEAD).to(device), LEAD)
+                                                 top_p=cfg.top_p, seed=seed, lead=LEAD, context=CONTEXT), LEAD,
+                               [w[None, :CONTEXT] for w in held_out]).to(device)
         if not workload.held_out:
             log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
                 "accuracy or auto trees and no predictions")

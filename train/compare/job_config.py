@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from treespec import reference
 from treespec.heads import registry
 from treespec.planning.tree_spec import check_tree_spec
-from treespec.train.compare.configurations import expand_specs
+from treespec.train.compare.auto_across import across_specs, check_across
+from treespec.train.compare.configurations import ACROSS_KEY, expand_specs
 from treespec.train.compare.entries import check_entry
 from treespec.train.compare.methods import check_baselines, own_trees
 from treespec.train.compare.templates import check_system_prompt, check_template
@@ -57,7 +58,8 @@ def tree_specs_of(cfg) -> list[dict]:
     specs = [OmegaConf.to_container(cfg.tree, resolve=True)] if cfg.get("tree") else \
         OmegaConf.to_container(cfg.trees, resolve=True)
     for spec in expand_specs(specs):
-        check_tree_spec(spec)
+        if ACROSS_KEY not in spec:  # "auto" across drafters: checked against the run's drafters (check_config)
+            check_tree_spec(spec)
     return specs
 
 
@@ -109,7 +111,8 @@ def check_workload(cfg) -> None:
 
 def check_config(cfg) -> None:
     """Everything that can be wrong in the config, raised before any model is loaded."""
-    tree_specs_of(cfg)
+    for spec in across_specs(tree_specs_of(cfg)):
+        check_across(spec, drafter_labels(cfg))
     acceptance_rules(cfg)
     for label in drafter_labels(cfg):
         if label not in cfg.available:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from treespec.train.compare.tables import missing
+from treespec.train.compare.tables import DASH, missing
 
 
 def ratio(record: dict) -> float | None:
@@ -20,6 +20,15 @@ def ratio(record: dict) -> float | None:
     if record.get("config") == "vanilla" or missing(predicted) or missing(measured) or measured <= 0:
         return None
     return predicted / measured
+
+
+def predicted_text(record: dict) -> str:
+    """A record's predicted speedup as the report prints it: "1.23× (1.10–1.31)" with the interval its cost terms'
+    spread gives (treespec/planning/uncertainty.py), the point alone without one, "–" without a prediction."""
+    point, lo, hi = (record.get(k) for k in ("predicted_speedup", "predicted_speedup_lo", "predicted_speedup_hi"))
+    if missing(point):
+        return DASH
+    return f"{point:.2f}×" + ("" if missing(lo) or missing(hi) else f" ({lo:.2f}–{hi:.2f})")
 
 
 def summary(records: list[dict]) -> dict | None:
@@ -53,9 +62,12 @@ def summary_line(records: list[dict]) -> str | None:
     s = summary(records)
     if s is None:
         return None
+    spread = any(not missing(r.get("predicted_speedup_lo")) for r in records)
     return (f"Predictions: median |predicted ÷ measured − 1| = {100 * s['median_abs_error']:.1f} % over the "
             f"{s['n']} predicted configurations (predicted ÷ measured {s['lo']:.2f}–{s['hi']:.2f}, median "
-            f"{s['median_ratio']:.2f}).")
+            f"{s['median_ratio']:.2f})." + (" A predicted speedup's interval is how far the spread of the rounds its "
+                                           "cost terms were timed in moves it (the machine's noise; not τ's)."
+                                           if spread else ""))
 
 
 def text(records: list[dict]) -> str:
@@ -65,7 +77,9 @@ def text(records: list[dict]) -> str:
     for r in records:
         x = ratio(r)
         if x is not None:
-            lines.append(f"{r['config']:<48} {r['predicted_speedup']:>8.2f}× {r['speedup']:>8.2f}× {x:>11.2f}")
+            lines.append(f"{r['config']:<48} {r['predicted_speedup']:>8.2f}× {r['speedup']:>8.2f}× {x:>11.2f}"
+                         + ("" if missing(r.get("predicted_speedup_lo")) else
+                            f"  (predicted {r['predicted_speedup_lo']:.2f}–{r['predicted_speedup_hi']:.2f})"))
     s = summary(records)
     lines.append(summary_line(records) if s else "no configuration has both a prediction and a measurement")
     if s:

@@ -2,8 +2,9 @@
 ``generate(..., tree={"kind": "auto"}, profile=treespec.heads.load_profile(folder))`` chooses the tree this run's
 ``auto`` chose, from the same numbers: the cost model the run predicted and chose with (cost_curve.json: the
 target's curve after the drafter's calls at the prompts' context, the drafting costs, the engine's cost per step),
-the accuracies it measured on the workload's held-out part (head_accuracy.json) and its chain τ of sampled
-candidates (chain_tau.json), whichever it has.
+the accuracies it measured on the workload's held-out part (head_accuracy.json), its chain τ of sampled
+candidates (chain_tau.json) and a model-free drafter's τ per tree from its dry run (measured_trees.json), whichever
+it has.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from treespec.heads.training.accuracy import write_accuracy
 from treespec.planning.autotree import COST_CURVE_FILE, write_cost_record
 from treespec.planning.chain_tau import save_chain_tau
+from treespec.planning.measured_tau import save_measured_trees
 
 FOLDER = "profiles"
 
@@ -37,5 +39,7 @@ def write_profiles(out_dir, drafters, cost_models: dict | None, **about) -> dict
             write_accuracy(folder, d.accuracy)
         if d.chain_tau is not None:
             save_chain_tau(folder, [d.chain_tau])
+        if d.measured:
+            save_measured_trees(folder, d.measured)
         written[d.name] = profile_folder(d.name)
     return written

@@ -20,11 +20,13 @@ from pathlib import Path
 
 from treespec.planning.tree_spec import build_tree, save_tree
 from treespec.train.compare import time_split
+from treespec.train.compare.auto_across import drafter_of
+from treespec.train.compare.auto_across_report import across_markdown
 from treespec.train.compare.batch_report import render_batches
 from treespec.train.compare.categories import category_markdown, category_rows, run_rows, usage_lines
 from treespec.train.compare.estimates import analyse, vanilla_spread
 from treespec.train.compare.plots import FIGURES, level_text, partial, plot
-from treespec.train.compare.predictions import ratio, summary_line
+from treespec.train.compare.predictions import predicted_text, ratio, summary_line
 from treespec.train.compare.results_file import load_result, save_result
 from treespec.train.compare.specbench import csv_rows as specbench_rows
 from treespec.train.compare.specbench import markdown as specbench_markdown
@@ -45,7 +47,7 @@ def summary_table(a: dict) -> tuple[list[str], list[list]]:
     rows = []
     for drafter, c in a["bests"].items():
         rows.append([drafter, c["shown"], c["nodes"], with_interval(c["tau_est"]), with_interval(c["speedup_est"],
-                     suffix="×"), num(c["predicted_speedup"], suffix="×"), num(ratio(c)), num(c.get("c"))]
+                     suffix="×"), predicted_text(c), num(ratio(c)), num(c.get("c"))]
                     + [with_interval(p["ratios"].get(drafter), suffix="×") for p in a["peers"]]
                     + [VERDICT.get(c["verdict"], DASH)])
     return header, rows
@@ -60,6 +62,8 @@ def summary_records(a: dict) -> list[dict]:
             e = c[f"{key}_est"]
             row.update({key: e.value, f"{key}_lo": e.lo, f"{key}_hi": e.hi})
         row["predicted_speedup"] = c["predicted_speedup"]
+        row["predicted_speedup_lo"], row["predicted_speedup_hi"] = c.get("predicted_speedup_lo"), \
+            c.get("predicted_speedup_hi")
         row["predicted_over_measured"] = ratio(c)
         row["c"] = c.get("c")
         for p in a["peers"]:
@@ -82,7 +86,7 @@ def grid_table(a: dict) -> tuple[list[str], list[list]]:
         rows.append([c["drafter"] if c["config"] != "vanilla" else "vanilla (baseline)", c["shown"], c["nodes"],
                      num(c["depth"], "d") if isinstance(c["depth"], int) else DASH,
                      with_interval(c["tau_est"]), num(c["predicted_tau"]), num(c["tokens_per_s"], ".1f"),
-                     with_interval(c["speedup_est"], suffix="×"), num(c["predicted_speedup"], suffix="×"),
+                     with_interval(c["speedup_est"], suffix="×"), predicted_text(c),
                      num(ratio(c)), DASH if missing(overhead) else f"{100 * overhead:.1f}%",
                      num(c.get("walk_ms_per_pass"), ".2f"),
                      num(c.get("draft_ms_per_depth")),
@@ -140,6 +144,8 @@ def markdown(result: dict, a: dict, folder=None) -> str:
     if a["peers"]:
         lines += ["", "## Peers", ""] + md_table(*peer_table(a))
     lines += [""] + category_markdown(result, a)
+    across = across_markdown(result, a)  # what "auto" across drafters chose, and how it paid per category
+    lines += [""] + across if across else []
     specbench = specbench_markdown(result, a)  # Spec-Bench's own table when the prompts are its questions
     lines += [""] + specbench if specbench else []
     split = time_split.markdown(a)  # where each best configuration's pass time goes
@@ -170,6 +176,8 @@ def csv_rows(a: dict) -> list[dict]:
                     "depth": c["depth"], "tau": tau.value, "tau_lo": tau.lo, "tau_hi": tau.hi,
                     "predicted_tau": c["predicted_tau"], "tokens_per_s": c["tokens_per_s"], "speedup": sp.value,
                     "speedup_lo": sp.lo, "speedup_hi": sp.hi, "predicted_speedup": c["predicted_speedup"],
+                    "predicted_speedup_lo": c.get("predicted_speedup_lo"),
+                    "predicted_speedup_hi": c.get("predicted_speedup_hi"),
                     "predicted_over_measured": ratio(c), "target_passes": c["target_passes"],
                     "new_tokens": c["new_tokens"],
                     "overhead_fraction": c.get("overhead_fraction"),
@@ -210,8 +218,8 @@ def render(result: dict, out_dir: Path, figures: bool = True) -> dict:
     best = a.get("best")
     if best and best.get("tree_spec"):  # the best configuration's tree, for generate(tree=Tree.load(...))
         save_tree(build_tree(best["tree_spec"]), out_dir / "best_tree.json", config=best["config"],
-                  drafter=best["drafter"], speedup=best["speedup_est"].value,
-                  load=(result.get("drafter_entries") or {}).get(best["drafter"]))
+                  drafter=drafter_of(best), speedup=best["speedup_est"].value,
+                  load=(result.get("drafter_entries") or {}).get(drafter_of(best)))
     text = render_batches(result, a, out_dir, markdown(result, a, out_dir), _write_csv, figures)
     (out_dir / "results.md").write_text(text)
     if figures:

@@ -38,6 +38,7 @@ def load_result(path: str | Path) -> tuple[dict, Path]:
 RECORD_VALUES = ("tau", "speedup", "tokens_per_s", "predicted_tau", "predicted_speedup", "target_passes",
                  "new_tokens", "depth")  # what a configuration measured: shown as – when a results.json lacks it
 RECORD_NAMES = ("drafter", "tree", "nodes")  # what names a configuration: required (check_result)
+RECORD_EXTRAS = ("predicted_speedup_lo", "predicted_speedup_hi")  # newer fields: numbers where present, never filled
 PROMPT_VALUES = {"category": DEFAULT_CATEGORY, "id": None, "turn": None, "prompt_tokens": None,
                  "max_new_tokens": None, "answer_tokens": None}
 
@@ -90,7 +91,8 @@ def check_result(result: dict, file) -> None:
         absent = [k for k in RECORD_NAMES if k not in rec]
         if absent:
             raise bad(f"record {i} ({rec['config']!r}) has no {', '.join(map(repr, absent))}")
-        wrong = next((k for k in RECORD_VALUES if rec.get(k) is not None and not number(rec[k])), None)
+        wrong = next((k for k in (*RECORD_VALUES, *RECORD_EXTRAS) if rec.get(k) is not None and not number(rec[k])),
+                     None)
         if wrong:  # a string predicted_speedup was a TypeError in scripts/prediction_error.py
             raise bad(f"record {i} ({rec['config']!r}) has {wrong} = {rec[wrong]!r}, not a number or null")
     info = result.get("prompt_info")

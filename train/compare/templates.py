@@ -221,10 +221,13 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
 class HeldOutText:
     """The target's own text that accuracies, chain τ and FR-Spec's counts are measured on: ``windows`` (one
     [n, S] tensor, or [1, S_i] each) opening with ``leads`` tokens of context (an int for all, or one per window)
-    that decoding never drafts, the rest the target's continuation."""
+    that decoding never drafts, the rest the target's continuation; ``prompts`` ([1, P] each, or None): the held-out
+    prompts those continuations were decoded from, whole, which a dry run decodes as a timed prompt is
+    (train/compare/dry_runs.py)."""
 
     windows: torch.Tensor | list[torch.Tensor]
     leads: int | list[int]
+    prompts: list[torch.Tensor] | None = None
 
     def pairs(self) -> list[tuple[torch.Tensor, int]]:
         """(window, lead) per tensor: the one [n, S] tensor, or each [1, S_i] window."""
@@ -233,9 +236,10 @@ class HeldOutText:
         return list(zip(windows, leads, strict=True))
 
     def to(self, device) -> HeldOutText:
+        prompts = None if self.prompts is None else [p.to(device) for p in self.prompts]
         if isinstance(self.windows, torch.Tensor):
-            return HeldOutText(self.windows.to(device), self.leads)
-        return HeldOutText([w.to(device) for w in self.windows], self.leads)
+            return HeldOutText(self.windows.to(device), self.leads, prompts)
+        return HeldOutText([w.to(device) for w in self.windows], self.leads, prompts)
 
 
 def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128,
@@ -260,7 +264,7 @@ def continuation_windows(target, template: PromptTemplate, items: list[Item], *,
             windows.append(out.sequences.cpu())
             leads.append(ids.shape[1])
         progress(f"{item.id}: {out.new_tokens} tokens")
-    return HeldOutText(windows, leads)
+    return HeldOutText(windows, leads, [w[:, :lead] for w, lead in zip(windows, leads, strict=True)])
 
 
 def token_counts(held: HeldOutText, vocab: int) -> torch.Tensor:

@@ -13,7 +13,9 @@ strategies): ``RankAccuracy``, the drafter's measured per-depth top-k accuracies
 (analysis.grow_tree) at every node budget (Medusa's sparse trees, Cai et al. 2024; Sequoia, Chen et
 al. 2024, optimises the same trade-off with a hardware-aware search); or ``ChainTable``, chains γ = 0..D with
 each acceptance rule's τ measured in closed form on sampled drafts (treespec/planning/chain_tau.py: token-level
-rejection, Sun et al. 2024's block verification), for drafters that sample their candidates.
+rejection, Sun et al. 2024's block verification), for drafters that sample their candidates. A third source,
+``MeasuredTrees`` (treespec/planning/measured_tau.py), holds τ per tree measured by decoding, for drafters without
+rank accuracies; it also knows the sizes its passes verified, which ``predict`` charges (``CostModel.expected_step``).
 
 A whole generation also pays the prefill, which speculation does not shorten: ``predict_generation``
 turns a per-step prediction into the speedup of one prompt's generation (its prompt length, its number
@@ -34,8 +36,6 @@ treespec/planning/drafting_cost.py).
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,10 +43,13 @@ import torch
 
 from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
+from treespec.dynamic_tree import DynamicTree
 from treespec.io import atomic_write_json, read_json
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.planning.cost_records import check_cost_record
-from treespec.timing import forward_steps, median_time, wait_for
+from treespec.planning.curve_rounds import cost_curve_rounds
+from treespec.planning.robust import robust
+from treespec.timing import median_time
 from treespec.tree import Tree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -54,29 +57,17 @@ COST_CURVE_FILE = "cost_curve.json"
 
 
 def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats: int = 10,
-                       before=None, batch: int = 1) -> dict[int, float]:
-    """Median seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for
-    ``batch`` rows (a batch's cost curve is over B × N tokens). ``before``: a drafting call to run (untimed)
-    ahead of each forward, so the curve is what verification costs while that drafter alternates with the
-    target (its weights push the target's out of the caches)."""
-    # sizes interleaved forward by forward (up, then down, 2 × ``repeats`` rounds), each size the median of its
-    # forwards: a shared machine's slow spell then falls on every size alike and bends no part of the curve. Timed
-    # size by size, a spell on one size once put a pass over 5 tokens below one over 4 (docs/results.md,
-    # "Drafting measured in the loop")
-    sizes = sorted({int(n) for n in sizes})
-    steps = forward_steps(model, sizes, past_len, batch=batch)
-    times = {n: [] for n in sizes}
-    for round_ in range(2 * repeats + 1):  # the first round untimed: lazy initialisation
-        for n in sizes if round_ % 2 == 0 else sizes[::-1]:
-            if before is not None:
-                before()
-            wait_for()
-            start = time.perf_counter()
-            steps[n]()
-            wait_for()
-            if round_:
-                times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(times[n]) for n in sizes}
+                       before=None, batch: int = 1, spread: dict | None = None) -> dict[int, float]:
+    """Seconds of one target forward over N new tokens per row after ``past_len`` cached ones, for ``batch`` rows (a
+    batch's cost curve is over B × N tokens): each size the median of its rounds without the outliers
+    (treespec/planning/curve_rounds.py, ``cost_curve_rounds``; robust.py), whose ``Spread`` goes into ``spread`` {N:
+    Spread} when given. ``before``: a drafting call to run (untimed) ahead of each forward, so the curve is what
+    verification costs while that drafter alternates with the target (its weights push the target's out of the
+    caches)."""
+    spreads = {n: robust(t) for n, t in cost_curve_rounds(model, sizes, past_len, repeats, before, batch).items()}
+    if spread is not None:
+        spread.update(spreads)
+    return {n: s.value for n, s in spreads.items()}
 
 
 def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:
@@ -114,7 +105,7 @@ def cost_at(curve: dict[int, float], n: int) -> float:
 
 @dataclass
 class Prediction:
-    tree: Tree
+    tree: Tree | DynamicTree  # a dynamic one only where its τ was measured by decoding
     tau: float              # predicted tokens per verification pass
     step_cost: float        # predicted seconds per step (target verify + drafting + engine)
     speedup: float          # predicted tokens/s over vanilla decoding
@@ -164,8 +155,15 @@ class CostModel:
 
     def step(self, tree: Tree) -> float:
         """Seconds of one speculative step verifying ``tree``."""
-        return (cost_at(self.curve, tree.num_nodes) + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
-                + tree.num_nodes * self.draft_cost_per_node + self.engine.step(tree.num_nodes))
+        return self.expected_step(tree, {tree.num_nodes: 1.0})
+
+    def expected_step(self, tree, sizes: dict[int, float]) -> float:
+        """Seconds of one speculative step drafting ``tree`` whose passes verified N nodes (root included) in a
+        share ``sizes[N]`` of them: a drafter that fills only part of its tree (prompt lookup without a match)
+        pays the target and the engine for what it verifies, its drafting per depth for the tree it was asked."""
+        per_size = sum(share * (cost_at(self.curve, n) + n * self.draft_cost_per_node + self.engine.step(n))
+                       for n, share in sizes.items())
+        return per_size + self.draft_cost_fixed + tree.depth * self.draft_cost_per_depth
 
     @classmethod
     def from_record(cls, record: dict) -> CostModel:
@@ -201,8 +199,10 @@ class RankAccuracy:
         max_paths = sum(math.prod(len(row) for row in acc[:d]) for d in range(1, len(acc) + 1))
         return [grow_tree(acc, b) for b in range(0, min(max_nodes, max_paths) + 1)]
 
-    def predicts(self, tree: Tree) -> bool:
-        return True  # expected_tree_tokens_from_rank_accuracy names a tree it cannot cover
+    def predicts(self, tree) -> bool:
+        # a static tree: expected_tree_tokens_from_rank_accuracy names one it cannot cover; a dynamic tree's shape
+        # is grown per step, which no closed form here covers
+        return isinstance(tree, Tree)
 
     def tau(self, tree: Tree) -> float:
         return expected_tree_tokens_from_rank_accuracy(tree, self.accuracy)
@@ -235,17 +235,24 @@ class RankChains(RankAccuracy):
         return [Tree.chain(g) for g in range(0, min(max_nodes, len(self.accuracy)) + 1)]
 
 
-def tau_source(accuracy) -> RankAccuracy | ChainTable:
+def is_tau_source(x) -> bool:
+    """Whether ``x`` is a τ source (``trees``, ``predicts``, ``tau``): RankAccuracy, ChainTable, or τ measured per
+    tree by decoding (treespec/planning/measured_tau.py's MeasuredTrees), rather than rank accuracies acc[d][r]."""
+    return all(callable(getattr(x, name, None)) for name in ("trees", "predicts", "tau"))
+
+
+def tau_source(accuracy):
     """What τ predictions come from: a source as is, or rank accuracies acc[d][r] (RankAccuracy)."""
-    return accuracy if isinstance(accuracy, (RankAccuracy, ChainTable)) else RankAccuracy(accuracy)
+    return accuracy if is_tau_source(accuracy) else RankAccuracy(accuracy)
 
 
-def chains_only(accuracy) -> RankAccuracy | ChainTable:
+def chains_only(accuracy):
     """``tau_source(accuracy)`` choosing among chains only: what "auto" grows from under a rule that verifies
     chains (block), so it never picks a tree the rule refuses."""
     source = tau_source(accuracy)
-    return RankChains(source.accuracy) if isinstance(source, RankAccuracy) and not isinstance(source, RankChains) \
-        else source
+    if isinstance(source, RankAccuracy) and not isinstance(source, RankChains):
+        return RankChains(source.accuracy)
+    return source.chains_only() if callable(getattr(source, "chains_only", None)) else source
 
 
 def predict(tree: Tree, accuracy, curve: dict[int, float] | CostModel, draft_cost_per_depth: float = 0.0,
@@ -261,8 +268,11 @@ def predict(tree: Tree, accuracy, curve: dict[int, float] | CostModel, draft_cos
     vanilla = costs.vanilla()
     if not len(tree):  # no candidates: nothing is drafted, so this is vanilla decoding
         return Prediction(tree, 1.0, vanilla, 1.0, vanilla)
-    tau = tau_source(accuracy).tau(tree)
-    step = costs.step(tree)
+    source = tau_source(accuracy)
+    tau = source.tau(tree)
+    # τ measured by decoding knows the sizes its passes verified (measured_tau.py); other sources fill their trees
+    sizes = source.sizes(tree) if callable(getattr(source, "sizes", None)) else {tree.num_nodes: 1.0}
+    step = costs.expected_step(tree, sizes)
     return Prediction(tree, tau, step, tau * vanilla / step, vanilla)
 
 

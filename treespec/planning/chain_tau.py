@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from treespec.compat import cache_arg, prefill_kwargs
 from treespec.drafter import Committed, Drafter, in_use, stack_features
 from treespec.generate import decode
-from treespec.io import atomic_write_json, read_json
+from treespec.io import atomic_write_json, read_measurements
 from treespec.planning.autotree import ChainTable
 from treespec.sampling import Sampling, probs
 from treespec.tree import Tree
@@ -213,14 +213,7 @@ def save_chain_tau(folder, measured: list[ChainTau], **about) -> Path:
 
 def read_chain_tau(folder) -> list[ChainTau]:
     """The measurements ``save_chain_tau`` wrote in ``folder`` (none: [])."""
-    path = Path(folder) / CHAIN_TAU_FILE
-    if not path.is_file():
-        return []
-    data = read_json(path, "chain τ file", dict)
-    try:
-        return [from_record(m) for m in data["measurements"]]
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"chain τ file {path}: {err}") from None
+    return read_measurements(Path(folder) / CHAIN_TAU_FILE, "chain τ file", from_record)
 
 
 def at_sampling(measured: list[ChainTau], sampling: Sampling) -> ChainTau | None:

@@ -14,12 +14,17 @@ alone, and each generation's drafting per pass is taken as a fraction of it, so 
 down between this and the cost curve moves neither.
 The fractions are fitted as fixed + per_depth · depth + per_node · nodes (``fit_drafting``), each term ≥ 0, and put
 on the cost model's own pass (``DraftingCost.on``).
+
+The decoding itself is ``dry_run``: any trees (a model-free drafter's dynamic budgets too), at any sampling and rule,
+keeping per tree its τ and the sizes its passes verified as well (treespec/planning/measured_tau.py's ``TreeRun``),
+which is how a drafter without rank accuracies is predicted (treespec/planning/model_free.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import statistics
+from collections import Counter
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -27,6 +32,10 @@ import torch
 
 from treespec.drafter import Drafter
 from treespec.generate import decode
+from treespec.planning.bench import own_copy
+from treespec.planning.measured_tau import TreeRun
+from treespec.planning.robust import robust_median
+from treespec.sampling import Sampling
 from treespec.timing import DRAFT, UPDATE, StepTimer, forward_time
 from treespec.tree import Tree
 
@@ -117,40 +126,97 @@ def whole_tree_steps(accept_lengths: list[int], depth: int, max_new_tokens: int)
     return steps
 
 
-def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAFTING_TREES,
-                          max_new_tokens: int = 32, batch: int = 1) -> DraftingCost:
-    """``drafter``'s DraftingCost (module docstring) on ``target``, decoding each of ``prompts`` ([1, P] token ids;
-    each as ``batch`` rows) greedily once per calibration tree, after one untimed generation (lazy
-    initialisation). A generation's drafting is its median proposal over the steps that drafted the whole tree,
-    plus its updates per pass (the prefill's drafting call is not a step's); each tree's fraction is the median
-    over prompts."""
+class DryRun(NamedTuple):
+    """What decoding held-out prompts over each tree measured (``dry_run``): each tree's ``TreeRun`` and the
+    median seconds of the one-token target pass timed alongside."""
+
+    runs: list[TreeRun]
+    target_pass: float
+
+
+@contextmanager
+def proposal_sizes(drafter: Drafter, sizes: list[int]):
+    """``sizes`` gets the nodes (root included) of every pass ``drafter`` proposes for, while inside: a model-free
+    drafter often fills part of its tree, and a pass costs what it verifies. The instance's ``propose`` is wrapped
+    (the loop is not told), and the class's is back after."""
+    propose = drafter.propose
+
+    def recording(*args, **kwargs):
+        proposals = propose(*args, **kwargs)
+        sizes.append(proposals.num_nodes)  # the largest row's tree: what a batched pass verifies
+        return proposals
+
+    drafter.propose = recording
+    try:
+        yield sizes
+    finally:
+        del drafter.propose
+
+
+def dry_run(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAFTING_TREES, max_new_tokens: int = 32,
+            batch: int = 1, sampling: Sampling | None = None, acceptance: str = "rejection", seed: int = 0) -> DryRun:
+    """Decode each of ``prompts`` ([1, P] token ids; each as ``batch`` rows) with ``drafter`` once per tree of
+    ``trees`` (Trees or DynamicTrees), at ``sampling`` (None: greedy) under ``acceptance``, after one untimed
+    generation (lazy initialisation), timing each of the drafter's calls (``CallTimer``); ``drafter`` itself learns
+    nothing (``bench.own_copy``). Over the steps that drafted the whole tree: τ, the sizes the passes verified, and
+    drafting per pass (the median proposal, plus the updates per pass; the prefill's drafting call is not a step's) as
+    a fraction of the one-token pass timed right before that generation, the median over prompts (without outliers:
+    robust.py). A tree no step drafted whole is left out."""
     if not prompts:
-        raise ValueError("measure_drafting_cost needs at least one prompt to decode")
-    trees = calibration_trees(drafter.max_tree_depth, trees)
+        raise ValueError("a dry run needs at least one prompt to decode")
+    sampling = sampling or Sampling(0.0)
     rows = [p.to(target.device).expand(batch, -1) for p in prompts]
-    decode(target, rows[0], drafter=drafter, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
-    drafter.reset()
-    fractions, passes = {tree: [] for tree in trees}, []
+    warm = own_copy(drafter)
+    decode(target, rows[0], drafter=warm, tree=trees[0], max_new_tokens=8)  # untimed: lazy initialisation
+    warm.reset()
+    # a drafter that learns from every generation (SuffixDecoding, Token Recycling) gets a copy per tree, which meets
+    # the prompts one after another as a comparison's configuration does: one drafter decoding a prompt once per tree
+    # would have seen that prompt's answer by its second tree
+    drafters = {tree: own_copy(drafter) for tree in trees}
+    fractions, lengths, verified, passes = {t: [] for t in trees}, {t: [] for t in trees}, {t: [] for t in trees}, []
+    generator = torch.Generator().manual_seed(seed)
     for prompt in rows:
         for tree in trees:
             alone = forward_time(target, n_tokens=1, past_len=prompt.shape[1], repeats=8, batch=batch)
-            timer = CallTimer(synchronize=True, device=target.device)
-            result = decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens,
-                            observer=timer)
-            drafter.reset()
+            timer, sizes = CallTimer(synchronize=True, device=target.device), []
+            with proposal_sizes(drafters[tree], sizes):
+                result = decode(target, prompt, drafter=drafters[tree], tree=tree, max_new_tokens=max_new_tokens,
+                                observer=timer, temperature=sampling.temperature, top_p=sampling.top_p,
+                                acceptance=acceptance, generator=None if sampling.greedy else generator)
+            drafters[tree].reset()
             proposals = timer.calls[DRAFT][1 : 1 + result.target_passes]  # after the prefill's call
-            whole = whole_tree_steps(result.rows[0].accept_lengths, tree.depth, max_new_tokens)
+            accepted = result.rows[0].accept_lengths
+            whole = whole_tree_steps(accepted, tree.depth, max_new_tokens)
             if not whole:
                 continue
             drafting = statistics.median(proposals[i] for i in whole)
             updates = timer.seconds[UPDATE] / max(1, result.target_passes)  # accept (and observe_pass) per pass
             fractions[tree].append((drafting + updates) / alone)
+            lengths[tree] += [accepted[i] for i in whole]
+            verified[tree] += [sizes[i] for i in whole]
             passes.append(alone)
-    points = [(tree.depth, tree.num_nodes, statistics.median(f)) for tree, f in fractions.items() if f]
-    if not points:
-        raise ValueError(f"max_new_tokens={max_new_tokens} left no step of any calibration tree whole: raise it")
-    fixed, per_depth, per_node = fit_drafting(points)
-    return DraftingCost(fixed, per_depth, statistics.median(passes), per_node)
+    runs = [TreeRun(tree, sum(lengths[tree]) / len(lengths[tree]),
+                    {n: c / len(verified[tree]) for n, c in sorted(Counter(verified[tree]).items())},
+                    robust_median(fractions[tree]), len(lengths[tree])) for tree in trees if fractions[tree]]
+    if not runs:
+        raise ValueError(f"max_new_tokens={max_new_tokens} left no step of any tree whole: raise it")
+    return DryRun(runs, statistics.median(passes))
+
+
+def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAFTING_TREES,
+                          max_new_tokens: int = 32, batch: int = 1) -> DraftingCost:
+    """``drafter``'s DraftingCost (module docstring) on ``target``: a greedy ``dry_run`` over the calibration trees
+    (cut to the drafter's depth), each tree's drafting fraction fitted by depth and nodes verified."""
+    if not prompts:
+        raise ValueError("measure_drafting_cost needs at least one prompt to decode")
+    return drafting_fit(dry_run(target, drafter, prompts, trees=calibration_trees(drafter.max_tree_depth, trees),
+                                max_new_tokens=max_new_tokens, batch=batch))
+
+
+def drafting_fit(measured: DryRun) -> DraftingCost:
+    """The DraftingCost of a dry run's trees: fixed + per depth + per node verified (``fit_drafting``)."""
+    fixed, per_depth, per_node = fit_drafting([(r.tree.depth, r.mean_nodes, r.drafting) for r in measured.runs])
+    return DraftingCost(fixed, per_depth, measured.target_pass, per_node)
 
 
 def own_text_prompts(target, count: int = 2, seed_tokens: int = 16, length: int = 96, seed: int = 0

@@ -14,7 +14,9 @@ before each such generation the target's pass over the same N tokens is timed al
 curve times it); the step's median minus that pass is the engine's cost at N nodes, so a machine that speeds up
 or slows down between the curve and the calibration moves neither. What a pass inside decoding costs beyond the
 pass alone is part of it, which is what a prediction must add. ``fit_engine`` puts a line through the tree sizes,
-``fixed + per_node · N``, and keeps vanilla's own value beside it; each size's value is the median over rounds.
+``fixed + per_node · N``, and keeps vanilla's own value beside it; each size's value is the median over rounds,
+rounds beyond k·MAD dropped (robust.py). A result that cannot be (``implausible``: a vanilla step's loop work above a
+speculative step's, a term below 0) is a slow spell's mark: more rounds are timed and pooled, and it is fitted again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from treespec.drafter import Drafter, Proposals
 from treespec.generate import decode
 from treespec.inputs import max_positions
 from treespec.planning.autotree import EngineCost
+from treespec.planning.robust import robust
 from treespec.timing import WALK, StepTimer, forward_time
 from treespec.tree import Tree
 
@@ -128,14 +131,63 @@ def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int
     return vanilla, samples
 
 
+def implausible(cost: EngineCost) -> str | None:
+    """Why ``cost`` cannot be what the loop costs, or None: a vanilla step's loop work above a speculative step's over
+    one node (the same walk, commit and Python, less the drafter's calls), or a term below 0 (a pass inside decoding
+    never costs less than the pass alone). Each is what a slow spell over some rounds leaves behind."""
+    if cost.vanilla > cost.step(1):
+        return (f"the vanilla step's {1e3 * cost.vanilla:.2f} ms is above a speculative step's "
+                f"{1e3 * cost.step(1):.2f} ms over one node")
+    negative = [name for name, value in (("vanilla", cost.vanilla), ("fixed", cost.fixed)) if value < 0]
+    if negative:
+        return f"the {' and '.join(negative)} term below 0"
+    return None
+
+
+def engine_from(vanilla: list[float], by_tree: dict[Tree, list[float]], bounds: dict | None = None) -> EngineCost:
+    """The EngineCost of the rounds' samples: each term the robust median of its rounds (robust.py), a line through
+    the trees' (``fit_engine``). ``bounds`` gets ``engine_vanilla`` and ``engine_fixed`` as (lo, hi): the same fit
+    through the kept rounds' lows and highs."""
+    v = robust(vanilla)
+    spreads = {tree: robust(values) for tree, values in by_tree.items() if values}
+    cost = fit_engine(v.value, [(tree.num_nodes, s.value) for tree, s in spreads.items()])
+    if bounds is not None:
+        low = fit_engine(v.lo, [(tree.num_nodes, s.lo) for tree, s in spreads.items()]).fixed
+        high = fit_engine(v.hi, [(tree.num_nodes, s.hi) for tree, s in spreads.items()]).fixed
+        bounds.update(engine_vanilla=(v.lo, v.hi), engine_fixed=(min(low, high), max(low, high)))
+    return cost
+
+
 def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
-                        batch: int = 1, seed: int = 0) -> EngineCost:
+                        batch: int = 1, seed: int = 0, retries: int = 2, bounds: dict | None = None,
+                        log=print) -> EngineCost:
     """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
-    beyond the target's pass as ``autotree.measure_cost_curve`` times it."""
+    beyond the target's pass as ``autotree.measure_cost_curve`` times it. When it is ``implausible``, ``repeats``
+    rounds more are timed and pooled with the first, up to ``retries`` times (then it is kept, a term below 0 at 0,
+    with a warning).
+    ``bounds``: filled with each term's (lo, hi) over its kept rounds (``engine_from``)."""
     if steps < 2 or repeats < 1 or not trees:
         raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
                          f"steps={steps}, repeats={repeats}, {len(trees)} trees")
     vanilla, by_tree = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
                                       batch=batch, seed=seed)
-    points = [(tree.num_nodes, statistics.median(values)) for tree, values in by_tree.items() if values]
-    return fit_engine(statistics.median(vanilla), points)
+    cost = engine_from(vanilla, by_tree, bounds)
+    for attempt in range(retries + 1):
+        why = implausible(cost)
+        if why is None:
+            break
+        if attempt == retries:
+            # a term below 0 would make every speculative step look cheaper than its own pass: 0, as a cost record
+            # keeps it (planning/cost_records.py); the rest is kept as measured
+            kept = EngineCost(max(0.0, cost.vanilla), max(0.0, cost.fixed), cost.per_node)
+            log(f"warning: the engine's cost is still implausible after {retries} re-measures ({why}); kept as "
+                f"measured{' with its terms below 0 at 0' if kept != cost else ''}: measure again on an idle machine")
+            return kept
+        log(f"the engine's cost looks implausible ({why}): timing {repeats} more rounds")
+        more_vanilla, more = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
+                                            batch=batch, seed=seed)
+        vanilla += more_vanilla
+        for tree, values in more.items():
+            by_tree[tree] += values
+        cost = engine_from(vanilla, by_tree, bounds)
+    return cost

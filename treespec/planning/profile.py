@@ -11,6 +11,8 @@
   (a trained folder's head_accuracy.json, heads/training/accuracy.py);
 - ``chain_tau``: each acceptance rule's τ of sampled chains in closed form (treespec.planning.chain_tau), for
   drafters that sample their candidates: one measurement, or a list of them at different samplings (chain_tau.json);
+- ``measured``: τ per tree measured by a dry run (treespec.planning.measured_tau, measured_trees.json), for a drafter
+  without rank accuracies (the model-free kinds: treespec.planning.model_free.model_free_profile makes one);
 - ``tree_chooser``: ``(accuracy, max_nodes) → Tree`` on this device's cost model
   (treespec.planning.autotree.auto_chooser; a folder's cost_curve.json through ``from_cost_curve``), ``costs`` the
 CostModel it chooses with; - ``measure_chain_tau``: ``(drafter, sampling, prompt) → ChainTau``, how a chain τ missing at
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.planning.autotree import CostModel, saved_chooser
+from treespec.planning.measured_tau import serving
 
 #: the rules whose τ on sampled chains has a closed form (treespec/planning/chain_tau.py's CHAIN_RULES)
 CLOSED_FORM_RULES = ("rejection", "block", "traversal")
@@ -36,14 +39,38 @@ class DrafterProfile:
     tree_chooser: Callable | None = None
     measure_chain_tau: Callable | None = None  # (drafter, sampling, prompt [1, P]) → ChainTau, on first use
     costs: CostModel | None = None             # what tree_chooser chooses with, when known
+    measured: object | None = None             # planning.measured_tau.MeasuredTrees, or a list of them (one per
+    #                                            sampling and rule): τ per tree from a dry run, for a drafter
+    #                                            without rank accuracies (the model-free kinds)
 
     @classmethod
     def from_cost_curve(cls, accuracy=None, cost_curve: dict | None = None, chain_tau=None,
-                        measure_chain_tau: Callable | None = None) -> DrafterProfile:
+                        measure_chain_tau: Callable | None = None, measured=None) -> DrafterProfile:
         """A profile whose chooser is ``autotree.saved_chooser`` of a ``cost_curve_record`` (None: no chooser)."""
         if cost_curve is None:
-            return cls(accuracy, chain_tau, None, measure_chain_tau)
-        return cls(accuracy, chain_tau, saved_chooser(cost_curve), measure_chain_tau, CostModel.from_record(cost_curve))
+            return cls(accuracy, chain_tau, None, measure_chain_tau, measured=measured)
+        return cls(accuracy, chain_tau, saved_chooser(cost_curve), measure_chain_tau, CostModel.from_record(cost_curve),
+                   measured)
+
+    def measured_trees(self) -> list:
+        """Every dry-run measurement it holds (planning.measured_tau.MeasuredTrees)."""
+        if self.measured is None:
+            return []
+        return list(self.measured) if isinstance(self.measured, (list, tuple)) else [self.measured]
+
+    def measured_at(self, sampling, acceptance: str):
+        """Its τ per tree that serves ``sampling`` (None: any) under ``acceptance`` (``MeasuredTrees.serves``); a
+        ValueError says what it holds when none does."""
+        held = self.measured_trees()
+        found = serving(held, sampling, acceptance)
+        if found is None:
+            have = "; ".join(f"{m.rule} at T={m.sampling.temperature}, top-p={m.sampling.top_p}" for m in held)
+            raise ValueError(f"'auto' for a drafter without rank accuracies chooses among the trees its dry run "
+                             f"decoded with, and this profile holds none under {acceptance} at "
+                             f"T={getattr(sampling, 'temperature', None)}, top-p={getattr(sampling, 'top_p', None)} "
+                             f"(it holds: {have}): measure one with treespec.planning.model_free.model_free_profile("
+                             "target, drafter, prompts, temperature=..., acceptance=...)")
+        return found
 
     def chain_taus(self) -> list:
         """Every chain τ measurement it holds."""
@@ -68,6 +95,8 @@ class DrafterProfile:
         (temperature > 0), chains with ``acceptance``'s closed-form τ at that sampling (held, or measured now on
         ``drafter`` and ``prompt``; a ValueError names what is missing when neither); a rule without a closed form
         (typical) and every other case: the top-k rank accuracies."""
+        if kind == "auto" and self.accuracy is None and self.measured_trees():
+            return self.measured_at(sampling, acceptance)  # a model-free drafter: τ per tree from its dry run
         sampled = candidates in SAMPLED_CANDIDATES and not (sampling is not None and sampling.greedy)
         if kind != "auto" or not sampled or acceptance not in CLOSED_FORM_RULES:
             return self.accuracy

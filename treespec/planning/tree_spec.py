@@ -33,7 +33,7 @@ from pathlib import Path
 
 from treespec.dynamic_tree import DynamicTree
 from treespec.planning.analysis import grow_tree
-from treespec.planning.autotree import chains_only
+from treespec.planning.autotree import chains_only, is_tau_source
 from treespec.tree import Tree, write_spec
 
 # kind → (required keys, optional keys with their defaults)
@@ -104,6 +104,9 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
                              "holds them (head_accuracy.json): pass profile=treespec.heads.load_profile(folder), or "
                              "a treespec.planning.profile.DrafterProfile(accuracy=...)")
         if kind == "accuracy":
+            if is_tau_source(accuracy):  # τ measured per tree or per chain: no ranks to grow a tree from
+                raise ValueError(f"grows a tree from rank accuracies, and this drafter is predicted from {accuracy!r}: "
+                                 "ask for {'kind': 'auto'}, which chooses among what was measured")
             return grow_tree(accuracy, _int(spec["nodes"]))
         if choose is None:
             raise ValueError("needs this device's cost curve to choose from: load the profile with its target, "
@@ -125,6 +128,10 @@ def _normalized(spec) -> dict:
     kind = spec.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"tree spec {spec}: kind {kind!r} is not one of {tuple(KINDS)}")
+    if kind == "auto" and "drafters" in spec:  # a comparison's tree entry, never one drafter's tree
+        raise ValueError(f"tree spec {spec}: choosing across drafters is planning, before generate(), which decodes "
+                         "with one drafter: treespec.planning.across.plan_across(target, input_ids, {name: (drafter, "
+                         "profile), ...}); in a comparison's trees, {kind: auto, drafters: [...]} names its drafters")
     required, optional = KINDS[kind]
     missing = [k for k in required if k not in spec]
     if missing:
