@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from treespec.corpus import load_corpus
+from treespec.corpus import corpus_files, load_corpus
 from treespec.io import weights_digest
 from treespec.train.training import data
 from treespec.train.training.data import corpus_digest, prepare_tokens, self_distill
@@ -76,6 +76,22 @@ def test_corpus_digest_sees_contents_names_and_file_sets(tmp_path):
     (tmp_path / "corpus" / "extra.py").write_text("")
     assert corpus_digest(**cfg) != renamed
     assert corpus_digest(**{**cfg, "max_files": 2}) != corpus_digest(**cfg)
+
+
+def test_corpus_files_are_rglobs_without_site_packages(tmp_path):
+    """The walk that skips site-packages folders reads exactly what rglob and the filter read: nested and hidden
+    files, not a symlinked folder's, nor a folder named like a file."""
+    root = tmp_path / "lib"
+    for name in ("a.py", "b.txt", ".hidden.py", "x/c.py", "x/y/d.py", "site-packages/pkg/e.py", "x/site-packages/f.py",
+                 "z.py/g.txt"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    (root / "linked").symlink_to(root / "x", target_is_directory=True)
+    (root / "h.py").symlink_to(root / "a.py")
+    rglob = sorted(p for p in root.rglob("*.py") if p.is_file() and "site-packages" not in p.parts)
+    assert corpus_files(str(root), "*.py", None) == (root, rglob)
+    assert [p.relative_to(root).as_posix() for p in rglob] == [".hidden.py", "a.py", "h.py", "x/c.py", "x/y/d.py"]
+    assert corpus_files(str(root), "*.py", 2)[1] == rglob[:2]
 
 
 def test_a_jsonl_corpus_splits_by_row_content_wherever_it_lives(tmp_path):
