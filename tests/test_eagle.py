@@ -35,7 +35,6 @@ from .helpers import (
     scratch_logits,
     scratch_proposal,
     tiny_llama,
-    tiny_trained_target,
 )
 
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 4, 3)}
@@ -229,11 +228,11 @@ def test_depth_accuracy_equals_sequential_drafting(target):
         assert all(sum(row) <= 1 + 1e-6 for row in acc)
 
 
-def test_training_entry_lowers_loss_and_resumes(tmp_path, monkeypatch):
+def test_training_entry_lowers_loss_and_resumes(tmp_path, tiny_trained_target):
     from treespec.heads.eagle.objective import eagle_loss
     from treespec.train.training import drafter_job as heads_training
 
-    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
+    target_dir, cache = tiny_trained_target
     common = ["debug=tiny_heads", "drafter=eagle", "drafter.fusion=true", f"target={target_dir}", cache,
               "optim.lr=1e-2", "logger=none", "tree=dynamic", "tree.total_tokens=6", "tree.depth=3",
               "tree.top_k=2"]

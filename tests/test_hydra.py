@@ -34,7 +34,6 @@ from .helpers import (
     random_hydra,
     sampled_counts,
     tiny_llama,
-    tiny_trained_target,
 )
 
 TREES = [Tree.chain(3), Tree.full(2, 3), Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])]
@@ -201,10 +200,10 @@ def test_bad_training_settings_are_refused_before_loading(override, message):
 
 
 # -- training: every option on, interrupted and resumed to the same weights -----------------------------------------
-def test_training_resumes_exactly_and_learns(tmp_path, monkeypatch):
+def test_training_resumes_exactly_and_learns(tmp_path, tiny_trained_target):
     from treespec.train.training import drafter_job
 
-    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
+    target_dir, cache = tiny_trained_target
     common = ["debug=tiny_heads", "drafter=hydra", f"target={target_dir}", cache, "drafter.prefix_attention=true",
               "drafter.distill=true", "drafter.num_layers=2", "drafter.num_heads=3", "trainer.max_steps=20",
               "tree=chain", "tree.depth=3", "logger=none", "eval.expected_tau=null"]

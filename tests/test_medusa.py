@@ -26,7 +26,6 @@ from .helpers import (
     random_heads,
     sampled_counts,
     tiny_llama,
-    tiny_trained_target,
     wandb_run_contains,
 )
 
@@ -79,10 +78,10 @@ def test_mismatched_heads_are_refused(target, tmp_path):
             generate(target, PROMPT, drafter=Medusa(loaded), tree=Tree.chain(4), max_new_tokens=budget)
 
 
-def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkeypatch):
+def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, tiny_trained_target):
     from treespec.train.training import drafter_job as heads_training
 
-    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
+    target_dir, cache = tiny_trained_target
     common = ["debug=tiny_heads", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6"]
 
     # interrupted after 15 steps, then resumed: the same heads as one uninterrupted run
@@ -113,13 +112,13 @@ def test_training_entry_lowers_loss_resumes_and_logs_acceptance(tmp_path, monkey
     assert (tmp_path / "b" / "final" / "head_accuracy.json").is_file()
 
 
-def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_path, monkeypatch):
+def test_medusa2_trains_the_target_with_its_heads_and_decodes_losslessly(tmp_path, tiny_trained_target):
     """drafter=medusa2: heads warm up alone, then train with the target; the export holds the heads and the
     fine-tuned target, the original stays as it was, and decoding with the pair equals the fine-tuned target's
     own greedy decoding. An interrupted run (stopped after the warm-up's end) resumes to the same weights."""
     from treespec.train.training import drafter_job as heads_training
 
-    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)
+    target_dir, cache = tiny_trained_target
     common = ["debug=tiny_heads", "drafter=medusa2", f"target={target_dir}", cache, "tree=accuracy", "tree.nodes=6",
               "drafter.heads_warmup_steps=20", "trainer.max_steps=40", "logger=none", "eval.expected_tau=null"]
     heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=20"]))

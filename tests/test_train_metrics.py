@@ -15,7 +15,7 @@ from treespec.train.training import run_summary
 from treespec.train.training.expected_tau import against_measured, expected_taus, tau_metrics
 from treespec.tree import Tree
 
-from .helpers import compose_cfg, tiny_llama, tiny_trained_target, wandb_run_contains
+from .helpers import compose_cfg, tiny_llama, wandb_run_contains
 
 ACC = [[0.5, 0.2], [0.4, 0.1]]
 
@@ -112,10 +112,10 @@ def test_export_formats_name_what_applies():
     assert "scripts/export_drafter.py runs/x/final --to sglang" in lines[0] and lines[1].startswith("not medusa")
 
 
-def test_training_run_logs_expected_tau_and_ends_readably(tmp_path, monkeypatch, capsys):
+def test_training_run_logs_expected_tau_and_ends_readably(tmp_path, tiny_trained_target, capsys):
     from treespec.train.training import drafter_job as train_heads
 
-    target_dir, cache = tiny_trained_target(tmp_path, monkeypatch)  # 2 layers: EAGLE-3's aux layers are (1, 1, 1)
+    target_dir, cache = tiny_trained_target  # 2 layers: EAGLE-3's aux layers are (1, 1, 1)
     run_dir = tmp_path / "run"
     common = ["debug=tiny_heads", "drafter=eagle3", "drafter.unroll_steps=2", "drafter.accuracy_depth=4",
               f"target={target_dir}", cache, f"run_dir={run_dir}"]

@@ -24,7 +24,7 @@ from .models import (
     random_heads,
     random_hydra,
     tiny_llama,
-    tiny_trained_target,
+    train_tiny_lm,
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import (
@@ -76,6 +76,6 @@ __all__ = [
     "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",
     "record_proposals", "recorded_run", "rendered_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
     "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "synthetic_result",
-    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "train_tiny_lm",
     "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint", "write_jsonl"
 ]
