@@ -216,6 +216,7 @@ def test_inputs_list_of_prompts_and_refusals(target):
 VOCAB, NEW = 4, 3
 ROWS = [[1, 3, 0, 1, 3], [2], [0, 0, 1, 2, 3, 1, 0]]
 RUNS = 1500  # as FR-Spec's cases: the negative control still fails by a wide margin
+COPIES = 10  # copies of ROWS per generate() call: 30 ragged rows, 150 calls
 
 
 @pytest.fixture(scope="module")
@@ -234,14 +235,16 @@ def exact_row_distribution(model, prompt: list[int], sampling: Sampling) -> np.n
     return dist
 
 
-def sampled_rows(model, drafter, tree, sampling, runs=RUNS) -> list[np.ndarray]:
+def sampled_rows(model, drafter, tree, sampling, runs=RUNS, copies=COPIES) -> list[np.ndarray]:
+    """Counts of each prompt of ROWS's continuations over ``runs`` samples, drawn as batches of ``copies`` copies of
+    ROWS: every row of a batch is an independent sample (the rows draw in turn from one generator)."""
     gen = torch.Generator().manual_seed(0)
     counts = [np.zeros((VOCAB,) * NEW) for _ in ROWS]
-    for _ in range(runs):
-        out = generate(model, ROWS, drafter=drafter, tree=tree, max_new_tokens=NEW, temperature=sampling.temperature,
-                       generator=gen)
+    for _ in range(runs // copies):
+        out = generate(model, ROWS * copies, drafter=drafter, tree=tree, max_new_tokens=NEW,
+                       temperature=sampling.temperature, generator=gen)
         for r, row in enumerate(out.sequences[:, -NEW:].tolist()):
-            counts[r][tuple(row)] += 1
+            counts[r % len(ROWS)][tuple(row)] += 1
     return counts
 
 
