@@ -230,37 +230,44 @@ def chat_ids(tokenizer, text: str) -> torch.Tensor:
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
-def shipped(name: str, tree, label: str):
-    """One (shipped SmolLM2 drafter, tree) case, skipped in a checkout without that drafter."""
-    return pytest.param(name, tree, id=f"{name}-{label}", marks=pytest.mark.skipif(
+def shipped(name: str, *trees):
+    """One shipped SmolLM2 drafter and the trees it decodes with, skipped in a checkout without that drafter."""
+    return pytest.param(name, trees, id=name, marks=pytest.mark.skipif(
         not (reference.MODELS_DIR / "smollm2" / name).is_dir(), reason=f"treespec/models/smollm2/{name} is not here"))
 
 
 DYNAMIC8 = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
 
 
-@needs_smollm2
-@pytest.mark.parametrize("name, tree", [
-    shipped("eagle3", Tree.chain(3), "chain3"), shipped("eagle3", DYNAMIC8, "dynamic8"),
-    shipped("eagle", Tree.chain(3), "chain3"), shipped("eagle", DYNAMIC8, "dynamic8"),
-    shipped("medusa", Tree.chain(3), "chain3"), shipped("medusa", Tree.full(2, 2), "full2x2"),
-    shipped("hydra", Tree.chain(3), "chain3"), shipped("hydra", Tree.full(2, 2), "full2x2"),
-    shipped("draft", Tree.chain(3), "chain3"),
-])
-def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, name, tree):
-    """Each drafter shipped for SmolLM2 reproduces transformers' greedy answer to a chat prompt, token for token,
-    and drafts something the target accepts."""
-    from treespec.heads import load
-
+@pytest.fixture(scope="module")
+def sky(smollm2):
+    """(a chat prompt, transformers' greedy answer of 24 tokens): what every shipped drafter must reproduce."""
     model, tokenizer = smollm2
-    drafter = load(f"reference:smollm2/{name}", model)
     ids = chat_ids(tokenizer, "Explain in two sentences why the sky is blue.")
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
                               pad_token_id=tokenizer.pad_token_id)
-    out = generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=24, eos_token_id=tokenizer.eos_token_id)
-    assert expected.shape[1] == ids.shape[1] + 24
-    assert torch.equal(out.sequences, expected)
-    assert out.target_passes < 24  # it drafted something that was accepted
+    assert expected.shape[1] == ids.shape[1] + 24  # no eos inside the 24 tokens: all of them compared
+    return ids, expected
+
+
+@needs_smollm2
+@pytest.mark.parametrize("name, trees", [
+    shipped("eagle3", Tree.chain(3), DYNAMIC8), shipped("eagle", Tree.chain(3), DYNAMIC8),
+    shipped("medusa", Tree.chain(3), Tree.full(2, 2)), shipped("hydra", Tree.chain(3), Tree.full(2, 2)),
+    shipped("draft", Tree.chain(3)),
+])
+def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, sky, name, trees):
+    """Each drafter shipped for SmolLM2 reproduces transformers' greedy answer to a chat prompt, token for token,
+    with each tree, and drafts something the target accepts."""
+    from treespec.heads import load
+
+    model, tokenizer = smollm2
+    ids, expected = sky
+    drafter = load(f"reference:smollm2/{name}", model)
+    for tree in trees:
+        out = generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=24, eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(out.sequences, expected), tree
+        assert out.target_passes < 24, tree  # it drafted something that was accepted
 
 
 @needs_smollm2
