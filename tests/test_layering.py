@@ -53,7 +53,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m == "treespec" or m.startswith("treespec.")}
 
 
-GRAPH = {name: imports_of(name, path, set(modules())) for name, path in modules().items()}
+KNOWN = set(modules())
+GRAPH = {name: imports_of(name, path, KNOWN) for name, path in modules().items()}
 
 
 LAYERS = ("treespec.masks", "treespec", "treespec.heads", "treespec.train")  # bottom to top
@@ -216,7 +217,7 @@ def test_masks_have_one_owner():
     """Tree ancestry, a batch's row slots, sliding windows and the choice between dense and flex masks meet in
     treespec/visibility.py: the core, heads/, train/ and scripts/ ask it for masks, none calls masks/ itself (the
     tests of masks/ do; masks/ imports only itself)."""
-    scripts = {f"scripts.{p.stem}": imports_of(f"scripts.{p.stem}", p, set(modules()))
+    scripts = {f"scripts.{p.stem}": imports_of(f"scripts.{p.stem}", p, KNOWN)
                for p in sorted((ROOT / "scripts").glob("*.py"))}
     bad = mask_users(GRAPH | scripts)
     assert not bad, f"{bad} import treespec.masks: ask {MASK_OWNER} for masks instead"
