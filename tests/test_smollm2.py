@@ -230,10 +230,12 @@ def chat_ids(tokenizer, text: str) -> torch.Tensor:
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
-def shipped(name: str, *trees):
+def shipped(name: str, *trees, slow: bool = False):
     """One shipped SmolLM2 drafter and the trees it decodes with, skipped in a checkout without that drafter."""
-    return pytest.param(name, trees, id=name, marks=pytest.mark.skipif(
-        not (reference.MODELS_DIR / "smollm2" / name).is_dir(), reason=f"treespec/models/smollm2/{name} is not here"))
+    missing = pytest.mark.skipif(not (reference.MODELS_DIR / "smollm2" / name).is_dir(),
+                                 reason=f"treespec/models/smollm2/{name} is not here")
+    return pytest.param(name, trees, id=name + ("-chain3" if slow else ""),
+                        marks=[missing, pytest.mark.slow] if slow else [missing])
 
 
 DYNAMIC8 = {"kind": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 2}
@@ -252,9 +254,10 @@ def sky(smollm2):
 
 @needs_smollm2
 @pytest.mark.parametrize("name, trees", [
-    shipped("eagle3", Tree.chain(3), DYNAMIC8), shipped("eagle", Tree.chain(3), DYNAMIC8),
-    shipped("medusa", Tree.chain(3), Tree.full(2, 2)), shipped("hydra", Tree.chain(3), Tree.full(2, 2)),
-    shipped("draft", Tree.chain(3)),
+    shipped("eagle3", DYNAMIC8), shipped("eagle", DYNAMIC8), shipped("medusa", Tree.full(2, 2)),
+    shipped("hydra", Tree.full(2, 2)), shipped("draft", Tree.chain(3)),
+    # a chain as well, with -m slow: each kind's chains are tested on tiny models, and its shipped weights above
+    *(shipped(name, Tree.chain(3), slow=True) for name in ("eagle3", "eagle", "medusa", "hydra")),
 ])
 def test_shipped_drafter_is_lossless_greedy_on_chat(smollm2, sky, name, trees):
     """Each drafter shipped for SmolLM2 reproduces transformers' greedy answer to a chat prompt, token for token,

@@ -160,10 +160,12 @@ CHI2_CASES = [
 ]
 
 
-# with -m slow: each is a case above again on another tree or at T = 0.6 (the exact law covers both, and the block
-# rule on a chain is the traversal's walk; block-chain-sampled and traversal-tree-sampled in tests/test_lossless.py
-# run them through generate())
-SLOW_CHI2 = {"block-topk-chain2", "block-iid-chain2-t06-topp", "traversal-iid-full22"}
+# with -m slow: i.i.d. candidates at T = 1 and the block rule, which tests/test_lossless.py's block-chain-sampled
+# and traversal-tree-sampled test by chi-square through generate() (each row's walk is this walk), and the exact law
+# above on every tree (the block rule on a chain is the traversal's walk). The default cases are those that
+# test_lossless.py runs only with -m slow: top-k candidates, T = 0.6 with top-p, siblings without replacement.
+SLOW_CHI2 = {"block-iid-chain3", "block-topk-chain2", "block-iid-chain2-t06-topp", "traversal-iid-full22",
+             "traversal-iid-uneven"}
 
 
 @pytest.mark.parametrize("acceptance, tree, vocab, sampling, sampled",
