@@ -46,5 +46,5 @@ def tiny_trained_target(tiny_lm_once, tmp_path, monkeypatch):
 
 
 def pytest_configure(config):
-    # tests/test_specforge.py: needs SpecForge's own venv (skipped without it)
+    # tests/train/checks/test_specforge.py: needs SpecForge's own venv (skipped without it)
     config.addinivalue_line("markers", "specforge: compares with SpecForge's code run in its own venv")

@@ -16,7 +16,7 @@ from treespec.train.training import data
 from treespec.train.training import drafter_job as train_heads
 from treespec.train.training.checkpoint import CheckpointMismatch
 
-from .helpers import TINY_DRAFT, compose_cfg
+from tests.helpers import TINY_DRAFT, compose_cfg
 
 DRAFTERS = ("medusa", "eagle", "eagle3", "draft")
 SIZES = {"draft": TINY_DRAFT}  # a draft narrower than the tiny LM (its default is sized for SmolLM2)

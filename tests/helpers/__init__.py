@@ -16,6 +16,7 @@ from .dflash_drafters import dflash_prompt, dflash_target, random_dflash, traine
 from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
+    ROOT,
     compose_cfg,
     hf_greedy,
     perturbed,
@@ -69,7 +70,7 @@ __all__ = [
     "accept_deepest", "accept_everything", "accept_random_prefix", "ALPHA", "assert_ok", "BAD_ROWS",
     "block_proposal", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "CONF", "conversations",
     "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "expect_batched_greedy", "GREEDY",
-    "INTEROP_PROMPT", "NEW", "PROMPT", "proposed_while_accepting", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
+    "INTEROP_PROMPT", "NEW", "PROMPT", "proposed_while_accepting", "REPORT_PEERS", "REPORT_PLAN", "ROOT", "RUNS",
     "SPEC_BENCH_ROWS", "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",

@@ -28,7 +28,8 @@ def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0
     return LlamaForCausalLM(config).eval()
 
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests at any depth find its files from here
+CONF = str(ROOT / "conf")
 
 
 def compose_cfg(config_name: str, overrides: list[str]):
