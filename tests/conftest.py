@@ -1,3 +1,4 @@
+import functools
 import pickle
 import shutil
 
@@ -43,6 +44,16 @@ def tiny_trained_target(tiny_lm_once, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     return tmp_path / "lm" / "final", f"data.cache_dir={tmp_path / 'cache'}"
+
+
+@pytest.fixture
+def no_report_figures(monkeypatch):
+    """A comparison run in this test writes its report without the figures (results.json, the tables, results.md):
+    the figures take much of a tiny comparison's time, and tests/train/compare/test_compare.py and
+    test_report_figures.py test them."""
+    from treespec.train.compare import harness, report
+
+    monkeypatch.setattr(harness, "write_outputs", functools.partial(report.write_outputs, figures=False))
 
 
 def pytest_configure(config):

@@ -327,7 +327,7 @@ def test_nested_combinations_share_no_drafter_and_never_contain_themselves():
         generate(target, prompt_ids, drafter=looped, max_new_tokens=4)
 
 
-def test_the_comparison_runs_drafter_combined(tmp_path, monkeypatch):
+def test_the_comparison_runs_drafter_combined(tmp_path, monkeypatch, no_report_figures):
     """conf/drafter/combined.yaml in the comparison: its parts (suffix, eagle3) made as they are alone, combined, run
     beside vanilla and reported, with the line that makes it again. The setup's timing (the target's cost curve and
     the engine's cost per step, for predictions a combination has none of) is stubbed."""

@@ -235,7 +235,7 @@ def test_training_entry_lowers_loss_and_resumes(tmp_path, tiny_trained_target):
     target_dir, cache = tiny_trained_target
     common = ["debug=tiny_heads", "drafter=eagle", "drafter.fusion=true", f"target={target_dir}", cache,
               "optim.lr=1e-2", "logger=none", "tree=dynamic", "tree.total_tokens=6", "tree.depth=3",
-              "tree.top_k=2"]
+              "tree.top_k=2", "eval.expected_tau=null"]  # expected τ: test_train_metrics.py, resumed: test_medusa.py
 
     # interrupted after 15 steps, then resumed: the same drafter as one uninterrupted run
     heads_training.run(compose_cfg("train_heads", [*common, f"run_dir={tmp_path / 'a'}", "trainer.stop_after=15"]))

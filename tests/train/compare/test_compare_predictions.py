@@ -91,7 +91,7 @@ def test_timing_runs_before_ahead_of_every_timed_call():
     assert set(curve) == {1, 2} and all(t > 0 for t in curve.values())
 
 
-def test_sampled_chains_are_predicted_per_rule(tmp_path):
+def test_sampled_chains_are_predicted_per_rule(tmp_path, no_report_figures):
     """A drafter that samples its candidates, with its chain τ measured (treespec/planning/chain_tau.py): each rule's
     row is predicted from that rule's closed form (traversal on a chain is block verification), tree=auto picks a chain
     from it, and a branching tree is not predicted."""
@@ -126,7 +126,7 @@ def test_sampled_chains_are_predicted_per_rule(tmp_path):
         assert out.tree == build_tree(rows[f"draft | auto | {rule}"]["tree_spec"])
 
 
-def test_generate_auto_chooses_the_comparisons_tree(tmp_path):
+def test_generate_auto_chooses_the_comparisons_tree(tmp_path, no_report_figures):
     """The run keeps each drafter's cost model and accuracies (profiles/<drafter>/): generate(tree=auto) with them
     picks the tree the run's auto picked, from the same numbers, and results.md says how."""
     target = tiny_llama(seed=0)

@@ -222,7 +222,8 @@ def chat_pair(tmp_path_factory):
     return root
 
 
-def test_experiment_specbench_end_to_end_on_a_tiny_chat_target(chat_pair, tmp_path, monkeypatch, capsys):
+def test_experiment_specbench_end_to_end_on_a_tiny_chat_target(chat_pair, tmp_path, monkeypatch, capsys,
+                                                                no_report_figures):
     monkeypatch.chdir(tmp_path)
     path = write_jsonl(tmp_path / "question.jsonl", questions(per_category=2))
     cfg = compose_cfg("compare", [

@@ -138,7 +138,7 @@ def chat_models(tmp_path_factory):
     return root
 
 
-def test_comparison_on_a_chat_workload_reports_by_category(chat_models, tmp_path, monkeypatch):
+def test_comparison_on_a_chat_workload_reports_by_category(chat_models, tmp_path, monkeypatch, no_report_figures):
     monkeypatch.chdir(tmp_path)
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_BENCH_ROWS + [
         {"question_id": 85, "category": "math", "turns": ["What is 4-1?"]},
