@@ -3,10 +3,10 @@
     python scripts/architecture_matrix.py                 # ~1 min on one core
     python scripts/architecture_matrix.py --out PATH      # default results/architecture_matrix.md
 
-Runs the checks of train/checks/architectures.py (the functions tests/test_architectures.py runs, on the same family
-table: tiny random models, prompts longer than the sliding window) and writes a markdown file generated from
-their results (train/checks/matrix_report.py): ✓ with τ, ✗ with the error, n/a where transformers itself offers no
-such combination.
+Runs the checks of train/checks/architectures.py (the functions tests/train/checks/test_architectures.py runs, on
+the same family table: tiny random models, prompts longer than the sliding window) and writes a markdown file
+generated from their results (train/checks/matrix_report.py): ✓ with τ, ✗ with the error, n/a where transformers
+itself offers no such combination.
 """
 
 import argparse

@@ -26,6 +26,7 @@ print(f"transformers {transformers.__version__}, treespec from {pathlib.Path(tre
 PYEOF
 # greedy equality and plain decoding (generate), losslessness, the KV cache, and two drafters (EAGLE-3, Medusa)
 # with the exports and loaders: what touches the API that differs between releases (treespec/compat.py)
-TESTS=(tests/test_generate.py tests/test_cache.py tests/test_lossless.py tests/test_eagle3.py tests/test_medusa.py)
+TESTS=(tests/core/test_generate.py tests/core/test_cache.py tests/test_lossless.py tests/heads/eagle3/test_eagle3.py
+       tests/heads/medusa/test_medusa.py)
 if [ $# -gt 0 ]; then TESTS=("$@"); fi
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$VENV/bin/python" -m pytest -q -x -p no:randomly "${TESTS[@]}"

@@ -2,7 +2,7 @@
 # The GPU check, one prepared script, everything under one output folder (parts 1, 3 and 4 were sized for 10 minutes
 # on one H200; part 2 adds a few: flex_attention's compilation, building the 8B-shaped model, its decoding):
 #   1. the GPU-marked tests: greedy equality and chi-square sampling on CUDA, fp32 and bf16, sdpa, eager and
-#      flex_attention (tests/test_gpu.py), and cascade attention (tests/test_cascade_attention.py: the flash
+#      flex_attention (tests/core/test_gpu.py), and cascade attention (tests/core/test_cascade_attention.py: the flash
 #      kernel against the pure-torch one, greedy equality through flash-attn);
 #   2. flash-attn, installed when a wheel is available (tolerated when not: the cascade then runs its pure-torch
 #      kernel, and the log says so), and the attention implementations side by side (scripts/attention_timing.py:
@@ -64,8 +64,8 @@ install_flash() {  # tolerated failure: the cascade then runs its pure-torch ker
 
 if [ "$DEVICE" = cpu ]; then  # dry run: every step at toy sizes, so CI proves the script works end to end
   echo "flash-attn install skipped (dry run, no CUDA); $(flash_status)" | tee "$OUT/flash_attn_install.log"
-  "$PY" -m pytest -q tests/test_gpu.py -k "sdpa and chain or bf16" 2>&1 | tee "$OUT/tests.log"
-  "$PY" -m pytest -q tests/test_cascade_attention.py 2>&1 \
+  "$PY" -m pytest -q tests/core/test_gpu.py -k "sdpa and chain or bf16" 2>&1 | tee "$OUT/tests.log"
+  "$PY" -m pytest -q tests/core/test_cascade_attention.py 2>&1 \
     | tee "$OUT/tests_cascade.log"
   "$PY" scripts/attention_timing.py --dry-run --out "$OUT/attention" 2>&1 | tee "$OUT/attention_timing.log"
   [ "$CASCADE_ONLY" = 1 ] && exit 0
@@ -75,11 +75,11 @@ fi
 
 install_flash 2>&1 | tee "$OUT/flash_attn_install.log"
 flash_status | tee -a "$OUT/environment.txt"
-"$PY" -m pytest -q tests/test_cascade_attention.py 2>&1 | tee "$OUT/tests_cascade.log" || true
+"$PY" -m pytest -q tests/core/test_cascade_attention.py 2>&1 | tee "$OUT/tests_cascade.log" || true
 "$PY" scripts/attention_timing.py --device cuda --dtype bfloat16 --model reference --model llama3-8b \
   --out "$OUT/attention" 2>&1 | tee "$OUT/attention_timing.log" || true
 [ "$CASCADE_ONLY" = 1 ] && { echo "gpu check (cascade only): outputs in $OUT"; exit 0; }
-"$PY" -m pytest -q tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
+"$PY" -m pytest -q tests/core/test_gpu.py 2>&1 | tee "$OUT/tests.log"
 "$PY" scripts/cost_curve.py --device cuda --dtype bfloat16 --model reference --model llama3-8b --out "$OUT" 2>&1 \
   | tee "$OUT/cost_curve.log"
 "$PY" scripts/compare_trees.py device=cuda "run_dir=$OUT/compare" logger=none peers=true 2>&1 | tee "$OUT/compare.log"

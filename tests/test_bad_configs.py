@@ -21,7 +21,7 @@ from treespec.train.training.checkpoint import CheckpointMismatch
 from treespec.train.training.completions import Completion
 from treespec.train.training.regeneration import check_responses, regenerate
 
-from .helpers import chat_tokenizer, compose_cfg, conversations, write_jsonl
+from tests.helpers import chat_tokenizer, compose_cfg, conversations, write_jsonl
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 
@@ -227,7 +227,7 @@ def test_chatml_for_a_tokenizer_without_its_tokens_warns():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    # a byte-level tokenizer of bytes alone (one trained here has the ChatML tokens: tests/test_train.py)
+    # a byte-level tokenizer of bytes alone (one trained here has the ChatML tokens: tests/train/training/test_train.py)
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))},
                                merges=[]))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()

@@ -14,7 +14,7 @@ from treespec.heads.eagle import EagleModel
 from treespec.heads.medusa import MedusaHeads
 from treespec.reference import load_model
 
-from .helpers import tiny_llama
+from tests.helpers import tiny_llama
 
 
 # -- drafter folders ----------------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_a_vllm_medusa_export_missing_one_bias_is_refused(tmp_path):
     """Its config says medusa_fc_bias: a deleted bias tensor would load as zeros, silently."""
     from treespec.heads.checkpoints.export import export
 
-    from .helpers import random_heads
+    from tests.helpers import random_heads
 
     target = tiny_llama(seed=0)
     heads = random_heads(target, num_heads=3)

@@ -18,7 +18,7 @@ from treespec.heads import DraftModel, Medusa, MedusaHeads, PromptLookup
 from treespec.sampling import GREEDY
 from treespec.walker import walk
 
-from .helpers import hf_greedy, perturbed, tiny_llama
+from tests.helpers import hf_greedy, perturbed, tiny_llama
 
 PROMPT = torch.tensor([[3, 7, 1, 9, 4, 2]])
 

@@ -10,7 +10,7 @@ from treespec.train.compare import job as compare
 from treespec.train.training import drafter_job as train_heads
 from treespec.train.training import lm_job as lm
 
-from .helpers import CONF, compose_cfg
+from tests.helpers import CONF, compose_cfg
 
 CHECKS = {"train_lm": lm.check_config, "train_heads": train_heads.check_config, "compare": compare.check_config}
 # experiment / debug configs by the job they are written for (file name prefix)

@@ -5,11 +5,10 @@ tests/test_gpu_check.py` before a GPU session."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 @pytest.mark.slow  # ~2 minutes: the whole GPU script at toy sizes on the CPU (run with -m slow before a GPU session)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from treespec.heads import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 SCANNED = ("treespec", "heads", "train", "scripts")
 # "auto" is also a tree spec's kind ({"kind": "auto"}), the detection format and a chat template's setting: a string
 # many unrelated comparisons hold, so the "auto" kind is left out of the scan

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 PACKAGES = {"treespec": ROOT / "treespec", "treespec.heads": ROOT / "heads", "treespec.masks": ROOT / "masks",
             "treespec.train": ROOT / "train"}
 
@@ -53,7 +54,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m == "treespec" or m.startswith("treespec.")}
 
 
-GRAPH = {name: imports_of(name, path, set(modules())) for name, path in modules().items()}
+KNOWN = set(modules())
+GRAPH = {name: imports_of(name, path, KNOWN) for name, path in modules().items()}
 
 
 LAYERS = ("treespec.masks", "treespec", "treespec.heads", "treespec.train")  # bottom to top
@@ -216,7 +218,7 @@ def test_masks_have_one_owner():
     """Tree ancestry, a batch's row slots, sliding windows and the choice between dense and flex masks meet in
     treespec/visibility.py: the core, heads/, train/ and scripts/ ask it for masks, none calls masks/ itself (the
     tests of masks/ do; masks/ imports only itself)."""
-    scripts = {f"scripts.{p.stem}": imports_of(f"scripts.{p.stem}", p, set(modules()))
+    scripts = {f"scripts.{p.stem}": imports_of(f"scripts.{p.stem}", p, KNOWN)
                for p in sorted((ROOT / "scripts").glob("*.py"))}
     bad = mask_users(GRAPH | scripts)
     assert not bad, f"{bad} import treespec.masks: ask {MASK_OWNER} for masks instead"
@@ -248,22 +250,29 @@ def suite_imports(source: str, path: Path) -> set[str]:
 
 
 def not_helpers(found: set[str]) -> list[str]:
-    return sorted(m for m in found if m != "tests.helpers" and not m.startswith("tests.helpers."))
+    """The modules of ``found`` outside tests/helpers; a folder of the suite (``from . import test_x`` names
+    tests.core as well as tests.core.test_x) holds nothing to import."""
+    return sorted(m for m in found if m != "tests.helpers" and not m.startswith("tests.helpers.")
+                  and not (ROOT / m.replace(".", "/")).is_dir())
 
 
-@pytest.mark.parametrize("path", sorted([*TESTS.glob("*.py"), *TESTS.glob("helpers/*.py")]),
-                         ids=lambda p: p.relative_to(TESTS).as_posix())
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")), ids=lambda p: p.relative_to(TESTS).as_posix())
 def test_the_suite_imports_helpers_only_from_tests_helpers(path):
     bad = not_helpers(suite_imports(path.read_text(), path))
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}: a helper two test modules share goes in tests/helpers"
 
 
 def test_the_suite_import_checker_sees_a_test_module_import():
-    """A function-local relative import, ``from . import`` and an absolute one are all found."""
-    source = ("def f():\n    from .test_eagle import target\nfrom . import test_chat\nimport tests.conftest\n"
-              "from .helpers import VOCAB, chat\n")
+    """A function-local relative import, ``from . import``, one from a parent package and an absolute one are all
+    found, in a test at the top of the suite and in one of its folders."""
+    source = ("def f():\n    from .test_lossless import target\nfrom . import test_layering\nimport tests.conftest\n"
+              "from .helpers import VOCAB, chat\nfrom tests.helpers import WORDS\n")
     found = suite_imports(source, TESTS / "test_x.py")
-    assert not_helpers(found) == ["tests.conftest", "tests.test_chat", "tests.test_eagle"]
+    assert not_helpers(found) == ["tests.conftest", "tests.test_layering", "tests.test_lossless"]
+    source = ("from . import test_generate\nfrom ..heads.eagle.test_eagle import target\nfrom ..helpers import VOCAB\n"
+              "from tests.train.compare import test_report\n")
+    assert not_helpers(suite_imports(source, TESTS / "core" / "test_x.py")) == [
+        "tests.core.test_generate", "tests.heads.eagle.test_eagle", "tests.train.compare.test_report"]
     assert not_helpers(suite_imports("from . import models\nfrom .chat import x\n", TESTS / "helpers" / "x.py")) == []
 
 

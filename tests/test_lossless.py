@@ -17,7 +17,15 @@ from treespec.heads import DraftModel, PromptLookup
 from treespec.sampling import Sampling
 from treespec.walker import row_by_row
 
-from .helpers import VOCAB, accept_everything, chi2_pvalue, exact_distribution, perturbed, sampled_counts, tiny_llama
+from tests.helpers import (
+    VOCAB,
+    accept_everything,
+    chi2_pvalue,
+    exact_distribution,
+    perturbed,
+    sampled_counts,
+    tiny_llama,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +60,7 @@ CASES = {
 
 
 # the default suite runs one case per sequence-level rule and tree kind; the rest run with -m slow (the walker's
-# own tests, tests/test_walker_traversal.py, cover them all fast, exactly and by chi-square)
+# own tests, tests/core/test_walker_traversal.py, cover them all fast, exactly and by chi-square)
 SLOW = {"chain-topk", "block-chain-prompt-lookup", "traversal-dynamic-topk", "traversal-tree-sampled-t06-top_p",
         "traversal-prompt-lookup-tree", "without-replacement-traversal-top_p"}
 

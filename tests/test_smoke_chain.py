@@ -1,4 +1,5 @@
-"""The shipped smoke configs, chained as a user runs them: a tiny LM (``debug=tiny_lm``), then tiny drafters of
+"""The shipped smoke configs, chained as a user runs them: a tiny LM (``debug=tiny_lm``: the one the
+``tiny_trained_target`` fixture trains once per process, tests/conftest.py), then tiny drafters of
 every trainable kind on it (``debug=tiny_heads``), then a comparison of them on that LM. Each step reads what
 the step before wrote (the exported model, the drafters' folders with their rank accuracies), so a crash at
 the end of one (rank accuracies a hair above 1 once refused every accuracy-grown tree) fails here."""
@@ -13,10 +14,9 @@ from treespec.sampling import GREEDY
 from treespec.train.compare import job as compare
 from treespec.train.training import data
 from treespec.train.training import drafter_job as train_heads
-from treespec.train.training import lm_job as lm
 from treespec.train.training.checkpoint import CheckpointMismatch
 
-from .helpers import TINY_DRAFT, compose_cfg
+from tests.helpers import TINY_DRAFT, compose_cfg
 
 DRAFTERS = ("medusa", "eagle", "eagle3", "draft")
 SIZES = {"draft": TINY_DRAFT}  # a draft narrower than the tiny LM (its default is sized for SmolLM2)
@@ -38,14 +38,10 @@ def test_rank_accuracies_that_cover_every_position_grow_trees():
     assert len(grow_tree([[247 / 248 + 1e-8, 1 / 248]], 2)) == 2  # a file written before the fix still grows
 
 
-def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch, tiny_trained_target):
     # the comparison measures accuracies on held-out stdlib windows: a few files of it, not all of it
     monkeypatch.setattr(data, "STDLIB_CORPUS", {**data.STDLIB_CORPUS, "max_files": 12})
-    cache = f"data.cache_dir={tmp_path / 'cache'}"
-    lm.run(compose_cfg("train_lm", ["debug=tiny_lm", f"run_dir={tmp_path / 'lm'}", cache]))
-    target = tmp_path / "lm" / "final"
+    target, cache = tiny_trained_target
 
     small = ["debug=tiny_heads", f"target={target}", cache, "logger=none", "trainer.max_steps=4",
              "trainer.eval_every=4", "trainer.ckpt_every=4", "trainer.eval_windows=2", "data.self_distill.prompts=8",

@@ -8,11 +8,11 @@ longer path such as ``docs/work/``). The one file left out is this test, whose p
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 MACHINE_PATHS = re.compile(r"(?<![\w.~/-])(/root/|/home/[\w.-]+/|/work/|/tmp/pytest-)")
 EXEMPT = {"tests/test_tracked_paths.py"}  # this file: it spells the patterns out
 

@@ -77,7 +77,7 @@ def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
     return types, kwargs
 
 
-#: the oldest release whose hybrid models treespec/recurrent.py is checked against (tests/test_hybrids.py passes
+#: the oldest release whose hybrid models treespec/recurrent.py is checked against (tests/core/test_hybrids.py passes
 #: on 5.19 and 5.24; on 5.8.1 LFM2's cached multi-token path disagrees with its own greedy decoding)
 HYBRID_MIN_VERSION = (5, 19)
 

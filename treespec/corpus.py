@@ -16,8 +16,10 @@ learns them in ChatML: train/training/data.py).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +42,21 @@ def is_validation(key: str, val_fraction: float) -> bool:
 def corpus_files(source: str, pattern: str, max_files: int | None) -> tuple[Path, list[Path]]:
     """The files a directory corpus reads (``source`` "stdlib" or a directory), in reading order."""
     root = stdlib_root() if source == "stdlib" else Path(source)
-    paths = sorted(p for p in root.rglob(pattern) if p.is_file() and "site-packages" not in p.parts)
+    paths = sorted(p for p in _matching(root, pattern) if p.is_file() and "site-packages" not in p.parts)
     return root, paths[:max_files] if max_files else paths
+
+
+def _matching(root: Path, pattern: str):
+    """``root.rglob(pattern)`` that never descends into a site-packages folder (whose files are left out anyway):
+    the stdlib's holds every installed package, which took rglob seconds to walk. Like rglob, symlinked folders are
+    not entered; a pattern naming folders ("a/*.py", "**") is rglob's own."""
+    if "/" in pattern or os.sep in pattern or "**" in pattern:
+        yield from root.rglob(pattern)
+        return
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "site-packages"]
+        base = Path(folder)
+        yield from (base / name for name in fnmatch.filter(dirs + files, pattern))
 
 
 def corpus_digest(source: str = "stdlib", *, pattern: str = "*.py", max_files: int | None = None, **_) -> str:

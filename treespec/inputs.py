@@ -242,7 +242,7 @@ def check_target(target) -> None:
                          "attn_implementation='sdpa' (or 'eager'; 'flex_attention' or 'treespec_cascade' on GPU)")
     if impl == "flex_attention" and target.device.type == "cpu":
         # torch 2.13's inductor fails on CPU: CppCompileError for tree masks, an out-of-bounds index in the
-        # compiled kernel for the decode steps of a plain chain (tests/test_gpu.py's CPU dry run found both)
+        # compiled kernel for the decode steps of a plain chain (tests/core/test_gpu.py's CPU dry run found both)
         raise ValueError("flex_attention runs on CUDA only here: load the target with attn_implementation='sdpa' "
                          "on CPU")
     if impl in CASCADE_ATTENTION:

@@ -42,7 +42,7 @@ Q_c is the distribution sibling c was drawn from, given its earlier siblings:
   beat "draw a target sequence, accept its longest prefix in the tree" when the tree is fixed.
 
 Losslessness (the output law is the target's) is proven in the papers and checked here exactly (the law
-of ``trials`` summed over every draft of a tiny vocabulary) and by chi-square tests (tests/test_walker.py,
+of ``trials`` summed over every draft of a tiny vocabulary) and by chi-square tests (tests/core/test_walker.py,
 tests/test_lossless.py).
 """
 

@@ -10,7 +10,7 @@ scripts/speed_checks.py`` measures both paths on the shipped reference models.
   and the attention mask is the one the caller built (treespec/visibility.py: ``attention_masks`` for tree
   nodes, ``causal_mask`` for several committed tokens, none for a single query, which sees the whole cache). Only
   for architectures whose base-model forward does nothing else to the hidden states (``LEAN_MODEL_TYPES``,
-  each checked equal to the plain forward in tests/test_lean.py), whose layers all attend fully and whose
+  each checked equal to the plain forward in tests/heads/test_lean.py), whose layers all attend fully and whose
   rotary frequencies do not depend on the sequence length (not "dynamic" or "longrope" scaling, which a table
   over every position would change); any other model runs through its plain forward (``lean_decoder``
   returns None).

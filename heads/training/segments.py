@@ -12,7 +12,7 @@ each conversation, so that a packed row trains exactly what its conversations on
 **Why position ids, not a 4-D mask, for transformers models.** transformers (5.x, ``masking_utils``) reads per-
 document position ids as packed sequences when no attention mask and no cache are given, and builds the block-
 diagonal causal mask itself from its mask functions, so a sliding-window layer keeps its window (a custom 4-D mask
-would replace it); tests/test_packing.py checks sdpa and eager. ``PackedModel`` therefore passes
+would replace it); tests/train/training/test_packing.py checks sdpa and eager. ``PackedModel`` therefore passes
 ``use_cache=False``: with a cache the detection is off and attention would cross conversations. The drafting job
 checks once that the target honours it (train/training/packing.py's ``check_packing``). The EAGLE drafters' own
 layers run with a cache (the training-time unroll) and an explicit additive mask (heads/training/unroll.py takes

@@ -6,8 +6,8 @@ target's feature at j, at position j). Unrolled step 0 is the causal pass over t
 is draft depth 1 from root r. Step i >= 1 feeds, for every root r, the window's next token (r + 1 + i, at
 position r + i) with the root's step i − 1 output, and lets it attend to step-0 keys t <= r (the committed
 context) and to root r's own keys of steps 1..i (``unroll_mask``): exactly what drafting depth i + 1 from
-root r sees, one pass for all roots (tests/test_eagle.py and test_eagle3.py check it against drafting one
-node at a time).
+root r sees, one pass for all roots (tests/heads/eagle/test_eagle.py and tests/heads/eagle3/test_eagle3.py check it
+against drafting one node at a time).
 
 Training (treespec.heads.eagle.objective, treespec.heads.eagle3.objective) takes its losses from it; rank accuracy
 (heads/eagle/drafter.py, heads/eagle3/drafter.py) scores its top-k ranks against the target. It lives beside the models,

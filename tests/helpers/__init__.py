@@ -16,6 +16,7 @@ from .dflash_drafters import dflash_prompt, dflash_target, random_dflash, traine
 from .lossless_law import NEW, PROMPT, RUNS, VOCAB, accept_everything, chi2_pvalue, exact_distribution, sampled_counts
 from .models import (
     CONF,
+    ROOT,
     compose_cfg,
     hf_greedy,
     perturbed,
@@ -24,7 +25,7 @@ from .models import (
     random_heads,
     random_hydra,
     tiny_llama,
-    tiny_trained_target,
+    train_tiny_lm,
 )
 from .processes import assert_ok, free_port, run_killed, run_ranks
 from .proposals import (
@@ -69,13 +70,13 @@ __all__ = [
     "accept_deepest", "accept_everything", "accept_random_prefix", "ALPHA", "assert_ok", "BAD_ROWS",
     "block_proposal", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "CONF", "conversations",
     "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "expect_batched_greedy", "GREEDY",
-    "INTEROP_PROMPT", "NEW", "PROMPT", "proposed_while_accepting", "REPORT_PEERS", "REPORT_PLAN", "RUNS",
+    "INTEROP_PROMPT", "NEW", "PROMPT", "proposed_while_accepting", "REPORT_PEERS", "REPORT_PLAN", "ROOT", "RUNS",
     "SPEC_BENCH_ROWS", "T07", "T1", "TINY_DRAFT", "UNEVEN", "UPSTREAM_CASES", "VOCAB", "WALKS", "WORDS", "World",
     "eagle3_specforge", "eagle3_speculators", "exact_distribution", "first_two_counts", "free_port", "fresh_drafter",
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",
     "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",
     "record_proposals", "recorded_run", "rendered_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
     "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "synthetic_result",
-    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_trained_target",
+    "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "train_tiny_lm",
     "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint", "write_jsonl"
 ]

@@ -1,5 +1,5 @@
-"""DFlash drafters that tests/test_dflash.py, tests/test_dflash_training.py and tests/test_dflash_upstream.py share:
-the tiny target they draft for, the test prompt, a random drafter and one overfit on the target's own greedy
+"""DFlash drafters that tests/heads/dflash/test_dflash.py, test_dflash_training.py and test_dflash_upstream.py
+share: the tiny target they draft for, the test prompt, a random drafter and one overfit on the target's own greedy
 continuations."""
 
 import torch

@@ -28,7 +28,8 @@ def tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0
     return LlamaForCausalLM(config).eval()
 
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests at any depth find its files from here
+CONF = str(ROOT / "conf")
 
 
 def compose_cfg(config_name: str, overrides: list[str]):
@@ -38,9 +39,10 @@ def compose_cfg(config_name: str, overrides: list[str]):
         return compose(config_name=config_name, overrides=overrides)
 
 
-def tiny_trained_target(tmp_path, monkeypatch) -> tuple[Path, str]:
+def train_tiny_lm(tmp_path, monkeypatch) -> tuple[Path, str]:
     """A tiny LM trained for 60 steps through the LM entry (wandb offline): (its folder, the data-cache
-    override that heads runs should share)."""
+    override that heads runs should share). Tests take it from the ``tiny_trained_target`` fixture
+    (tests/conftest.py), which trains it once per worker process and hands each test its own copy."""
     from treespec.train.training import lm_job as lm
 
     monkeypatch.setenv("WANDB_MODE", "offline")

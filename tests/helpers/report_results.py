@@ -1,5 +1,5 @@
-"""A comparison's results.json synthesised from a plan (no model runs) for the report's tests (tests/test_report.py,
-tests/test_report_figures.py, tests/test_report_intervals.py, tests/test_side_by_side.py): ``synthetic_result``
+"""A comparison's results.json synthesised from a plan (no model runs) for the report's tests (tests/train/compare/:
+test_report.py, test_report_figures.py, test_report_intervals.py, test_side_by_side.py): ``synthetic_result``
 (the trees of REPORT_PLAN, the peers of REPORT_PEERS, a stamp), ``with_categories`` (the same run as a workload's),
 ``rendered_run`` (written and rendered into a folder) and ``md_table_of`` (a results.md table's cells)."""
 

@@ -1,5 +1,5 @@
-"""Upstream drafter checkpoints synthesised for the interop tests (tests/test_interop_load.py,
-tests/test_interop_export.py), each with the reference forward it is checked against
+"""Upstream drafter checkpoints synthesised for the interop tests (tests/heads/test_interop_load.py,
+tests/heads/test_interop_export.py), each with the reference forward it is checked against
 (tests/helpers/upstream_reference.py).
 
 Nothing is downloaded: every upstream checkpoint is synthesised here with the exact key names and config

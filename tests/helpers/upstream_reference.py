@@ -1,4 +1,4 @@
-"""What the interop tests (tests/test_interop_load.py, tests/test_interop_export.py) check upstream drafters
+"""What the interop tests (tests/heads/test_interop_load.py, tests/heads/test_interop_export.py) check upstream drafters
 against: tiny random Llama and Qwen2 targets, the reference forwards of EAGLE-1/2, EAGLE-3 and Medusa written out
 from the published equations (plain tensor ops, no transformers or treespec modules), ``recorded_run`` and
 ``check_proposal`` (a loaded drafter's proposals against a reference), and ``proposals_of`` and ``fresh_drafter``

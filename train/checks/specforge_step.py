@@ -1,5 +1,5 @@
 """treespec's EAGLE-3 training step checked against SpecForge's, step for step (docs/specforge_check.md; the
-command line: scripts/specforge_check.py; tests/test_specforge.py runs ``check``).
+command line: scripts/specforge_check.py; tests/train/checks/test_specforge.py runs ``check``).
 
 Same weights, same batch, same number of TTT steps on both sides: the shipped reference target, a random
 EAGLE-3 head, windows of held-out stdlib tokens, a draft vocabulary of the most frequent of them. treespec

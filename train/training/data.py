@@ -127,7 +127,8 @@ def chat_document(row, tokenizer=None) -> str | None:
         return None
     if tokenizer is not None and tokenizer.chat_template:
         return tokenizer.apply_chat_template(messages, tokenize=False)
-    # CHATML's output, written out: no tokenizer exists yet to apply it (tests/test_train.py checks they agree)
+    # CHATML's output, written out: no tokenizer exists yet to apply it (tests/train/training/test_train.py checks
+    # they agree)
     return "".join(f"{CHAT_MARKERS[0]}{m['role']}\n{m['content']}{CHAT_MARKERS[1]}\n" for m in messages)
 
 

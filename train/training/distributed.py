@@ -13,7 +13,7 @@ What the training loop (train/training/loop.py) relies on:
   unset or 1) it is one process and nothing here changes how a run trains.
 - The global batch (``trainer.batch_size`` rows) is a function of (seed, step); rank r takes rows
   [r·B/W, (r+1)·B/W) and splits them into ``trainer.grad_accum`` micro-batches, so W processes make the
-  same update as one process with ``grad_accum = W`` (tests/test_distributed.py).
+  same update as one process with ``grad_accum = W`` (tests/train/training/test_distributed.py).
 - ``wrap``: the loss function becomes the forward of a module holding the trainable one, so that DDP's
   and FSDP's hooks see every use of its parameters (the recipes call more methods than ``forward``).
   FSDP2 shards each transformers decoder layer (``_no_split_modules``) and then the rest (the root).

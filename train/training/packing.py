@@ -9,7 +9,7 @@ attend block-diagonally (transformers builds that mask from per-document positio
 the target does), the EAGLE drafters' own layers get the same relation as an additive mask
 (heads/training/unroll.py), and no
 token is predicted across a boundary (``shifted_mask``'s ``segments``). A packed batch therefore trains exactly what
-its conversations run one at a time would (tests/test_packing.py), only in fewer, fuller rows.
+its conversations run one at a time would (tests/train/training/test_packing.py), only in fewer, fuller rows.
 
 **The plan** is best-fit decreasing over the conversations' lengths: longest first, each into the open window with
 the least room that still holds it. It depends on the lengths alone (no seed), so it is computed once; a step's

@@ -1,0 +1,199 @@
+"""DFlash's training (heads/dflash/objective.py; the drafter: tests/heads/dflash/test_dflash.py): the objective's
+block-sparse pass equals decoding from each anchor (one row and packed conversations), the loss falls and weighs what
+the loss mask allows, rank accuracies, the recipe (train, export, draft; its config checks), an exactly resumed run
+and training from stored target features equal to training online."""
+
+import itertools
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from treespec import generate
+from treespec.heads import DFlash, load, registry
+from treespec.heads.dflash.drafter import rank_accuracy
+from treespec.heads.dflash.objective import dflash_loss
+from treespec.heads.training.target_states import target_states
+
+from tests.helpers import (
+    compose_cfg,
+    conversations,
+    dflash_prompt,
+    dflash_target,
+    heads_cfg,
+    hf_greedy,
+    random_dflash,
+    tiny_chat_target,
+    trained_dflash,
+    write_jsonl,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return dflash_target()
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return dflash_prompt()
+
+
+@pytest.fixture(scope="module")
+def trained(target, prompt):
+    return trained_dflash(target, prompt)
+
+
+# -- training -------------------------------------------------------------------------------------------------------
+def test_anchored_blocks_equal_decoding_from_each_anchor(target):
+    """The block-sparse training pass: each anchor's block equals the drafter's pass from that root with the
+    context before it, in one row and with packed conversations."""
+    model = random_dflash(target, seed=1, num_layers=2)
+    windows = torch.randint(0, 64, (2, 14), generator=torch.Generator().manual_seed(0))
+    features, _ = target_states(target, windows, model.feature_layers)
+    anchors = torch.tensor([[1, 5, 9, 12], [3, 4, 10, 13]])
+    positions = torch.tensor([list(range(6)) + list(range(8))] * 2)  # two conversations per row: 6 + 8 tokens
+    from treespec.heads.training.segments import segment_ids
+
+    segments = segment_ids(positions)
+    with torch.no_grad():
+        plain = model.anchored(windows, features, anchors)
+        packed = model.anchored(windows, features, anchors, positions, segments)
+        for b, i in itertools.product(range(2), range(4)):
+            a = int(anchors[b, i])
+            alone = model(model.block_ids(windows[b, a : a + 1]), features[b : b + 1, :a],
+                          torch.arange(a, a + 4)[None], torch.arange(a)[None])
+            torch.testing.assert_close(plain[b, i], alone[0], atol=1e-5, rtol=0)
+            start = 0 if a < 6 else 6  # its own conversation only, at its own positions
+            alone = model(model.block_ids(windows[b, a : a + 1]), features[b : b + 1, start:a],
+                          torch.arange(a - start, a - start + 4)[None], torch.arange(a - start)[None])
+            torch.testing.assert_close(packed[b, i], alone[0], atol=1e-5, rtol=0)
+
+
+def test_training_lowers_the_loss(target):
+    model = random_dflash(target).train()
+    batch = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(5))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(25):
+        torch.manual_seed(step)
+        loss, metrics = dflash_loss(target, model, batch, anchors=8)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert {"kl1", "kl3", "top1_1", "top1_3", "tau", "anchors"} <= metrics.keys() and metrics["anchors"] == 8
+    assert all(p.grad is not None for p in model.parameters())
+    ce, _ = dflash_loss(target, model, batch, anchors=8, loss="ce")
+    assert ce.item() > 0
+
+
+def test_loss_masks_and_weights(target):
+    """The loss is the decay-weighted KL over the scored positions of the anchors the loss mask allows."""
+    model = random_dflash(target, seed=3)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, [6, 8]] = True  # trained tokens: anchors 5 and 7 (the next token trained), positions scored where trained
+    loss, metrics = dflash_loss(target, model, {"input_ids": ids, "loss_mask": mask}, anchors=4, position_decay=0.5)
+    assert metrics["anchors"] == 2
+    with torch.no_grad():
+        features, logits = target_states(target, ids, model.feature_layers)
+        log_p = torch.log_softmax(logits[0].float(), -1)
+        terms = []  # (weight, KL) of each scored prediction: anchor a's position k predicts token a + k
+        for a, k in ((5, 1), (5, 3), (7, 1)):
+            out = model(model.block_ids(ids[0, a : a + 1]), features[:, :a], torch.arange(a, a + 4)[None],
+                        torch.arange(a)[None])
+            log_q = torch.log_softmax(model.logits(out[0, k]).float(), -1)
+            terms.append((0.5 ** (k - 1), float((log_p[a + k - 1].exp() * (log_p[a + k - 1] - log_q)).sum())))
+    assert loss.item() == pytest.approx(sum(w * kl for w, kl in terms) / sum(w for w, _ in terms), rel=1e-4)
+    assert metrics["kl3"] == pytest.approx(terms[1][1], rel=1e-4) and "kl2" not in metrics
+
+
+def test_rank_accuracy(target, trained):
+    windows = hf_greedy(target, torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(9)), 8)
+    acc = rank_accuracy(target, trained, windows, top_k=5, batch_size=2)
+    assert len(acc) == 3 and all(len(row) == 5 and sum(row) <= 1 + 1e-6 for row in acc)
+    with torch.no_grad():  # depth 1 from every root 1..S − 2, recomputed one block at a time
+        features, logits = target_states(target, windows, trained.feature_layers)
+        hits = []
+        for b, a in itertools.product(range(3), range(1, windows.shape[1] - 1)):
+            out = trained(trained.block_ids(windows[b, a : a + 1]), features[b : b + 1, :a],
+                          torch.arange(a, a + 4)[None], torch.arange(a)[None])
+            hits.append(int(trained.logits(out[0, 1]).argmax() == logits[b, a].argmax()))
+    assert acc[0][0] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
+    cfg = compose_cfg("train_heads", ["drafter=dflash", "drafter.block_size=4", "drafter.accuracy_depth=3",
+                                      "drafter.anchors=8", "drafter.num_layers=2"])
+    r = registry.get("dflash").recipe(cfg, target)
+    assert r.module.block_size == 4 and r.module.target_layer_ids == (0, 3)
+    assert registry.get("dflash").target_layers(cfg.drafter, 4) == (1, 4)
+    windows = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
+    loss, metrics = r.loss(windows)
+    assert loss.requires_grad and {"kl1", "top1_3", "tau"} <= metrics.keys()
+    assert r.evaluate(windows) == r.evaluate(windows) and "dflash_tau" in r.evaluate(windows)
+    metrics, acc = r.export(windows, tmp_path)
+    assert len(acc) == 3 and json.loads((tmp_path / "head_accuracy.json").read_text()) == acc
+    drafter = load(tmp_path, target)
+    assert isinstance(drafter, DFlash) and isinstance(r.drafter(), DFlash)
+    out = generate(target, prompt, drafter=drafter, max_new_tokens=8)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 8))
+    for override, message in (("drafter.block_size=1", "drafter.block_size must be an integer >= 2"),
+                              ("drafter.loss=mse", "drafter.loss must be one of"),
+                              ("drafter.position_decay=0", r"drafter.position_decay must be a number in \(0, 1\]")):
+        from treespec.train.training import drafter_job
+
+        with pytest.raises(ValueError, match=message):
+            drafter_job.check_config(compose_cfg("train_heads", ["drafter=dflash", "target=/no/such", override]))
+
+
+def test_stopped_run_resumes_exactly(tmp_path):
+    """train_heads drafter=dflash on chat data: stopped at step 2 and resumed to step 3 equals a run to step 3."""
+    from treespec.train.training import drafter_job
+
+    target_dir = tiny_chat_target(tmp_path / "target")
+    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
+    common = ["drafter.block_size=4", "drafter.anchors=4", "trainer.max_steps=4", "trainer.ckpt_every=1",
+              "eval.expected_tau=null"]
+    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=2", drafter="dflash"))
+    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=1", "resume=true",
+                              drafter="dflash"))
+    drafter_job.run(heads_cfg(tmp_path / "b", target_dir, source, *common, "trainer.stop_after=3", drafter="dflash"))
+    a, b = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in "ab")
+    weights = [k for k in a if k.startswith("model.")]
+    assert weights and all(torch.equal(a[k], b[k]) for k in weights)
+
+
+def test_training_from_stored_features_equals_online(tmp_path, monkeypatch):
+    """scripts/prepare_features.py's features (the drafter's target layers and the last one) train the same drafter
+    as the online target, whose decoder layers then never run."""
+    from treespec.reference import load_model
+    from treespec.train.training import drafter_job
+
+    target_dir = tiny_chat_target(tmp_path / "target")
+    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
+    common = ["drafter.block_size=4", "drafter.anchors=4", "drafter.num_layers=2", "trainer.max_steps=4",
+              "trainer.stop_after=3", "trainer.eval_every=2", "eval.expected_tau=null"]
+    features = f"data.features={tmp_path / 'feats'}"
+    index = drafter_job.prepare_features(heads_cfg(tmp_path / "unused", target_dir, source, features, *common,
+                                                   drafter="dflash"))
+    assert index["layers"] == [1, 3]  # two draft layers over a 3-layer target: outputs 0 and 2, and the last
+    drafter_job.run(heads_cfg(tmp_path / "online", target_dir, source, *common, drafter="dflash"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a decoder layer of the target ran")
+
+    def refusing_layers(spec):  # the target's weights as they were (features are keyed by them), its layers refused
+        target, tokenizer = load_model(spec)
+        for layer in target.model.layers:
+            layer.forward = refuse
+        return target, tokenizer
+
+    monkeypatch.setattr(drafter_job, "load_model", refusing_layers)
+    drafter_job.run(heads_cfg(tmp_path / "offline", target_dir, source, features, *common, drafter="dflash"))
+    online, offline = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in ("online", "offline"))
+    for name in (k for k in online if k.startswith("model.")):
+        torch.testing.assert_close(offline[name], online[name], atol=1e-5, rtol=0, msg=name)
