@@ -1,7 +1,7 @@
 """The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``) or oneDNN's.
 
 Decoding a small model on a CPU is a stream of few-token matrix products against weights read from memory once
-per pass. Measured on this project's 2-core AMD EPYC VMs (``scripts/linear_kernels.py``, results/linear_kernels/):
+per pass. Measured on this project's 2-core AMD EPYC VMs (``scripts/cpu_kernels.py``, results/linear_kernels/):
 torch's CPU wheel sends ``F.linear`` to MKL, which on this AMD CPU reads SmolLM2's 113 MB vocabulary projection
 at about 11 GB/s for one token and is erratic at 2-4 tokens (one shape took 2-5x its one-token time at 2 tokens in
 some runs, not in others). oneDNN, which torch also ships, picks its kernels by the CPU's own features (AVX-512

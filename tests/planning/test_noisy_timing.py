@@ -13,7 +13,7 @@ from treespec.planning.uncertainty import bounded, prediction_interval
 from treespec.train.compare.predictions import predicted_text
 from treespec.tree import Tree
 
-from .helpers import tiny_llama
+from tests.helpers import tiny_llama
 
 TREES = (Tree.chain(2), Tree.full(2, 2))
 ACC = [[0.8, 0.1], [0.7, 0.1], [0.6]]

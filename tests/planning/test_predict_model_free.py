@@ -23,7 +23,7 @@ from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job_config import check_config
 from treespec.tree import Tree
 
-from .helpers import compose_cfg, hf_greedy, perturbed, tiny_llama
+from tests.helpers import compose_cfg, hf_greedy, perturbed, tiny_llama
 
 FLAT = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}  # every pass costs one unit, whatever it verifies
 STEEP = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}  # every token verified costs one unit

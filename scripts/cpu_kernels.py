@@ -7,8 +7,8 @@ new tokens after 256 cached ones) and T(N)/T(1); then the matrix products of its
 (each weight read from memory: enough distinct copies to overflow the caches). Settings alternate round by round,
 so a slow spell of a shared machine falls on all; every number is a median over rounds.
 
-    python scripts/linear_kernels.py --model smollm2 --threads 2 --out results/linear_kernels/smollm2.json
-    python scripts/linear_kernels.py --model target            # the code reference
+    python scripts/cpu_kernels.py --model smollm2 --threads 2 --out results/linear_kernels/smollm2.json
+    python scripts/cpu_kernels.py --model target            # the code reference
 """
 
 import argparse
