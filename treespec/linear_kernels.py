@@ -11,7 +11,10 @@ here): the same projection reads at about 25-30 GB/s, and a whole SmolLM2 pass o
 ``mkldnn::_linear_pointwise`` (the op torch's own CPU compiler fuses linear layers into), in place: no module is
 replaced and no model file is forked, as attention kernels are chosen by ``attn_implementation``. A call that
 needs gradients, a tensor off the CPU or a dtype other than float32 takes ``F.linear`` as before, so training
-and GPUs are untouched. ``"torch"`` puts the modules' own forward back; ``"auto"`` is oneDNN's where torch has it.
+and GPUs are untouched. ``"torch"`` puts the modules' own forward back. ``"auto"`` is oneDNN's where torch
+has it, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call cost about 25 us more than
+``F.linear``'s here, which is 3-4x a layer of 16x64 weights and nothing beside a memory-bound read of a large one.
+Every layer of the reference target and SmolLM2 (110k weights and up) is above it; a tiny test model's are below.
 ``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off).
 
 Results differ from MKL's in the last bits (summation order), as any two BLAS do; greedy decoding stays equal
@@ -26,6 +29,9 @@ from torch import nn
 
 KERNELS = ("auto", "onednn", "torch")
 DEFAULT = "auto"  # the loader's: oneDNN where torch has it (module docstring: measured faster at every size tried)
+# "auto" keeps torch's kernel below this many weights (256 x 256): at 110k-150k cold weights both took the same
+# time per token here (results/linear_kernels/*.json products_ms), at 1k-16k hot ones oneDNN took 3-4x F.linear's
+AUTO_MIN_WEIGHTS = 1 << 16
 
 
 def onednn_available() -> bool:
@@ -45,12 +51,13 @@ def _onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     """Run every ``nn.Linear`` in ``model`` through ``kernel`` (``KERNELS``); returns how many modules it set.
-    "auto" is "onednn" where this torch has it, else "torch"; "onednn" on a torch without it is an error naming the
-    way back ("torch")."""
+    "auto" is "onednn" where this torch has it for layers of at least ``AUTO_MIN_WEIGHTS`` weights, else "torch";
+    "onednn" on a torch without it is an error naming the way back ("torch")."""
     if kernel not in KERNELS:
         raise ValueError(f"linear_kernel must be one of {KERNELS}, got {kernel!r}")
+    min_weights = 0
     if kernel == "auto":
-        kernel = "onednn" if onednn_available() else "torch"
+        kernel, min_weights = ("onednn", AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0)
     if kernel == "onednn" and not onednn_available():
         raise ValueError("linear_kernel='onednn' needs a torch built with oneDNN (torch.backends.mkldnn); this one "
                          "has none: use linear_kernel='torch'")
@@ -58,7 +65,7 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        if kernel == "onednn":
+        if kernel == "onednn" and module.weight.numel() >= min_weights:
             module.forward = _onednn_forward.__get__(module)  # an instance attribute: the class stays stock
         else:
             module.__dict__.pop("forward", None)

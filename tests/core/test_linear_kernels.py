@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treespec.heads import DraftModel
-from treespec.linear_kernels import linear_kernel_of, onednn_available, use_linear_kernel
+from treespec.linear_kernels import AUTO_MIN_WEIGHTS, linear_kernel_of, onednn_available, use_linear_kernel
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of, expect_greedy, prompt
 
@@ -57,6 +57,18 @@ def test_the_loader_applies_the_kernel_and_torch_switches_it_off():
     assert use_linear_kernel(model, "torch") == sum(isinstance(m, nn.Linear) for m in model.modules())
     assert linear_kernel_of(model) == "torch"
     assert linear_kernel_of(load("target", linear_kernel="torch")[0]) == "torch"
+
+
+@needs_onednn
+def test_auto_keeps_torch_below_the_size_where_onednn_pays():
+    """A tiny model's layers keep F.linear under "auto" (oneDNN's per-call cost is most of their time); a layer
+    at the threshold and "onednn" asked for by name take oneDNN."""
+    small, large = nn.Linear(16, 64), nn.Linear(256, AUTO_MIN_WEIGHTS // 256)
+    model = nn.Sequential(small, large)
+    assert use_linear_kernel(model, "auto") == 2
+    assert (linear_kernel_of(small), linear_kernel_of(large), linear_kernel_of(model)) == ("torch", "onednn", "mixed")
+    use_linear_kernel(model, "onednn")
+    assert linear_kernel_of(model) == "onednn"
 
 
 def test_an_unknown_kernel_is_refused_before_loading():
