@@ -49,6 +49,8 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     way back ("torch")."""
     if kernel not in KERNELS:
         raise ValueError(f"linear_kernel must be one of {KERNELS}, got {kernel!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
     if kernel == "auto":
         kernel = "onednn" if onednn_available() else "torch"
     if kernel == "onednn" and not onednn_available():
