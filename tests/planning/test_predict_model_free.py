@@ -254,6 +254,8 @@ def test_an_impossible_measurement_is_refused_in_memory_and_in_its_file(tmp_path
         (tmp_path / "measured_trees.json").write_text(json.dumps({"measurements": [bad]}))
         with pytest.raises(ValueError, match=named):
             read_measured_trees(tmp_path)
+    with pytest.raises(ValueError, match="holds a tree twice"):
+        measured((Tree.chain(2), 2.0, {3: 1.0}), (Tree.chain(2), 1.0, {3: 1.0}))
 
 
 def test_bad_options_and_dry_run_inputs_are_named_at_the_door():

@@ -74,6 +74,8 @@ class MeasuredTrees:
             raise ValueError(f"a measured-trees rule must be one of {ACCEPTANCE_MODES}, got {rule!r}")
         self.runs, self.sampling, self.rule = list(runs), sampling or Sampling(0.0), rule
         self._by_tree = {run.tree: run for run in self.runs}
+        if len(self._by_tree) < len(self.runs):  # the later one was read, unsaid
+            raise ValueError(f"a measured-trees record holds a tree twice: {[r.tree for r in self.runs]}")
 
     def __repr__(self) -> str:
         return f"MeasuredTrees({len(self.runs)} trees, {self.rule}, T={self.sampling.temperature})"
