@@ -109,6 +109,10 @@ def load_corpus(
     """Read documents from ``source``: "stdlib", a directory (files matching ``pattern``) or a
     ``.jsonl`` file of ``{"text": ...}`` records; with ``render`` (row → text, or None to skip the row), its
     conversation rows too. Raises ValueError when nothing is found or a row is neither."""
+    if not (isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool) and 0 <= val_fraction < 1):
+        raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
+    if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1):
+        raise ValueError(f"max_files must be an integer >= 1 or None (all), got {max_files!r}")  # 0 read every file
     docs: list[tuple[str, str]] = []
     keys: list[str] = []  # what decides each document's split (is_validation)
     if source == "stdlib" or Path(source).is_dir():

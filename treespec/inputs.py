@@ -259,12 +259,15 @@ def check_target(target) -> None:
 def check_tree(tree, drafter) -> Tree | DynamicTree:
     if drafter is None and tree is None:
         return Tree.chain(0)
+    # a drafter's own default is named as such: "tree must be ..." once blamed a tree= nobody gave
+    what = "tree" if tree is not None else f"{type(drafter).__name__}'s default_tree"
     tree = drafter.default_tree if tree is None else tree
     if isinstance(tree, Mapping):  # the loop never plans (docs/design.md, "Planning apart from decoding")
         raise ValueError(f"the decoding loop takes a resolved tree, got the tree spec {tree}: treespec.generate "
                          "resolves specs before decoding (treespec.planning.resolve.plan_tree)")
     if not isinstance(tree, (Tree, DynamicTree)):
-        raise ValueError(f"tree must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: {tree!r}")
+        raise ValueError(f"{what} must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: "
+                         f"{tree!r}")
     if drafter is None:
         if len(tree) > 0:
             raise ValueError(f"tree {tree!r} has candidates but no drafter was given to propose them")
@@ -274,7 +277,7 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
     limit = drafter.max_tree_depth
     if limit is not None and isinstance(tree, Tree) and tree.depth > limit:  # whatever max_new_tokens cuts it to
         note = f": {drafter.max_tree_depth_note}" if drafter.max_tree_depth_note else ""
-        raise ValueError(f"tree {tree!r} is deeper than the {limit} levels {type(drafter).__name__} can fill{note}")
+        raise ValueError(f"{what} {tree!r} is deeper than the {limit} levels {type(drafter).__name__} can fill{note}")
     return tree
 
 

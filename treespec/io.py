@@ -145,6 +145,8 @@ def read_measurements(path: str | os.PathLike, what: str, from_record: Callable[
     if not path.is_file():
         return []
     data = read_json(path, what, dict)
+    if not isinstance(data.get("measurements"), list):  # was "'measurements'" (a KeyError's text) alone
+        raise ValueError(f"{what} {path} must hold {{\"measurements\": [record, ...]}}, got keys {sorted(data)}")
     try:
         return [from_record(m) for m in data["measurements"]]
     except (KeyError, TypeError, ValueError) as err:

@@ -55,6 +55,8 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     "onednn" on a torch without it is an error naming the way back ("torch")."""
     if kernel not in KERNELS:
         raise ValueError(f"linear_kernel must be one of {KERNELS}, got {kernel!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
     min_weights = 0
     if kernel == "auto":
         kernel, min_weights = ("onednn", AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0)

@@ -89,6 +89,9 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
     the config's, or weights with NaN/inf are errors naming the folder (and file or tensor)."""
     if linear_kernel not in linear_kernels.KERNELS:  # before any weight is read
         raise ValueError(f"linear_kernel must be one of {linear_kernels.KERNELS}, got {linear_kernel!r}")
+    if attn_implementation is not None and not isinstance(attn_implementation, str):  # was transformers' AttributeError
+        raise ValueError(f"attn_implementation must be a name (sdpa, eager, treespec_sdpa, ...) or None, got "
+                         f"{attn_implementation!r}")
     folder = resolve(spec)
     dtype = float_dtype(dtype)
     config = read_json(folder / "config.json", "model config", dict) if (folder / "config.json").exists() else None

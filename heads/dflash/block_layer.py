@@ -45,6 +45,8 @@ def layer_config(target, num_layers: int, overrides: dict | None = None) -> Qwen
     rope = dict(values["rope_parameters"] or {"rope_type": "default", "rope_theta": 10000.0})
     rope.pop("partial_rotary_factor", None)  # the draft's heads are rotated whole (a GPT-NeoX target's are not)
     values["rope_parameters"] = rope
+    if overrides is not None and not isinstance(overrides, dict):  # a string was read as its letters
+        raise ValueError(f"DFlash layer must be a dict of layer values ({', '.join(LAYER_FIELDS)}), got {overrides!r}")
     unknown = sorted(set(overrides or {}) - set(LAYER_FIELDS))
     if unknown:
         raise ValueError(f"DFlash layer values {unknown} cannot be set; it takes {', '.join(LAYER_FIELDS)}")

@@ -59,6 +59,8 @@ def resolve_target_layers(ids, num_target_layers: int, count: int) -> tuple[int,
     n = int(num_target_layers)
     if ids is None:
         return default_target_layers(n, count)
+    if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ValueError(f"DFlash target_layer_ids must be a list of decoder-layer ids (0..{n - 1}), got {ids!r}")
     ids = tuple(int(i) for i in ids)
     if not ids or any(not 0 <= i < n for i in ids):
         raise ValueError(f"DFlash target_layer_ids {list(ids)} must be decoder-layer outputs of the {n}-layer target: "
@@ -212,6 +214,13 @@ class DFlashModel(nn.Module):
         needed = ("block_size", "num_hidden_layers", "target_layer_ids", "mask_token_id", "layer", "architecture")
         if any(key not in config for key in needed):
             raise ValueError(f"DFlash config in {folder} needs {', '.join(needed)}, got keys {sorted(config)}")
+        ids, integer = config["target_layer_ids"], lambda i: isinstance(i, int) and not isinstance(i, bool)
+        wrong = [f"{key}={config[key]!r} (not {what})" for key, ok, what in (  # each failed inside fits (TypeError)
+            ("target_layer_ids", isinstance(ids, list) and all(map(integer, ids)), "a list of layer ids"),
+            ("architecture", isinstance(config["architecture"], dict), "a dict"),
+            ("layer", config["layer"] is None or isinstance(config["layer"], dict), "a dict")) if not ok]
+        if wrong:
+            raise ValueError(f"DFlash config {folder}/dflash_config.json: {', '.join(wrong)}")
         fits(config, target)
         try:
             model = cls(target, block_size=config["block_size"], num_layers=config["num_hidden_layers"],

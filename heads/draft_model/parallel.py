@@ -68,7 +68,8 @@ def pard_settings(config) -> tuple[int, int] | None:
     token = getattr(config, "pard_token", None)
     if token is None:
         return None
-    return getattr(config, "pard_parallel", None) or DEFAULT_PARALLEL, token
+    parallel = getattr(config, "pard_parallel", None)  # 0 was read as the default 8: check_parallel names it
+    return DEFAULT_PARALLEL if parallel is None else parallel, token
 
 
 def mark_pard(model, parallel: int, mask_token_id: int) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import deque
 
 import torch
@@ -75,6 +76,7 @@ class SuffixDecoding(Drafter):
         self.default_tree = default_tree if default_tree is not None else DynamicTree(16, 8, 4)
         self.depth = max_match + max(8, self.default_tree.depth)  # the tries' depth: a match, then a draft
         self.outputs = SuffixTrie(self.depth)  # earlier outputs, across generate() calls
+        self._largest = -1  # the largest token id among them
         self._cached: deque[Document] = deque()  # its documents, oldest first
         self._rows: list[_Row] = []
 
@@ -82,14 +84,26 @@ class SuffixDecoding(Drafter):
     def add_output(self, tokens: list[int]) -> None:
         """Index ``tokens`` as an earlier output (the drafter does it for its own rows; this adds others'),
         evicting the oldest outputs past ``max_cached_tokens``."""
+        tokens = list(tokens)
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in tokens):
+            raise ValueError(f"add_output takes token ids (integers >= 0), got {tokens[:8]!r}")
         if not tokens or self.max_cached_tokens == 0:
             return
-        self._cached.append(self.outputs.add(list(tokens[-self.max_cached_tokens:])))
+        self._largest = max(self._largest, max(tokens))  # check_target: another tokenizer's ids fail in the target
+        self._cached.append(self.outputs.add(tokens[-self.max_cached_tokens:]))
         while self.outputs.tokens > self.max_cached_tokens:
             self.outputs.remove(self._cached.popleft())
 
+    def check_target(self, target) -> None:
+        vocab = target.get_output_embeddings().weight.shape[0]
+        if self._largest >= vocab:  # it would propose it, and the target's embedding fail (an IndexError)
+            raise ValueError(f"SuffixDecoding holds earlier outputs with token id {self._largest}, outside the "
+                             f"target's vocabulary of {vocab}: outputs of another tokenizer (add_output)? clear() "
+                             "forgets them")
+
     def clear(self) -> None:
         """Forget every earlier output."""
+        self._largest = -1
         self.outputs = SuffixTrie(self.depth)
         self._cached.clear()
         self._rows = []

@@ -76,6 +76,10 @@ def test_an_unknown_kernel_is_refused_before_loading():
         load("target", linear_kernel="mkl")
     with pytest.raises(ValueError, match="linear_kernel must be one of"):
         use_linear_kernel(nn.Linear(2, 2), "fast")
+    with pytest.raises(TypeError, match="sets a torch module's linear layers, got NoneType"):
+        use_linear_kernel(None, "torch")
+    with pytest.raises(ValueError, match=r"attn_implementation must be a name .* got 5"):  # an AttributeError
+        load("target", attn_implementation=5)
 
 
 @needs_onednn

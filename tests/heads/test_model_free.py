@@ -285,6 +285,20 @@ def test_suffix_decoding_refuses_bad_settings_by_name(setting, message):
         SuffixDecoding(**setting)
 
 
+def test_outputs_added_from_another_tokenizer_are_named_before_decoding():
+    # add_output([-1, 10**12]) was taken, and the first proposal of 10**12 failed in the target's embedding
+    drafter, target = SuffixDecoding(), tiny_llama()
+    for bad in ([-1, 3], ["a", "b"], [1.5]):
+        with pytest.raises(ValueError, match=r"add_output takes token ids \(integers >= 0\)"):
+            drafter.add_output(bad)
+    drafter.add_output([1, 2, 10**12])
+    with pytest.raises(ValueError, match=r"earlier outputs with token id 1000000000000, outside the target's "
+                                         r"vocabulary of 64: .* clear\(\) forgets them"):
+        generate(target, torch.tensor([[1, 2, 3]]), drafter=drafter, max_new_tokens=4)
+    drafter.clear()
+    assert generate(target, torch.tensor([[1, 2, 3]]), drafter=drafter, max_new_tokens=4).new_tokens == 4
+
+
 def test_suffix_tree_size_follows_the_match():
     """The grown tree holds at most alpha × (match length) nodes, within the tree's budget, best-first by
     frequency, siblings ranked by count."""

@@ -160,6 +160,7 @@ def test_an_impossible_cost_file_is_refused_naming_it(tmp_path, edit, message):
     ({"engine_fixed": -0.00088}, r"engine_fixed = -0.00088 s is below 0 .*read as 0", {"engine_fixed": 0.0}),
     ({"draft_cost_per_depth": 2.0}, r"draft_cost_per_depth = 2 s is 200 one-token passes .*ms instead of s", {}),
     ({"curve": {"1": 0.01, "64": 1e-5}}, r"a pass over 64 tokens .* costs under 1/10 of one over 1", {}),
+    ({"curve": {"1": 0.01, "2": 1e300}}, r"a pass over 2 tokens \(1e\+300 s\) costs over 20 passes over 1", {}),
 ])
 def test_an_implausible_cost_file_is_flagged_naming_it(tmp_path, edit, warning, read_as):
     (tmp_path / "cost_curve.json").write_text(json.dumps({**GOOD, **edit}))

@@ -108,3 +108,27 @@ def test_the_engine_measurement_still_runs_end_to_end():
                             bounds=bounds, log=logs.append)
     assert set(bounds) == {"engine_vanilla", "engine_fixed"} and bounds["engine_vanilla"][0] <= e.vanilla
     assert implausible(e) is None or logs
+
+
+@pytest.mark.parametrize("values, k, message", [
+    ([1.0, 2.0, 3.0, 4.0], 0.5, r"k \(outliers lie beyond k scaled MADs\) must be a number >= 1, got 0.5"),  # kept none
+    ([1.0, 2.0, 3.0], float("nan"), r"must be a number >= 1, got nan"),  # was a StatisticsError
+    ([float("nan"), 1.0, 2.0], 3.0, r"a timed round is NaN"),  # a median over NaN depends on where it falls
+])
+def test_robust_refuses_what_would_leave_no_median(values, k, message):
+    with pytest.raises(ValueError, match=message):
+        robust(values, k)
+
+
+@pytest.mark.parametrize("bounds, message", [
+    ({"curve": {1: [0.5]}}, r"curve\[1\] must be \[lo, hi\]"),  # was an IndexError
+    ({"curve": {1: [2.0, 0.5]}}, r"curve\[1\] must be \[lo, hi\], two finite numbers with lo <= hi"),  # inverted
+    ({"baseline": [float("nan"), 1.0]}, r"baseline must be \[lo, hi\]"),
+    ({"engine_fixed": ["a", "b"]}, r"engine_fixed must be \[lo, hi\]"),
+    ({"curve": {"x": [0.5, 2.0]}}, r"the curve's sizes must be whole numbers of tree tokens, got 'x'"),
+    ([1, 2], r"bounds must be a dict"),
+])
+def test_bad_bounds_are_named(bounds, message):
+    with pytest.raises(ValueError, match=message):
+        bounded(CostModel({1: 1.0, 2: 1.0}), bounds, "fast")
+    assert bounded(CostModel({1: 1.0, 2: 1.0}), None, "slow").curve == {1: 1.0, 2: 1.0}  # None: no bounds

@@ -4,6 +4,8 @@ clock, no real speed asserted); predictions charge what a pass verified; "auto" 
 when every drafter is predicted to lose and a drafter when one pays (treespec/planning/across.py); the chosen plan
 decodes as vanilla greedy does, token for token; bad lists are refused naming the problem."""
 
+import json
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from treespec.planning import drafting_cost
 from treespec.planning.across import Option, choose_across, plan_across
 from treespec.planning.autotree import CostModel, EngineCost, choose_tree, cost_at, predict
 from treespec.planning.measured_tau import MeasuredTrees, TreeRun, read_measured_trees, save_measured_trees
-from treespec.planning.model_free import candidate_trees, measure_trees
+from treespec.planning.model_free import candidate_trees, measure_trees, model_free_profile
 from treespec.planning.profile import DrafterProfile
 from treespec.sampling import Sampling
 from treespec.train.compare import setup_costs
@@ -224,3 +226,62 @@ def test_a_drafter_that_learns_meets_each_prompt_once_per_tree(monkeypatch):
         accepted = generate(target, PROMPTS[0], drafter=fresh, tree=run.tree, max_new_tokens=16).accept_lengths
         whole = [accepted[i] for i in drafting_cost.whole_tree_steps(accepted, run.tree.depth, 16)]
         assert run.tau == pytest.approx(sum(whole) / len(whole))
+
+
+@pytest.mark.parametrize("run, message", [
+    # a measured_trees.json with these was read as is: a NaN τ made "auto" choose vanilla unsaid, shares of 5 a step
+    # 5x its cost, no shares a ZeroDivisionError
+    ((Tree.chain(2), float("nan"), {3: 1.0}), r"tau \(tokens per pass\) must be a number in \[1, 3\] .* got nan"),
+    ((Tree.chain(2), 9.0, {3: 1.0}), r"in \[1, 3\] \(the tree's depth \+ 1\), got 9.0"),
+    ((Tree.chain(2), 0.2, {3: 1.0}), r"got 0.2"),
+    ((Tree.chain(2), 2.0, {3: 5.0}), r"sizes must map nodes verified \(1..3\) to shares of passes summing to 1"),
+    ((Tree.chain(2), 2.0, {99: 1.0}), r"sizes must map nodes verified"),
+    ((Tree.chain(2), 2.0, {}), r"sizes must map nodes verified"),
+    ((Tree.chain(2), 2.0, {1: -0.5, 3: 1.5}), r"sizes must map nodes verified"),
+])
+def test_an_impossible_measurement_is_refused_in_memory_and_in_its_file(tmp_path, run, message):
+    with pytest.raises(ValueError, match=message):
+        measured(run)
+    record = measured((Tree.chain(2), 1.5, {1: 0.5, 3: 0.5})).record()
+    record["trees"][0].update(tau=run[1], sizes={str(n): s for n, s in run[2].items()})
+    (tmp_path / "measured_trees.json").write_text(json.dumps({"measurements": [record]}))
+    with pytest.raises(ValueError, match=r"measured trees file .*measured_trees.json: .*" + message):
+        read_measured_trees(tmp_path)
+    for edit, named in (({"rule": "bogus"}, "rule must be one of"), ({"passes": 0}, "passes must be an integer >= 1"),
+                        ({"drafting": float("inf")}, "drafting must be a fraction of a pass >= 0")):
+        bad = measured((Tree.chain(2), 1.5, {1: 0.5, 3: 0.5})).record()
+        (bad if "rule" in edit else bad["trees"][0]).update(edit)
+        (tmp_path / "measured_trees.json").write_text(json.dumps({"measurements": [bad]}))
+        with pytest.raises(ValueError, match=named):
+            read_measured_trees(tmp_path)
+    with pytest.raises(ValueError, match="holds a tree twice"):
+        measured((Tree.chain(2), 2.0, {3: 1.0}), (Tree.chain(2), 1.0, {3: 1.0}))
+
+
+def test_bad_options_and_dry_run_inputs_are_named_at_the_door():
+    target, lookup = tiny_llama(seed=0), PromptLookup()
+    option = Option("x", [[0.9], [0.9]], CostModel(FLAT))
+    for kwargs, message in (({"max_nodes": -1}, r"max_nodes must be an integer >= 0 .* got -1"),  # max() of nothing
+                            ({"max_nodes": "8"}, r"max_nodes must be an integer >= 0")):
+        with pytest.raises(ValueError, match=message):
+            choose_across([option], **kwargs)
+    for bad in ("x", Option("x", [[0.9]], None), Option("x", [[0.9]], CostModel(FLAT), "bogus")):
+        with pytest.raises(ValueError, match="weighs Options"):
+            choose_across([bad])
+    with pytest.raises(ValueError, match=r"rank accuracies are acc\[depth\]\[rank\] numbers"):  # "too many dimensions"
+        choose_across([Option("x", "abc", CostModel(FLAT))])
+    profile = DrafterProfile(costs=CostModel(FLAT), measured=[measured((Tree.chain(4), 4.5, {5: 1.0}))])
+    with pytest.raises(ValueError, match=r"drafters\['l'\] must pair a treespec Drafter .* got NoneType"):
+        plan_across(target, PROMPTS[0], {"l": (None, profile)}, max_new_tokens=8)  # a plan naming 'l', no drafter
+    with pytest.raises(ValueError, match=r"plan_across chooses the tree"):  # was dropped unsaid
+        plan_across(target, PROMPTS[0], {"l": (lookup, profile)}, max_new_tokens=8, tree=Tree.chain(2))
+    # each of these failed inside torch or Python (expand, .to, trees[0], rules[0]) or kept a one-size curve
+    for prompts, trees, message in (([torch.cat(PROMPTS)], None, r"prompt 0 is \(2, 16\)"),
+                                    ([[1, 2, 3]], None, r"prompts are token ids \[1, P\] .* prompt 0 is list"),
+                                    (PROMPTS, [], r"at least one tree to decode with")):
+        with pytest.raises(ValueError, match=message):
+            measure_trees(target, lookup, prompts, trees=trees, max_new_tokens=8)
+    for kwargs, message in (({"acceptance": []}, r"acceptance: an empty list"),
+                            ({"sizes": [1]}, r"sizes must be two or more different tree sizes")):
+        with pytest.raises(ValueError, match=message):
+            model_free_profile(target, lookup, PROMPTS, max_new_tokens=8, log=lambda *_: None, **kwargs)

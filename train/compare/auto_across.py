@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from treespec.planning.across import Option, choose_across
 from treespec.planning.autotree import Prediction
 from treespec.planning.tree_spec import check_tree_spec, tree_to_spec
-from treespec.train.compare.configurations import ACROSS_KEY, tree_file
+from treespec.train.compare.configurations import ACROSS_KEY, expand_specs, spec_label, tree_file
 from treespec.train.compare.dry_runs import tree_label
 from treespec.tree import Tree
 
@@ -67,6 +67,22 @@ def check_across(spec, drafters: list[str]) -> None:
     if twice:
         raise ValueError(f"{where}: {', '.join(twice)} named twice")
     check_tree_spec({k: v for k, v in spec.items() if k != ACROSS_KEY})
+
+
+def check_distinct(specs, drafters: list[str]) -> None:
+    """Drafters named once, and tree entries that are different configurations: two alike once failed deep in the
+    timing (a zip of unequal lengths), and two "auto" with different max_nodes were reported under one name."""
+    twice = sorted({n for n in drafters if drafters.count(n) > 1})
+    if twice:
+        raise ValueError(f"drafters: {', '.join(twice)} named twice: give each drafter once")
+    seen = {}
+    for spec in expand_specs(specs):
+        name = label(spec) if ACROSS_KEY in spec else spec_label(spec)
+        if name in seen:
+            raise ValueError(f"trees: {seen[name]} and {spec} are both configuration '{name}': give each tree once"
+                             + (" (one 'auto' per run: compare other max_nodes in a run of their own)"
+                                if spec.get("kind") == "auto" else ""))
+        seen[name] = spec
 
 
 def options(spec: dict, drafters: list, costs: dict, rules: list[str]) -> list[Option]:

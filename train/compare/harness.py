@@ -27,7 +27,7 @@ import torch
 
 from treespec.planning.bench import Config, Row, own_copy, step_parts
 from treespec.planning.tree_spec import build_tree, save_tree
-from treespec.train.compare.auto_across import across_specs, check_across, per_drafter
+from treespec.train.compare.auto_across import across_specs, check_across, check_distinct, per_drafter
 from treespec.train.compare.batch_compare import run_batch_sizes
 from treespec.train.compare.configurations import DrafterSpec, expand_specs, resolve_tree, spec_label, tree_file
 from treespec.train.compare.journal import open_journal
@@ -114,6 +114,7 @@ def run_comparison(target, drafters: list[DrafterSpec], tree_specs: list[dict], 
                          "measures them in a pass of their own), and assisted with an assistant model")
     for spec in across_specs(tree_specs):  # before anything is written or measured (the job checks its config alike)
         check_across(spec, [d.name for d in drafters])
+    check_distinct(tree_specs, [d.name for d in drafters])
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from treespec import reference
 from treespec.heads import registry
 from treespec.planning.tree_spec import check_tree_spec
-from treespec.train.compare.auto_across import across_specs, check_across
+from treespec.train.compare.auto_across import across_specs, check_across, check_distinct
 from treespec.train.compare.configurations import ACROSS_KEY, expand_specs
 from treespec.train.compare.entries import check_entry
 from treespec.train.compare.methods import check_baselines, own_trees
@@ -113,6 +113,7 @@ def check_config(cfg) -> None:
     """Everything that can be wrong in the config, raised before any model is loaded."""
     for spec in across_specs(tree_specs_of(cfg)):
         check_across(spec, drafter_labels(cfg))
+    check_distinct(tree_specs_of(cfg), drafter_labels(cfg))
     acceptance_rules(cfg)
     for label in drafter_labels(cfg):
         if label not in cfg.available:

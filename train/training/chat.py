@@ -22,17 +22,13 @@ the drafter must learn to predict for the target to stop). A token is trained on
 overlap a span. ``reasoning: exclude`` removes ``<think>…</think>`` blocks (``reasoning_tags``) from the mask.
 
 **No attention across conversations.** By default conversations are packed into full windows
-(train/training/packing.py: per-conversation position ids keep attention and loss inside each). With
-``pack: false``, one conversation per row, right-padded: with causal attention no real token sees another
-conversation or the padding, so the forward passes need no mask and the losses skip padding through the loss
-mask. Either way batches are ``permuted_indices`` of (seed, step) as for corpus text, so exact resume and rank
-sharding hold.
+(train/training/packing.py: per-conversation position ids keep attention and loss inside each). With ``pack:
+false``, one conversation per row, right-padded: causal attention keeps real tokens from the padding, and the
+loss mask skips it. Batches are ``permuted_indices`` of (seed, step), so exact resume and rank sharding hold.
 
 **Cache.** Tokenized conversations are cached in ``data.cache_dir``, keyed by a sha1 of the source files'
-bytes, the tokenizer, the template and these settings.
-
-**Regenerated responses** (train/training/regeneration.py) are conversations in the same format, with the assistant
-turns written by the target itself.
+bytes, the tokenizer, the template and these settings. **Regenerated responses** (train/training/regeneration.py)
+are conversations in the same format, with the assistant turns written by the target itself.
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from treespec.io import atomic_write, load_safetensors
+from treespec.train.training import config_checks
 from treespec.train.training.conversations import BadRow, load_rows, normalize, source_digest
 from treespec.train.training.data import CHATML, CollatedBatches, is_validation
 
@@ -128,11 +125,13 @@ class ChatRenderer:
                 pos = text.find(content, cursor) if content else -1
                 cursor = pos + len(content) if pos >= 0 else cursor
                 continue
-            # The answer is searched after its header: from the cursor, a short answer ("a", "end") is found
-            # inside the end marker or the header ("<|im_end|>", "<|im_start|>assistant") and the mask misses it.
+            # The answer is searched after its header (from the cursor, "a" was found in "<|im_start|>assistant") and
+            # backwards from its end marker ("hi" was found in the "<think>\n\n</think>" Qwen3's renders before it)
             h = text.find(self.header, cursor) if self.header else -1
             body = h + len(self.header) if h >= 0 else cursor
-            pos = text.find(content, body) if content else -1
+            stop = text.find(self.end_marker, body) if self.end_marker and content else -1
+            pos = text.rfind(content, body, stop) if stop >= 0 else -1
+            pos = text.find(content, body) if pos < 0 and content else pos
             if pos < 0 and self.tags and self.tags[-1] in content:  # templates that drop earlier reasoning
                 content = content.rsplit(self.tags[-1], 1)[1].strip()
                 pos = text.find(content, body) if content else -1
@@ -306,6 +305,8 @@ def encode_conversations(rows, renderer: ChatRenderer, *, max_length: int, overl
         raise ValueError(f"data.chat.overlong must be skip or truncate, got {overlong!r}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:  # else "no assistant token"
         raise ValueError(f"data.chat.max_length (else trainer.seq_len) must be an integer ≥ 2, got {max_length!r}")
+    config_checks.number(val_fraction, "data.chat.val_fraction", 0, 1, high_open=True)  # else no row left, no reason
+    config_checks.integer(max_conversations, "data.chat.max_conversations", 0, optional=True)  # -1 once read no row
     train, val, skipped, n, cut = [], [], {}, 0, 0
     truncated = {"count": 0, "tokens": 0, "max_length": max_length}
     for i, row in enumerate(tqdm(rows, disable=not progress, desc="chat data", dynamic_ncols=True)):
@@ -363,9 +364,9 @@ def prepare_chat(chat_cfg, tokenizer, cache_dir: str | os.PathLike, *, progress:
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
     renderer = ChatRenderer(tokenizer, settings["template"], reasoning=settings["reasoning"],
                             reasoning_tags=settings["reasoning_tags"])
-    # format 3: masks before it could cover a marker instead of a short answer (ChatRenderer.spans)
+    # format 4: masks before it could cover a marker or a block before a short answer instead (ChatRenderer.spans)
     key_data = {**settings, "source_sha1": source_digest(settings["source"]), "template_sha1": renderer.template_sha1,
-                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 3}
+                "tokenizer": hashlib.sha1(tokenizer._tokenizer.to_str().encode()).hexdigest(), "format": 4}
     key = hashlib.sha1(json.dumps(key_data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"chat-{key}" / CHAT_FILE
     if path.is_file():

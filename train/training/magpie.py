@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from treespec.train.training import config_checks
 from treespec.train.training.chat import ChatRenderer
 from treespec.train.training.magpie_tasks import TASKS, opener
 
@@ -64,7 +65,11 @@ def excluded_texts(path) -> set[str]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"exclude file {path}, line {n}: not JSON ({err.msg})") from None
-        texts = row.get("turns") or [m.get("content") for m in row.get("messages") or [] if m.get("role") == "user"]
+        if not isinstance(row, dict):  # was an AttributeError, naming neither the file nor the line
+            raise ValueError(f"exclude file {path}, line {n}: not a JSON object of turns, messages or a prompt "
+                             f"({line[:80]})")
+        texts = row.get("turns") or [m.get("content") for m in row.get("messages") or []
+                                     if isinstance(m, dict) and m.get("role") == "user"]
         texts = texts or [row.get("prompt")]
         keys |= {request_key(t) for t in texts if isinstance(t, str) and t.strip()}
     return keys
@@ -80,7 +85,17 @@ def _written(out: Path) -> tuple[list[dict], int]:
     data = out.read_bytes()
     if data and not data.endswith(b"\n"):
         out.write_bytes(data[: data.rfind(b"\n") + 1])
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line.strip()]
+    rows = []
+    for n, line in enumerate(out.read_text(encoding="utf-8").split("\n"), 1):
+        try:  # a corrupt line was a bare JSONDecodeError or KeyError, naming neither the file nor the line
+            row = json.loads(line) if line.strip() else None
+            if row is not None and not (isinstance(row["batch"], int) and isinstance(row["messages"][0]["content"],
+                                                                                     str)):
+                raise TypeError
+            rows += [row] if row is not None else []
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise ValueError(f"requests file {out}, line {n}: not a request this job wrote ({line[:80]!r}); remove "
+                             "the line, or the file to start again") from None
     return rows, max((r["batch"] for r in rows), default=0)
 
 
@@ -100,6 +115,7 @@ def generate_requests(backend, renderer: ChatRenderer, out, *, count: int, batch
     resumes a file already there. With ``tasks``, batch b asks for kind ``tasks[b % len(tasks)]``. Stops early,
     saying so in the counts, after ``max_batches`` batches (default: enough for ``count`` if a quarter of the
     samples were kept), so a model that repeats itself cannot loop forever. Returns the counts."""
+    config_checks.integer(batch_size, "data.magpie.batch_size")  # 0 was a ZeroDivisionError
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, batch = _written(out)

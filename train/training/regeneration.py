@@ -93,6 +93,7 @@ def regenerate(backend, chat_cfg, out: str | os.PathLike, *, batch_size: int = 8
     ``category`` when it has them (a workload read from ``out`` keeps its categories), flushed after every batch;
     a rerun skips the rows already there. Under torchrun rank r takes rows r, r + W, ... into ``out`` + ``.rank<r>``.
     Returns counts (written, skipped as bad, already done, turns, assistant tokens)."""
+    config_checks.integer(batch_size, "data.regenerate.batch_size")  # 0 was range()'s own error
     settings = chat_settings(chat_cfg)
     renderer = ChatRenderer(backend.tokenizer, settings["template"])
     out = Path(out) if world_size == 1 else Path(f"{out}.rank{rank}")

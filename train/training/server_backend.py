@@ -85,7 +85,9 @@ def check_backend(r) -> dict | None:
 def check_settings(settings, key: str = KEY) -> dict:
     """The server settings (``url``, ``model``, ``concurrency``, ``timeout_s``, ``retries``, ``api_key_env``), each
     checked with an error naming ``key.<name>``; the API key read from its environment variable."""
-    s = dict(OmegaConf.to_container(settings) if OmegaConf.is_config(settings) else settings or {})
+    s = OmegaConf.to_container(settings) if OmegaConf.is_config(settings) else settings or {}
+    if not isinstance(s, dict):
+        raise ValueError(f"{key} must be a mapping of url, model, concurrency, ... (conf/data/chat.yaml), got {s!r}")
     url = s.get("url")
     if not isinstance(url, str) or not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
         raise ValueError(f"{key}.url must be the server's http(s) address (http://127.0.0.1:8000), got {url!r}")
@@ -114,6 +116,8 @@ class ServerBackend:
     def __init__(self, url: str, tokenizer, end_marker: str | None = None, *, model: str | None = None,
                  concurrency: int = 16, timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 1.0,
                  api_key: str | None = None):
+        check_settings({"url": url, "model": model, "concurrency": concurrency, "timeout_s": timeout_s,
+                        "retries": retries})  # retries=-1 once failed at the first request (UnboundLocalError)
         self.url = url.rstrip("/").removesuffix("/v1")
         self.tokenizer, self.end_marker = tokenizer, end_marker or None
         self.stop = stop_ids(tokenizer, self.end_marker)
@@ -205,16 +209,19 @@ class ServerBackend:
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
             raise _Retry(f"a malformed answer: no single choice ({str(data)[:120]})")
-        choice, usage = choices[0], data.get("usage") or {}
+        choice, usage = choices[0], data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}  # a list once escaped the retries as an AttributeError
         text, tokens, ids = choice.get("text"), usage.get("completion_tokens"), choice.get("token_ids")
         if choice.get("finish_reason") not in FINISHED:
             raise _Retry(f"an answer cut short: finish_reason {choice.get('finish_reason')!r}")
         if not isinstance(text, str) or isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise _Retry(f"a malformed answer: text {type(text).__name__}, usage.completion_tokens {tokens!r}")
-        if ids is not None and (not isinstance(ids, list) or len(ids) != tokens):
-            raise _Retry(f"a malformed answer: {len(ids) if isinstance(ids, list) else ids!r} token ids for "
-                         f"{tokens} completion tokens")
+        if ids is not None and (not isinstance(ids, list) or len(ids) != tokens
+                                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            raise _Retry(f"a malformed answer: token_ids {str(ids)[:40]} for {tokens} completion tokens")
         prompt_ids = choice.get("prompt_token_ids")
+        if prompt_ids is not None and not isinstance(prompt_ids, list):
+            raise _Retry(f"a malformed answer: prompt_token_ids {str(prompt_ids)[:40]}, not a list")
         if prompt_ids is not None:
             ours = self.tokenizer.encode(request["prompt"], add_special_tokens=False)
             at = first_difference(ours, prompt_ids)

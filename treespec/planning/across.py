@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import check_arguments
 from treespec.planning.autotree import CostModel, Prediction, chains_only, choose_tree, tau_source
@@ -32,6 +33,7 @@ from treespec.planning.profile import DrafterProfile
 from treespec.planning.resolve import loop_arguments
 from treespec.planning.tree_spec import CHAIN_RULES
 from treespec.tree import Tree
+from treespec.walker import ACCEPTANCE_MODES
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,12 @@ def choose_across(options: list[Option], *, max_nodes: int = 64) -> Plan:
     if not options:
         raise ValueError("'auto' across drafters needs at least one drafter to weigh against no speculation, got an "
                          "empty list")
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:  # -1: max() of nothing
+        raise ValueError(f"max_nodes must be an integer >= 0 (0: no speculation), got {max_nodes!r}")
+    for o in options:
+        if not isinstance(o, Option) or not isinstance(o.costs, CostModel) or o.rule not in ACCEPTANCE_MODES:
+            raise ValueError(f"'auto' across drafters weighs Options (a name, a τ source, a CostModel, a rule of "
+                             f"{ACCEPTANCE_MODES}), got {o!r}")
     seen = [(o.name, o.rule) for o in options]
     twice = sorted({k for k in seen if seen.count(k) > 1})
     if twice:
@@ -106,11 +114,16 @@ def plan_across(target, input_ids, drafters: Mapping[str, tuple], *, acceptance:
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
     if not rules:
         raise ValueError("acceptance: an empty list (give a rule, or rules to choose among)")
+    if "tree" in options:  # it was dropped unsaid
+        raise ValueError("plan_across chooses the tree (its Plan.tree): leave tree= out")
     choices, made = [], {}
     for name, pair in drafters.items():
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise ValueError(f"drafters[{name!r}] must be a (drafter, profile) pair, got {pair!r}")
         drafter, profile = pair
+        if not isinstance(drafter, Drafter):  # None once gave a plan naming a drafter it could not decode with
+            raise ValueError(f"drafters[{name!r}] must pair a treespec Drafter with its profile, got "
+                             f"{type(drafter).__name__}")
         if not isinstance(profile, DrafterProfile) or profile.costs is None:
             raise ValueError(f"drafters[{name!r}]: its profile needs this device's cost model (a DrafterProfile with "
                              "costs): treespec.heads.load_profile(source, target) for a trained drafter, "

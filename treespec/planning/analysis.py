@@ -94,7 +94,10 @@ def _rank_table(acc: Sequence[Sequence[float]]) -> torch.Tensor:
     width = max((len(row) for row in acc), default=0)
     table = torch.zeros(depths, width, dtype=torch.float64)  # [D, R]
     for d, row in enumerate(acc):
-        table[d, : len(row)] = torch.as_tensor(list(row), dtype=torch.float64)
+        try:  # a string was "too many dimensions 'str'"
+            table[d, : len(row)] = torch.as_tensor(list(row), dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"rank accuracies are acc[depth][rank] numbers; depth {d} holds {row!r}") from None
     if not bool(torch.isfinite(table).all()) or bool(((table < -ROUNDING) | (table > 1 + ROUNDING)).any()):
         raise ValueError("rank accuracies must be probabilities in [0, 1]")
     sums = table.sum(dim=1)  # [D]

@@ -8,7 +8,7 @@ sizes (a tree's cost is interpolated between them), a negative term larger than 
 possible but unlikely gets a warning that names the file: a slightly negative term (the engine's and the drafting
 terms are an in-loop median minus a pass timed alone, which a busy machine can push below 0; it is read as 0), a
 term over ``RATIO`` one-token passes (milliseconds where seconds belong), a larger pass costing under 1/``RATIO`` of
-a smaller one.
+a smaller one, or over ``RATIO`` times its share of tokens.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ def check_cost_record(record, where, *, measured: bool = False) -> dict:
         if curve[big] * RATIO < curve[small]:
             warnings.warn(f"cost record {where}: a pass over {big} tokens ({curve[big]:.3g} s) costs under "
                           f"1/{RATIO:g} of one over {small} ({curve[small]:.3g} s); measure it again", stacklevel=3)
+        elif curve[big] > RATIO * big / small * curve[small]:  # more than RATIO x its tokens' share: 1e300 s once
+            warnings.warn(f"cost record {where}: a pass over {big} tokens ({curve[big]:.3g} s) costs over "
+                          f"{RATIO * big / small:g} passes over {small} ({curve[small]:.3g} s); measure it again",
+                          stacklevel=3)
     out = dict(record, curve=curve)
     if record.get("baseline") is not None:
         out["baseline"] = seconds(record["baseline"], "baseline", where)

@@ -164,6 +164,13 @@ def dry_run(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAF
     robust.py). A tree no step drafted whole is left out."""
     if not prompts:
         raise ValueError("a dry run needs at least one prompt to decode")
+    for i, p in enumerate(prompts):  # a batch or a list once failed inside torch (expand, .to)
+        if not (isinstance(p, torch.Tensor) and (p.dim() == 1 or p.dim() == 2 and p.shape[0] == 1)):
+            raise ValueError(f"a dry run's prompts are token ids [1, P] (or [P]) each; prompt {i} is "
+                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__}")
+    if not trees:
+        raise ValueError("a dry run needs at least one tree to decode with, got none")
+    prompts = [p.reshape(1, -1) for p in prompts]
     sampling = sampling or Sampling(0.0)
     rows = [p.to(target.device).expand(batch, -1) for p in prompts]
     warm = own_copy(drafter)

@@ -17,6 +17,7 @@ nominal size. Kept beside a profile as measured_trees.json (``save_measured_tree
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from treespec.io import atomic_write_json, read_measurements
 from treespec.planning.tree_spec import build_tree, tree_to_spec
 from treespec.sampling import Sampling
 from treespec.tree import Tree
+from treespec.walker import ACCEPTANCE_MODES
 
 MEASURED_TREES_FILE = "measured_trees.json"
 
@@ -41,6 +43,24 @@ class TreeRun:
     drafting: float
     passes: int
 
+    def __post_init__(self):
+        # what "auto" weighs: a NaN τ once chose vanilla unsaid, shares summing to 5 or none a cost 5x or 1/0
+        where, number = f"the dry run of {self.tree!r}", lambda v: isinstance(v, (int, float)) and not isinstance(
+            v, bool) and math.isfinite(v)
+        top = len(self.tree) + 1  # nodes a pass verifies, root included
+        if not (number(self.tau) and 1 <= self.tau <= self.tree.depth + 1 + 1e-9):
+            raise ValueError(f"{where}: tau (tokens per pass) must be a number in [1, {self.tree.depth + 1}] (the "
+                             f"tree's depth + 1), got {self.tau!r}")
+        shares = self.sizes.values() if isinstance(self.sizes, dict) else ()
+        if not (shares and all(isinstance(n, int) and 1 <= n <= top for n in self.sizes)
+                and all(number(v) and v >= 0 for v in shares) and abs(sum(shares) - 1) < 1e-6):
+            raise ValueError(f"{where}: sizes must map nodes verified (1..{top}) to shares of passes summing to 1, got "
+                             f"{self.sizes!r}")
+        if not (number(self.drafting) and self.drafting >= 0):
+            raise ValueError(f"{where}: drafting must be a fraction of a pass >= 0, got {self.drafting!r}")
+        if isinstance(self.passes, bool) or not isinstance(self.passes, int) or self.passes < 1:
+            raise ValueError(f"{where}: passes must be an integer >= 1, got {self.passes!r}")
+
     @property
     def mean_nodes(self) -> float:
         return sum(n * share for n, share in self.sizes.items())
@@ -50,8 +70,12 @@ class MeasuredTrees:
     """τ of the trees a dry run decoded with (module docstring), at ``sampling`` under acceptance ``rule``."""
 
     def __init__(self, runs: list[TreeRun], sampling: Sampling | None = None, rule: str = "rejection"):
+        if rule not in ACCEPTANCE_MODES:
+            raise ValueError(f"a measured-trees rule must be one of {ACCEPTANCE_MODES}, got {rule!r}")
         self.runs, self.sampling, self.rule = list(runs), sampling or Sampling(0.0), rule
         self._by_tree = {run.tree: run for run in self.runs}
+        if len(self._by_tree) < len(self.runs):  # the later one was read, unsaid
+            raise ValueError(f"a measured-trees record holds a tree twice: {[r.tree for r in self.runs]}")
 
     def __repr__(self) -> str:
         return f"MeasuredTrees({len(self.runs)} trees, {self.rule}, T={self.sampling.temperature})"

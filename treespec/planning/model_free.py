@@ -76,6 +76,10 @@ def model_free_profile(target, drafter: Drafter, prompts: list[torch.Tensor] | N
                          "text)")
     sampling = Sampling(temperature, top_p)
     rules = [acceptance] if isinstance(acceptance, str) else list(acceptance)
+    if not rules:
+        raise ValueError("acceptance: an empty list (give a rule, or rules to measure under)")
+    if len({int(n) for n in sizes}) < 2:  # one size gave a curve no tree's cost could be read from
+        raise ValueError(f"sizes must be two or more different tree sizes (the curve is interpolated), got {sizes!r}")
     measured, fits = [], []
     for rule in rules:
         log(f"dry run of {type(drafter).__name__} under {rule}: {len(prompts)} prompts × its candidate trees")

@@ -11,6 +11,7 @@ rounds beyond k·MAD keeps the median where the quiet rounds are, and the kept r
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -40,6 +41,10 @@ def robust(values, k: float = K) -> Spread:
     values = [float(v) for v in values]
     if not values:
         raise ValueError("a term needs at least one timed round")
+    if any(math.isnan(v) for v in values):  # a median over NaN depends on where it falls
+        raise ValueError(f"a timed round is NaN: {values}")
+    if not (isinstance(k, (int, float)) and k >= 1):  # a smaller k can drop every round (no median of nothing)
+        raise ValueError(f"k (outliers lie beyond k scaled MADs) must be a number >= 1, got {k!r}")
     if len(values) <= 2:
         return Spread(statistics.median(values), min(values), max(values), len(values))
     middle = statistics.median(values)

@@ -17,6 +17,7 @@ the median relative spread of the sizes that have them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from treespec.planning.autotree import CostModel, cost_at, predict
@@ -27,6 +28,7 @@ def bounded(costs: CostModel, bounds: dict, side: str) -> CostModel:
     if side not in ("fast", "slow"):
         raise ValueError(f"side must be 'fast' or 'slow', got {side!r}")
     fast = side == "fast"
+    bounds = check_bounds(bounds)
 
     def step_end(pair):  # a term of the speculative step: low when speculation is favoured
         return float(pair[0] if fast else pair[1])
@@ -47,6 +49,27 @@ def bounded(costs: CostModel, bounds: dict, side: str) -> CostModel:
     if bounds.get("engine_fixed") is not None:
         engine = dataclasses.replace(engine, fixed=step_end(bounds["engine_fixed"]))
     return dataclasses.replace(costs, curve=curve, baseline=baseline, engine=engine)
+
+
+def check_bounds(bounds) -> dict:
+    """``bounds`` (module docstring; None: {}) with every pair two finite numbers lo <= hi and every curve size a whole
+    number, else a ValueError naming the term (a pair of one once raised an IndexError, reversed ends gave an
+    inverted interval)."""
+    bounds = {} if bounds is None else bounds
+    if not isinstance(bounds, dict):
+        raise ValueError(f"bounds must be a dict of terms' [lo, hi] (module docstring), got {type(bounds).__name__}")
+    pairs = [(f"curve[{n!r}]", pair) for n, pair in (bounds.get("curve") or {}).items()]
+    pairs += [(term, bounds[term]) for term in ("baseline", "engine_vanilla", "engine_fixed")
+              if bounds.get(term) is not None]
+    for what, pair in pairs:
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair)
+        if not ok or pair[0] > pair[1]:
+            raise ValueError(f"bounds: {what} must be [lo, hi], two finite numbers with lo <= hi, got {pair!r}")
+    for n in bounds.get("curve") or {}:
+        if not str(n).isdigit():
+            raise ValueError(f"bounds: the curve's sizes must be whole numbers of tree tokens, got {n!r}")
+    return bounds
 
 
 def prediction_interval(tree, source, costs: CostModel, bounds: dict | None) -> tuple:

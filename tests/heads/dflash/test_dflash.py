@@ -7,6 +7,7 @@ tests/heads/dflash/test_dflash_upstream.py."""
 
 import importlib
 import itertools
+import json
 import math
 
 import pytest
@@ -247,3 +248,27 @@ def test_bad_input_is_named(target, tmp_path):
     with pytest.raises(ValueError, match="grows deterministic top-k candidates"):
         generate(target, torch.tensor([[1, 2]]), drafter=DFlash(model, candidates="sample"), tree=DynamicTree(4, 2, 2),
                  max_new_tokens=4, temperature=1.0)
+
+
+def test_a_checkpoint_config_or_argument_of_the_wrong_type_is_named(target, tmp_path):
+    # each failed inside a check (a TypeError in fits, an AttributeError, int() of ','), or read a string's letters
+    with pytest.raises(ValueError, match=r"target_layer_ids must be a list of decoder-layer ids \(0..3\), got '0,1'"):
+        DFlashModel(target, target_layer_ids="0,1")
+    with pytest.raises(ValueError, match=r"DFlash layer must be a dict of layer values .* got 'x'"):
+        DFlashModel(target, layer="x")
+    random_dflash(target).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "dflash_config.json").read_text())
+    for key, value, message in (("target_layer_ids", "abc", r"target_layer_ids='abc' \(not a list of layer ids\)"),
+                                ("target_layer_ids", None, r"target_layer_ids=None"),
+                                ("architecture", "x", r"architecture='x' \(not a dict\)"),
+                                ("layer", "abc", r"layer='abc' \(not a dict\)")):
+        (tmp_path / "dflash_config.json").write_text(json.dumps({**saved, key: value}))
+        with pytest.raises(ValueError, match=r"DFlash config .*dflash_config.json: " + message):
+            DFlashModel.from_pretrained(tmp_path, target)
+    # a drafter's own default tree is named as such at generate's door, not as a tree= never given
+    with pytest.raises(ValueError, match=r"DFlash's default_tree must be a Tree, .* got str: 'x'"):
+        generate(target, torch.tensor([[1, 2]]), drafter=DFlash(random_dflash(target), default_tree="x"),
+                 max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"DFlash's default_tree Tree\(nodes=9.* is deeper than the 3 levels"):
+        generate(target, torch.tensor([[1, 2]]), drafter=DFlash(random_dflash(target), default_tree=Tree.chain(9)),
+                 max_new_tokens=4)

@@ -244,6 +244,10 @@ def test_bad_input_is_named(target, prompt):
         with pytest.raises(ValueError, match=rf"mask token {bad!r} is not a token id of the draft's vocabulary of 64 "
                                              r"\(0 .. 63\)"):
             ParallelDraft(draft, parallel=K, mask_token_id=bad)
+    marked = perturbed(target, 0.3)
+    marked.config.pard_token, marked.config.pard_parallel = MASK, 0  # was read as the default 8
+    with pytest.raises(ValueError, match=r"parallel \(k, the positions one pass fills.*integer >= 2, got 0"):
+        ParallelDraft(marked)
     with pytest.raises(ValueError, match=r"deeper than the 4 levels ParallelDraft can fill: one pass fills 4 depths"):
         generate(target, prompt, drafter=ParallelDraft(draft, parallel=K), tree=Tree.chain(5), max_new_tokens=8)
     with pytest.raises(ValueError, match="grows deterministic top-k candidates"):

@@ -286,6 +286,17 @@ def test_a_bad_jsonl_corpus_line_is_named(tmp_path, line, message):
         load_corpus(str(tmp_path / "c.jsonl"))
 
 
+@pytest.mark.parametrize("setting, message", [
+    ({"max_files": 0}, r"max_files must be an integer >= 1 or None \(all\), got 0"),  # read every file
+    ({"max_files": -1}, r"max_files must be an integer >= 1"),  # "holds no documents"
+    ({"val_fraction": 1.5}, r"val_fraction must be a number in \[0, 1\), got 1.5"),  # an empty train part, unsaid
+])
+def test_impossible_corpus_settings_are_named(tmp_path, setting, message):
+    (tmp_path / "a.txt").write_text("alpha beta\n")
+    with pytest.raises(ValueError, match=message):
+        load_corpus(str(tmp_path), pattern="*", **setting)
+
+
 def test_bad_corpus_and_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="does not exist; give 'stdlib', a folder"):
         Rest(tmp_path / "missing")

@@ -28,6 +28,7 @@ from treespec.timing import median_time
 from treespec.train.compare.configurations import DrafterSpec, expand_specs
 from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job import run_from_config, run_job
+from treespec.train.compare.job_config import check_config
 from treespec.train.compare.report import rerender
 from treespec.train.training.log import RunLogger
 from treespec.tree import Tree
@@ -58,6 +59,26 @@ def test_bad_tree_spec_in_config_is_named(tmp_path):
         cfg = compose(config_name="compare", overrides=["trees=[{kind: full, width: 0, depth: 2}]", "logger=none"])
     with pytest.raises(ValueError, match=r"bad tree spec \{'kind': 'full', 'width': 0, 'depth': 2\}"):
         run_from_config(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("trees, drafters, message", [
+    # a tree or drafter given twice failed deep in the timing ("zip() argument 2 is shorter than argument 1"); two
+    # "auto" entries with different max_nodes were reported under one name
+    ([{"kind": "chain", "depth": 2}, {"kind": "chain", "depth": 2}], ["pl"], r"are both configuration 'chain γ=2'"),
+    ([{"kind": "chain", "depth": [2, 2]}], ["pl"], r"are both configuration 'chain γ=2': give each tree once"),
+    ([{"kind": "auto", "drafters": ["pl"], "max_nodes": 8}, {"kind": "auto", "drafters": ["pl"], "max_nodes": 16}],
+     ["pl"], r"both configuration 'auto across pl': give each tree once \(one 'auto' per run"),
+    ([{"kind": "chain", "depth": 2}], ["pl", "pl"], r"drafters: pl named twice"),
+])
+def test_a_tree_or_drafter_given_twice_is_refused_before_anything_runs(tmp_path, trees, drafters, message):
+    with pytest.raises(ValueError, match=message):
+        run_comparison(tiny_llama(), [DrafterSpec(name, PromptLookup()) for name in drafters], trees,
+                       [torch.tensor([[1, 2, 3]])], max_new_tokens=4, peers=False, out_dir=tmp_path / "run",
+                       log=lambda *_: None)
+    assert not (tmp_path / "run").exists()
+    cfg = compose_cfg("compare", ["logger=none", "drafters=[suffix,suffix]"])
+    with pytest.raises(ValueError, match=r"drafters: suffix named twice"):
+        check_config(cfg)
 
 
 def test_tiny_comparison_writes_tables_plots_and_wandb(tmp_path, monkeypatch):

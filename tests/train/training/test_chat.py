@@ -113,6 +113,34 @@ def test_an_impossible_max_length_is_named(tok, max_length):
         encode_conversations(conversations(4), ChatRenderer(tok), max_length=max_length, val_fraction=0.0)
 
 
+# Qwen3's template renders an empty reasoning block between the header and the last answer
+THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}<think>\n\n</think>\n\n"
+            "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% endif %}")
+
+
+@pytest.mark.parametrize("answer", ["hi", "in", "k", "think"])
+def test_a_short_answer_after_a_rendered_reasoning_block_is_masked_whole(tmp_path, tok, answer):
+    # the answer was searched forwards from the header, so "hi" was found inside "<think>": the mask covered
+    # "<think" and missed the answer
+    (tmp_path / "thinking.jinja").write_text(THINKING)
+    renderer = ChatRenderer(tok, str(tmp_path / "thinking.jinja"))
+    row = {"messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": answer}]}
+    ids, mask, _ = renderer.encode(normalize(row))
+    assert masked_text(tok, ids, mask) == f"<think>\n\n</think>\n\n{answer}<|im_end|>"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"val_fraction": 2.0}, r"data\.chat\.val_fraction must be a finite number in \[0, 1\), got 2\.0"),
+    ({"val_fraction": -1}, r"data\.chat\.val_fraction must be a finite number in \[0, 1\), got -1"),
+    ({"max_conversations": -1}, r"data\.chat\.max_conversations must be an integer >= 0 or null, got -1"),
+])
+def test_an_impossible_split_or_row_limit_is_named(tok, setting, message):
+    # each once read no row at all: "no usable conversation among 4 rows: " with no reason given
+    with pytest.raises(ValueError, match=message):
+        encode_conversations(conversations(4), ChatRenderer(tok), max_length=96, **{"val_fraction": 0.0, **setting})
+
+
 def test_every_source_kind_reads_the_same_rows(tmp_path):
     rows = conversations(6)
     jsonl = write_jsonl(tmp_path / "c.jsonl", rows)

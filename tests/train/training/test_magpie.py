@@ -175,3 +175,20 @@ def test_the_shipped_smollm2_conversations_hold_no_benchmark_question():
     asked = {magpie.request_key(r["messages"][0]["content"]) for r in requests(SHIPPED)}
     questions = magpie.excluded_texts(os.environ["TREESPEC_SPEC_BENCH"])
     assert len(questions) > 400 and not asked & questions
+
+
+def test_a_corrupt_requests_or_exclude_file_is_named_with_its_line(tmp_path):
+    # each was a bare JSONDecodeError, KeyError or AttributeError, naming neither the file nor the line
+    good = json.dumps({"row": 0, "batch": 0, "messages": [{"role": "user", "content": "write a poem"}]})
+    for second in ("GARBAGE", json.dumps({"row": 1, "batch": 0}), json.dumps({"row": 1, "messages": []})):
+        (tmp_path / "requests.jsonl").write_text(f"{good}\n{second}\n")
+        with pytest.raises(ValueError, match=r"requests file .*requests.jsonl, line 2: not a request this job wrote"):
+            magpie._written(tmp_path / "requests.jsonl")
+    for row in ("[1, 2]", '"text"'):
+        (tmp_path / "exclude.jsonl").write_text(f'{{"prompt": "a question"}}\n{row}\n')
+        with pytest.raises(ValueError, match=r"exclude file .*exclude.jsonl, line 2: not a JSON object"):
+            magpie.excluded_texts(tmp_path / "exclude.jsonl")
+    (tmp_path / "exclude.jsonl").write_text('{"messages": ["hi", {"role": "user", "content": "a question"}]}\n')
+    assert magpie.excluded_texts(tmp_path / "exclude.jsonl") == {"a question"}
+    with pytest.raises(ValueError, match=r"data.magpie.batch_size must be an integer >= 1, got 0"):  # ZeroDivisionError
+        magpie.generate_requests(None, None, tmp_path / "r.jsonl", count=2, batch_size=0, progress=False)

@@ -178,6 +178,24 @@ def test_a_failing_server_is_retried_then_reported_by_prompt(fake, tok, step, re
     assert err.value.failures.keys() == {1} and fake.tries["bravo"] == 3 and fake.url in str(err.value)
 
 
+@pytest.mark.parametrize("answer, reason", [
+    # each escaped the retries from the request's thread as a bare AttributeError or TypeError, or was kept
+    ({"usage": [1]}, r"a malformed answer: text str, usage.completion_tokens None"),
+    ({"choices": [{"text": "hi", "finish_reason": "stop", "prompt_token_ids": 5}]}, r"prompt_token_ids 5, not a list"),
+    ({"choices": [{"text": "hi", "finish_reason": "stop", "token_ids": ["a"]}]},
+     r"token_ids \['a'\] for 1 completion tokens"),
+])
+def test_a_malformed_answer_is_retried_then_reported_by_prompt(fake, tok, answer, reason):
+    ok = {"choices": [{"text": "hi", "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}
+    fake.respond = lambda body: {**ok, **answer}
+    with pytest.raises(CompletionError, match=reason + r" \(tried 3 times\)"):
+        backend(fake, tok).complete(QUESTIONS[:1], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"data.regenerate.server.retries must be an integer >= 0, got -1"):
+        backend(fake, tok, retries=-1)  # called directly: an UnboundLocalError at the first request
+    with pytest.raises(ValueError, match=r"data.regenerate.server must be a mapping of url, .* got 'http://x'"):
+        check_settings("http://x")
+
+
 def test_a_request_the_server_refuses_or_misreads_is_not_retried(fake, tok):
     server = backend(fake, tok)
     fake.plan = {"alpha": ["400"], "bravo": ["badids"]}
