@@ -28,6 +28,7 @@ from treespec.sampling import Sampling
 from treespec.train.checks.architectures import BY_NAME, build, expect_greedy, prompt, use_attention
 from treespec.train.compare import setup_costs
 from treespec.train.compare.job import run_from_config
+from treespec.train.training import data
 from treespec.walker import row_by_row
 
 from tests.helpers import (
@@ -333,8 +334,10 @@ def test_the_comparison_runs_drafter_combined(tmp_path, monkeypatch, no_report_f
     the engine's cost per step, for predictions a combination has none of) is stubbed."""
     monkeypatch.setattr(setup_costs, "measure_engine_cost", lambda target, **kw: EngineCost())
     monkeypatch.setattr(setup_costs, "measure_cost_curve", lambda target, sizes, **kw: {n: 1e-3 * n for n in sizes})
+    # the held-out windows (EAGLE-3's accuracies) from a few stdlib files, not all of them; one held-out prompt
+    monkeypatch.setattr(data, "STDLIB_CORPUS", {**data.STDLIB_CORPUS, "max_files": 12})
     cfg = compose_cfg("compare", ["drafters=[combined]", "prompts=1", "max_new_tokens=8", "cost_sizes=[1,2]",
-                                  "peers=false", "assistant=null", "logger=none", "threads=1",
+                                  "peers=false", "assistant=null", "logger=none", "threads=1", "workload.held_out=1",
                                   "trees=[{kind: default}, {kind: chain, depth: 2}]",
                                   f"paths.data={tmp_path / 'data'}"])
     result = run_from_config(cfg, tmp_path / "run")
