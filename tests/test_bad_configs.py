@@ -253,7 +253,7 @@ VALUES = st.sampled_from(["0", "-1", "1", "3", "2.5", "nan", "inf", "abc", "true
                           "fp8", "bf16", "cuda", "1e-3", "''"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=st.sampled_from(sorted(KEYS)), data=st.data())
 def test_fuzz_config_overrides(job, data):
     """Any value for a key the job reads: the start-up check passes, or it raises a ValueError naming the key."""

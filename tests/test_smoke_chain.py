@@ -1,6 +1,6 @@
 """The shipped smoke configs, chained as a user runs them: a tiny LM (``debug=tiny_lm``: the one the
-``tiny_trained_target`` fixture trains once per process, tests/conftest.py), then tiny drafters of
-every trainable kind on it (``debug=tiny_heads``), then a comparison of them on that LM. Each step reads what
+``tiny_trained_target`` fixture trains once per process, tests/conftest.py), then tiny drafters of two kinds on
+it (``debug=tiny_heads``: heads and a feature drafter), then a comparison of them on that LM. Each step reads what
 the step before wrote (the exported model, the drafters' folders with their rank accuracies), so a crash at
 the end of one (rank accuracies a hair above 1 once refused every accuracy-grown tree) fails here."""
 
@@ -16,10 +16,9 @@ from treespec.train.training import data
 from treespec.train.training import drafter_job as train_heads
 from treespec.train.training.checkpoint import CheckpointMismatch
 
-from tests.helpers import TINY_DRAFT, compose_cfg
+from tests.helpers import compose_cfg
 
-DRAFTERS = ("medusa", "eagle", "eagle3", "draft")
-SIZES = {"draft": TINY_DRAFT}  # a draft narrower than the tiny LM (its default is sized for SmolLM2)
+DRAFTERS = ("medusa", "eagle3")  # heads and a feature drafter (each kind's own training test trains the others)
 
 
 def test_rank_accuracies_that_cover_every_position_grow_trees():
@@ -47,8 +46,7 @@ def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch, tiny_t
              "trainer.eval_every=4", "trainer.ckpt_every=4", "trainer.eval_windows=2", "data.self_distill.prompts=8",
              "data.self_distill.new_tokens=16", "eval.prompts=1", "eval.max_new_tokens=8"]
     for name in DRAFTERS:
-        summary = train_heads.run(compose_cfg("train_heads", [*small, f"drafter={name}", f"run_dir={tmp_path / name}",
-                                                              *SIZES.get(name, [])]))
+        summary = train_heads.run(compose_cfg("train_heads", [*small, f"drafter={name}", f"run_dir={tmp_path / name}"]))
         accuracy = json.loads((tmp_path / name / "final" / "head_accuracy.json").read_text())
         assert all(0 <= sum(row) <= 1 for row in accuracy), name
         assert summary["eval_mean_accept_length"] >= 1.0

@@ -76,7 +76,8 @@ def passes(monkeypatch):
     return Recorded, made
 
 
-@pytest.mark.parametrize("name", list(MAX_NEW))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "draft chain 3" else n
+                                  for n in MAX_NEW])  # the chain's shapes are the 2x2 tree's: -m slow
 def test_one_compilation_per_shape_then_none_and_greedy_equals_eager(models, passes, name):
     target, draft, ids = models
     recorded, made = passes

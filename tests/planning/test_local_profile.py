@@ -202,7 +202,9 @@ def test_chain_tau_files_round_trip_and_bad_ones_are_named(tmp_path):
     assert Tree.chain(0) == build_tree({"kind": "chain", "depth": 0})
 
 
-@pytest.mark.parametrize("name", ["draft", "eagle", "eagle3", "medusa", "medusa2", "hydra"])
+# by default one drafter of each loading path (features, heads, heads beside a fine-tuned target); -m slow the rest
+@pytest.mark.parametrize("name", ["eagle3", "medusa", "medusa2", *[pytest.param(n, marks=pytest.mark.slow)
+                                                                   for n in ("draft", "eagle", "hydra")]])
 def test_every_shipped_drafter_chooses_auto(name, tmp_path, monkeypatch):
     """generate(tree=auto) with a shipped drafter and load_profile(its source, target): its cost curve measured
     here (faked: a curve shipped from another machine is not used), its shipped accuracies; the tree it reports

@@ -87,6 +87,9 @@ def test_only_rank0_logs_and_writes(ddp_run):
     assert json.loads((run_dir / "latest.json").read_text())["checkpoints"] == ["ckpt-3", "ckpt-2"]
 
 
+# -m slow: FSDP and a resume under DDP (the default suite keeps DDP against one process; a resume's exactness in one
+# process is tests/train/training/test_train.py's)
+@pytest.mark.slow
 def test_fsdp_equals_ddp(setup, ddp_run):
     root, target, source = setup
     run_dir, _ = ddp_run
@@ -95,6 +98,7 @@ def test_fsdp_equals_ddp(setup, ddp_run):
     assert_close(drafter_weights(root / "fsdp"), drafter_weights(run_dir), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_under_ddp_equals_uninterrupted(setup, ddp_run):
     root, target, source = setup
     run_dir, _ = ddp_run
