@@ -65,6 +65,9 @@ def ddp_run(setup):
     return run_dir, summaries
 
 
+# the runs on two ranks (about 25 s of the default suite's 2 cores) with -m slow, as the torchrun job is; the default
+# suite keeps the global batch's split and a dead rank's clear end
+@pytest.mark.slow
 def test_ddp_equals_one_process_with_grad_accum(setup, ddp_run):
     root, target, source = setup
     run_dir, _ = ddp_run
@@ -75,6 +78,7 @@ def test_ddp_equals_one_process_with_grad_accum(setup, ddp_run):
     assert any(not torch.allclose(plain[k], drafter_weights(run_dir)[k], atol=1e-5) for k in plain)
 
 
+@pytest.mark.slow
 def test_only_rank0_logs_and_writes(ddp_run):
     run_dir, (summary0, summary1) = ddp_run
     assert summary0["steps"] == 3 and summary0["world_size"] == 2 and summary1 == {}
@@ -87,8 +91,6 @@ def test_only_rank0_logs_and_writes(ddp_run):
     assert json.loads((run_dir / "latest.json").read_text())["checkpoints"] == ["ckpt-3", "ckpt-2"]
 
 
-# -m slow: FSDP and a resume under DDP (the default suite keeps DDP against one process; a resume's exactness in one
-# process is tests/train/training/test_train.py's)
 @pytest.mark.slow
 def test_fsdp_equals_ddp(setup, ddp_run):
     root, target, source = setup
