@@ -61,6 +61,7 @@ class EagleKind(DrafterKind):
         variant = cfg.drafter.get("variant", "treespec")
         if variant not in VARIANTS:
             raise ValueError(f"drafter.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        objective.check_settings(cfg.drafter)
 
 
 KIND = EagleKind()

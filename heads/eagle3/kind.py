@@ -69,5 +69,8 @@ class Eagle3Kind(DrafterKind):
     def target_layers(self, d, num_hidden_layers: int) -> tuple[int, ...]:
         return objective.target_layers(d, num_hidden_layers)
 
+    def check_training(self, cfg, world_size: int) -> None:
+        objective.check_settings(cfg.drafter)
+
 
 KIND = Eagle3Kind()
