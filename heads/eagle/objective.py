@@ -29,7 +29,6 @@ from treespec.heads.eagle.drafter import Eagle, EagleModel, rank_accuracy
 from treespec.heads.eagle.network import fused_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
 from treespec.heads.training.objective import (
-    TOKEN_LOSSES,
     Recipe,
     acceptance,
     check_loss,
@@ -109,8 +108,7 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     token_weight · CE, or the LK loss under ``loss`` lk / lk_alpha with ``lk_eta``) over steps 0..unroll_steps,
     metrics: per step ``feature_loss{k}``, ``ce{k}``, ``top1_{k}`` and ``alpha_{k}``, the mean acceptance
     probability Σ min(p, q))."""
-    if loss not in TOKEN_LOSSES:
-        raise ValueError(f"drafter.loss must be one of {', '.join(TOKEN_LOSSES)}, got {loss!r}")
+    check_loss(loss)
     positions = packed_positions(batch, model.device)
     ids, loss_mask, target = batch_parts(batch, target, model.device)
     f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std,
@@ -163,8 +161,3 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     return Recipe(model, loss, lambda val: eagle_metrics(target, model, val, d.unroll_steps),
                   lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth), lambda: Eagle(model),
                   f"feature layers {layers}, {d.unroll_steps} unrolled training step(s), {d.loss} loss")
-
-
-def check_settings(d) -> None:
-    """Refuse, before any model loads, a drafter config this recipe cannot train with."""
-    check_loss(d)

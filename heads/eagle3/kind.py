@@ -17,6 +17,7 @@ from treespec.heads.eagle3.upstream import (
 )
 from treespec.heads.eagle3.upstream_export import eagle3_to_upstream
 from treespec.heads.kind import DrafterKind
+from treespec.heads.training.objective import check_loss
 from treespec.reference import resolve
 
 
@@ -70,7 +71,7 @@ class Eagle3Kind(DrafterKind):
         return objective.target_layers(d, num_hidden_layers)
 
     def check_training(self, cfg, world_size: int) -> None:
-        objective.check_settings(cfg.drafter)
+        check_loss(cfg.drafter.get("loss"))
 
 
 KIND = Eagle3Kind()

@@ -37,7 +37,6 @@ from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
 from treespec.heads.training.objective import (
-    TOKEN_LOSSES,
     Recipe,
     acceptance,
     check_loss,
@@ -135,8 +134,7 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept positions), ``alpha_{i}``
     (the mean acceptance probability against the full target, on kept positions), under lk* ``lk{i}``, and
     ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
-    if loss not in TOKEN_LOSSES:
-        raise ValueError(f"drafter.loss must be one of {', '.join(TOKEN_LOSSES)}, got {loss!r}")
+    check_loss(loss)
     positions = packed_positions(batch, model.device)
     batch, loss_mask, target = batch_parts(batch, target, model.device)
     features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
@@ -197,8 +195,3 @@ def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
                    f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s), {d.loss} loss")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: Eagle3(model), description)
-
-
-def check_settings(d) -> None:
-    """Refuse, before any model loads, a drafter config this recipe cannot train with."""
-    check_loss(d)

@@ -85,17 +85,18 @@ def lk_loss(loss: str, kl: torch.Tensor, alpha: torch.Tensor, eta: float) -> tor
       and noisy while q and p barely overlap (a cold start), so λ leans on KL while ᾱ is small and hands over to TV
       as the drafter aligns; one λ per draft depth, from that depth's batch.
     - ``lk_alpha``: LK^α = −log ᾱ, no hyperparameter: its gradient is TV's scaled by 1 / ᾱ, strong at a cold start.
+      The log of the depth's mean α, not the mean of each position's log α, as the authors' implementation (their
+      SpecForge pull request) takes it: a position the drafter cannot match does not dominate the loss.
     """
+    check_loss(loss, TOKEN_LOSSES[1:])  # kl is none of them
     mean_alpha = alpha.mean()
     if loss == "lk_alpha":
         return -torch.log(mean_alpha.clamp(min=1e-6))
-    if loss == "lk":
-        weight = torch.exp(-eta * mean_alpha.detach())
-        return weight * kl.mean() + (1 - weight) * (1 - mean_alpha)
-    raise ValueError(f"drafter.loss must be one of {', '.join(TOKEN_LOSSES)}, got {loss!r}")
+    weight = torch.exp(-eta * mean_alpha.detach())
+    return weight * kl.mean() + (1 - weight) * (1 - mean_alpha)
 
 
-def check_loss(d, losses=TOKEN_LOSSES) -> None:
-    """Refuse, before any model loads, a drafter config ``d`` whose ``loss`` is none of ``losses``."""
-    if d.get("loss") not in losses:
-        raise ValueError(f"drafter.loss must be one of {', '.join(losses)}, got {d.get('loss')!r}")
+def check_loss(loss, losses=TOKEN_LOSSES) -> None:
+    """Refuse a drafter's ``loss`` that is none of ``losses`` (before any model loads, and in each loss function)."""
+    if loss not in losses:
+        raise ValueError(f"drafter.loss must be one of {', '.join(losses)}, got {loss!r}")

@@ -24,6 +24,7 @@ from tests.helpers import (
     heads_cfg,
     hf_greedy,
     random_dflash,
+    stopped_run_resumes_exactly,
     tiny_chat_target,
     trained_dflash,
     write_jsonl,
@@ -152,19 +153,7 @@ def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
 
 def test_stopped_run_resumes_exactly(tmp_path):
     """train_heads drafter=dflash on chat data: stopped at step 2 and resumed to step 3 equals a run to step 3."""
-    from treespec.train.training import drafter_job
-
-    target_dir = tiny_chat_target(tmp_path / "target")
-    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
-    common = ["drafter.block_size=4", "drafter.anchors=4", "trainer.max_steps=4", "trainer.ckpt_every=1",
-              "eval.expected_tau=null"]
-    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=2", drafter="dflash"))
-    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=1", "resume=true",
-                              drafter="dflash"))
-    drafter_job.run(heads_cfg(tmp_path / "b", target_dir, source, *common, "trainer.stop_after=3", drafter="dflash"))
-    a, b = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in "ab")
-    weights = [k for k in a if k.startswith("model.")]
-    assert weights and all(torch.equal(a[k], b[k]) for k in weights)
+    stopped_run_resumes_exactly(tmp_path, "dflash", "drafter.block_size=4", "drafter.anchors=4")
 
 
 def test_training_from_stored_features_equals_online(tmp_path, monkeypatch):
