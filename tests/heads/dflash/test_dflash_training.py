@@ -5,6 +5,7 @@ and training from stored target features equal to training online."""
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -89,6 +90,27 @@ def test_training_lowers_the_loss(target):
     assert all(p.grad is not None for p in model.parameters())
     ce, _ = dflash_loss(target, model, batch, anchors=8, loss="ce")
     assert ce.item() > 0
+
+
+def test_lk_losses_per_block_position(target):
+    """drafter.loss=lk / lk_alpha: one LK loss per block position, weighted as its predictions are: η = 0 is the KL
+    loss; a one-position block's lk_alpha is −log α (``alpha_1``); gradients are finite."""
+    model = random_dflash(target, seed=2)
+    batch = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(5))
+
+    def run(**options):
+        return dflash_loss(target, model, batch, anchors=6, generator=torch.Generator().manual_seed(0), **options)
+
+    kl, metrics = run()
+    assert all(0 < metrics[f"alpha_{k}"] < 1 for k in range(1, model.block_size))
+    assert run(loss="lk", lk_eta=0.0)[0].item() == pytest.approx(kl.item(), rel=1e-5)
+    lk = run(loss="lk")[0]
+    model.zero_grad()
+    lk.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    two = random_dflash(target, block_size=2, seed=2)
+    value, metrics = dflash_loss(target, two, batch, anchors=6, loss="lk_alpha")
+    assert value.item() == pytest.approx(-math.log(metrics["alpha_1"]), rel=1e-5)
 
 
 def test_loss_masks_and_weights(target):
