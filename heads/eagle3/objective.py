@@ -104,7 +104,7 @@ class RestrictedTarget:
         else:
             logits = draft_logits[valid]
         if logits.shape[0] == 0:  # a batch with nothing to learn: zero, keeping the graph
-            return logits.sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0}
+            return logits.sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0, **({} if loss == "kl" else {"lk": 0.0})}
         p = self.p[:, start:][valid]  # [n, Vd]
         log_q = torch.log_softmax(logits.float(), dim=-1)
         kl = self.neg_entropy[:, start:][valid] - (p * log_q).sum(-1)  # [n]
