@@ -17,11 +17,13 @@ reseeds from (seed, step, micro-batch): a resumed run draws the same anchors. Ev
 **Loss.** Position k of an anchor's block is scored when x_{a+k} lies in the window, is trained on and (packed) in
 a's conversation: ``loss="kl"`` (the default) is the forward KL from the target's next-token distribution at
 a + k − 1, teacher forced on the window, to the drafter's at k; ``loss="ce"`` the cross-entropy of the window's token
-x_{a+k} (the paper's, on target-generated responses). Position k weighs ``position_decay ** (k − 1)`` (DFlash's
-decaying weights: early positions gate every later one), normalised over the scored predictions. Metrics: each
-depth's KL (``kl{k}``) and top-1 agreement with the target's argmax (``top1_{k}``), and ``tau``: 1 + the mean count
-of leading positions whose argmax is the target's, what greedy decoding of the block as a chain would accept
-(the blocks near a window's end count only the positions inside it).
+x_{a+k} (the paper's, on target-generated responses); ``loss="lk"`` or ``"lk_alpha"`` the LK losses
+(heads/training/objective.py, ``lk_loss``), each block position k a draft depth of its own (its λ, its mean α). Position
+k weighs ``position_decay ** (k − 1)`` (DFlash's decaying weights: early positions gate every later one), normalised
+over the scored predictions. Metrics: each depth's KL (``kl{k}``), top-1 agreement with the target's argmax
+(``top1_{k}``) and acceptance probability Σ min(p, q) (``alpha_{k}``), and ``tau``: 1 + the mean count of leading
+positions whose argmax is the target's, what greedy decoding of the block as a chain would accept (the blocks near a
+window's end count only the positions inside it).
 """
 
 from __future__ import annotations
@@ -32,19 +34,19 @@ from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
-from treespec.heads.training.objective import Recipe, mean_metrics
+from treespec.heads.training.objective import TOKEN_LOSSES, Recipe, acceptance, check_loss, lk_loss, mean_metrics
 from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_states
 
-LOSSES = ("kl", "ce")
+LOSSES = (*TOKEN_LOSSES, "ce")
 
 
 def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,
-                loss: str = "kl", generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+                loss: str = "kl", lk_eta: float = 3.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """batch: [b, S] windows or a dict batch (train/training/data.py) → (the weighted loss, metrics: ``kl{k}``,
-    ``top1_{k}`` per block position k, ``tau``, ``anchors`` per window) (module docstring)."""
-    if loss not in LOSSES:
-        raise ValueError(f"DFlash loss must be one of {LOSSES}, got {loss!r}")
+    ``top1_{k}``, ``alpha_{k}`` per block position k, ``tau``, ``anchors`` per window) (module docstring)."""
+    check_loss(loss, LOSSES)
     positions = packed_positions(batch, model.device)
     input_ids, loss_mask, target = batch_parts(batch, target, model.device)
     features, target_logits = target_states(target, input_ids, model.feature_layers)  # [b, S, K·H], [b, S, V]
@@ -70,9 +72,14 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     teacher = target_logits[rows, clamped[scored] - 1].float()  # [n, V]: the target's at a + k − 1
     log_p = torch.log_softmax(teacher, dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [n]
-    per = kl if loss == "kl" else -log_q.gather(1, input_ids[rows, clamped[scored]][:, None])[:, 0]
     weights = float(position_decay) ** depth.to(log_q.dtype)
-    total = (weights * per).sum() / weights.sum()
+    alpha = acceptance(log_p.exp(), log_q.exp() if loss.startswith("lk") else log_q.detach().exp())  # [n]
+    if loss.startswith("lk"):  # one LK loss per depth (its own λ, its mean α), weighted as its predictions are
+        total = sum(weights[depth == j].sum() * lk_loss(loss, kl[depth == j], alpha[depth == j], lk_eta)
+                    for j in depth.unique().tolist()) / weights.sum()
+    else:
+        per = kl if loss == "kl" else -log_q.gather(1, input_ids[rows, clamped[scored]][:, None])[:, 0]
+        total = (weights * per).sum() / weights.sum()
     with torch.no_grad():
         hit = logits.argmax(-1) == teacher.argmax(-1)  # [n]
         matches = torch.zeros_like(scored)
@@ -81,10 +88,13 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
         n = torch.zeros(size - 1, device=kl.device).index_add_(0, depth, torch.ones_like(kl))
         kl_sum = torch.zeros_like(n).index_add_(0, depth, kl)
         hit_sum = torch.zeros_like(n).index_add_(0, depth, hit.float())
+        alpha_sum = torch.zeros_like(n).index_add_(0, depth, alpha.detach())
         metrics = {"tau": 1.0 + accepted.mean().item(), "anchors": real.float().sum(1).mean().item()}
-        for j, (count, kl_j, hit_j) in enumerate(zip(n.tolist(), kl_sum.tolist(), hit_sum.tolist(), strict=True)):
+        for j, (count, kl_j, hit_j, alpha_j) in enumerate(zip(n.tolist(), kl_sum.tolist(), hit_sum.tolist(),
+                                                              alpha_sum.tolist(), strict=True)):
             if count:
-                metrics.update({f"kl{j + 1}": kl_j / count, f"top1_{j + 1}": hit_j / count})
+                metrics.update({f"kl{j + 1}": kl_j / count, f"top1_{j + 1}": hit_j / count,
+                                f"alpha_{j + 1}": alpha_j / count})
     return total, metrics
 
 
@@ -114,8 +124,7 @@ def check_settings(d) -> None:
     decay = d.get("position_decay")
     if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
         raise ValueError(f"drafter.position_decay must be a number in (0, 1], got {decay!r}")
-    if d.get("loss") not in LOSSES:
-        raise ValueError(f"drafter.loss must be one of {LOSSES}, got {d.get('loss')!r}")
+    check_loss(d.get("loss"), LOSSES)  # lk_eta: train/training/config_checks.py, as every drafter's weights
 
 
 def recipe(cfg, target, train_tokens=None) -> Recipe:
@@ -126,7 +135,8 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
                         mask_token_id=d.mask_token_id)
 
     def loss(batch):
-        return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss)
+        return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss,
+                           lk_eta=d.lk_eta)
 
     def evaluate(val):
         return {f"dflash_{k}": v for k, v in dflash_metrics(target, model, val, anchors=d.anchors).items()}

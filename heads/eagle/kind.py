@@ -10,6 +10,7 @@ from treespec.heads.eagle.drafter import Eagle, rank_accuracy
 from treespec.heads.eagle.network import VARIANTS, EagleModel
 from treespec.heads.eagle.upstream import eagle_from_upstream, eagle_to_upstream, is_eagle1
 from treespec.heads.kind import DrafterKind
+from treespec.heads.training.objective import check_loss
 from treespec.reference import resolve
 
 
@@ -61,6 +62,7 @@ class EagleKind(DrafterKind):
         variant = cfg.drafter.get("variant", "treespec")
         if variant not in VARIANTS:
             raise ValueError(f"drafter.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        check_loss(cfg.drafter.get("loss"))
 
 
 KIND = EagleKind()

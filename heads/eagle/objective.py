@@ -4,7 +4,9 @@ EAGLE-1 recipe (Li et al. 2024): the target's features are computed online (froz
 pairs token x_{j+1} with the target feature f_j (plus Gaussian noise, which makes the drafter robust to
 the errors of its own features at inference) and predicts f_{j+1}. Loss: SmoothL1 between predicted
 and target features, plus ``token_weight`` (EAGLE-1: 0.1) × the cross-entropy of the drafter's
-next-token distribution against the target's, lm_head(f_{j+1}) (soft labels).
+next-token distribution against the target's, lm_head(f_{j+1}) (soft labels); ``loss=lk`` or ``lk_alpha``: × the LK
+loss instead (heads/training/objective.py, ``lk_loss``: acceptance over the full vocabulary, one draft depth per
+unrolled step).
 
 Training-time test: ``unroll_steps`` extra passes feed the drafter its own features, as deeper tree
 nodes are at inference (``training_unroll``, over heads/training/unroll.py); step k's loss is weighted ``unroll_decay
@@ -26,7 +28,14 @@ import torch.nn.functional as F
 from treespec.heads.eagle.drafter import Eagle, EagleModel, rank_accuracy
 from treespec.heads.eagle.network import fused_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
-from treespec.heads.training.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.training.objective import (
+    Recipe,
+    acceptance,
+    check_loss,
+    lk_loss,
+    mean_metrics,
+    topk_distillation,
+)
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.unroll import unrolled
@@ -58,38 +67,54 @@ def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: in
 
 
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
-              mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
+              mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0,
+              loss: str = "kl", eta: float = 3.0, neg_entropy: torch.Tensor | None = None) -> tuple:
     """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool or a slice; mask [b, n] bool or None (every
-    entry) → (loss, feature loss, CE, top-1 agreement) over the valid, masked entries; ``topk_distill`` = K > 0
-    adds HASS's top-K distillation × ``topk_weight`` (heads/training/objective.py)."""
+    entry) → (loss, feature loss, CE, top-1 agreement, acceptance α) over the valid, masked entries; ``topk_distill``
+    = K > 0 adds HASS's top-K distillation × ``topk_weight`` (heads/training/objective.py). ``loss`` lk, lk_alpha:
+    the token term is the LK loss (``eta``: lk's), its KL from ``neg_entropy`` [b, n] (Σ p log p)."""
     if mask is None:
         g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
+        neg_entropy = None if neg_entropy is None else neg_entropy[:, valid]
     else:
         keep = mask & valid[None] if torch.is_tensor(valid) else mask
         if not bool(keep.any()):  # nothing to learn in this batch at this step: keep the graph, add nothing
             zero = g.sum() * 0.0
-            return zero, zero.detach(), zero.detach(), zero.detach()
+            return zero, zero.detach(), zero.detach(), zero.detach(), zero.detach()
         g, f_next, p_target = g[keep], f_next[keep], p_target[keep]
+        neg_entropy = None if neg_entropy is None else neg_entropy[keep]
     feature = F.smooth_l1_loss(g.float(), f_next.float())
     log_q = torch.log_softmax(model.logits(g).float(), dim=-1)  # [b, n', V]
-    ce = -(p_target * log_q).sum(-1).mean()
+    cross = -(p_target * log_q).sum(-1)
+    ce = cross.mean()
     top1 = (log_q.argmax(-1) == p_target.argmax(-1)).float().mean()
-    loss = feature_weight * feature + token_weight * ce
+    if loss == "kl":
+        alpha = acceptance(p_target, log_q.detach().exp()).mean()
+        token = ce
+    else:
+        alphas = acceptance(p_target, log_q.exp())
+        alpha = alphas.detach().mean()
+        token = lk_loss(loss, (neg_entropy + cross).flatten(), alphas.flatten(), eta)
+    total = feature_weight * feature + token_weight * token
     if topk_distill:
-        loss = loss + topk_weight * topk_distillation(p_target, log_q, topk_distill).mean()
-    return loss, feature, ce, top1
+        total = total + topk_weight * topk_distillation(p_target, log_q, topk_distill).mean()
+    return total, feature, ce, top1, alpha
 
 
 def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, token_weight: float = 0.1,
                feature_weight: float = 1.0, unroll_steps: int = 0, unroll_decay: float = 0.8,
-               topk_distill: int = 0, topk_weight: float = 1.0) -> tuple:
+               topk_distill: int = 0, topk_weight: float = 1.0, loss: str = "kl", lk_eta: float = 3.0) -> tuple:
     """batch [b, S] (or a dict batch, train/training/data.py) → (Σ_k unroll_decay^k · (feature_weight · SmoothL1 +
-    token_weight · CE) over steps 0..unroll_steps, metrics)."""
+    token_weight · CE, or the LK loss under ``loss`` lk / lk_alpha with ``lk_eta``) over steps 0..unroll_steps,
+    metrics: per step ``feature_loss{k}``, ``ce{k}``, ``top1_{k}`` and ``alpha_{k}``, the mean acceptance
+    probability Σ min(p, q))."""
+    check_loss(loss)
     positions = packed_positions(batch, model.device)
     ids, loss_mask, target = batch_parts(batch, target, model.device)
     f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std,
                                                    positions=positions)
     p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
+    neg_entropy = None if loss == "kl" else (p_target * torch.log_softmax(target_logits, dim=-1)).sum(-1)
     n = f_next.shape[1]
     mask = None if loss_mask is None else shifted_mask(loss_mask, 2, n)  # entry j predicts token j + 2
     segments = None if positions is None else segment_ids(positions)
@@ -97,17 +122,18 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     for k, g, valid in steps:
         # packed: step k's entry j is drafted from root j − k; root and predicted token in one conversation
         inside = mask if segments is None else mask & same_segment(segments, -k, 2, n)
-        loss, feature, ce, top1 = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight, inside,
-                                            topk_distill, topk_weight)
-        total = total + unroll_decay**k * loss
-        metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item()})
+        step, feature, ce, top1, alpha = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight,
+                                                   inside, topk_distill, topk_weight, loss, lk_eta, neg_entropy)
+        total = total + unroll_decay**k * step
+        metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item(),
+                        f"alpha_{k}": alpha.item()})
     return total, metrics
 
 
 @torch.no_grad()
 def eagle_metrics(target, model, windows: torch.Tensor, unroll_steps: int, batch_size: int = 8) -> dict:
     """Mean over ``windows`` [n, S] (or a dict batch) of the noise-free training metrics: per step, how often
-    the drafter's top-1 token is the target's (``top1_k``), its feature loss and CE."""
+    the drafter's top-1 token is the target's (``top1_k``), its acceptance α (``alpha_k``), feature loss and CE."""
     return mean_metrics(lambda batch: eagle_loss(target, model, batch, unroll_steps=unroll_steps), windows,
                         batch_size)
 
@@ -129,8 +155,9 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     def loss(batch):
         return eagle_loss(target, model, batch, noise_std=d.noise_std, token_weight=d.token_weight,
                           feature_weight=d.feature_weight, unroll_steps=d.unroll_steps, unroll_decay=d.unroll_decay,
-                          topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0))
+                          topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0),
+                          loss=d.loss, lk_eta=d.lk_eta)
 
     return Recipe(model, loss, lambda val: eagle_metrics(target, model, val, d.unroll_steps),
                   lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth), lambda: Eagle(model),
-                  f"feature layers {layers}, {d.unroll_steps} unrolled training step(s)")
+                  f"feature layers {layers}, {d.unroll_steps} unrolled training step(s), {d.loss} loss")

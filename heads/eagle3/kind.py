@@ -17,6 +17,7 @@ from treespec.heads.eagle3.upstream import (
 )
 from treespec.heads.eagle3.upstream_export import eagle3_to_upstream
 from treespec.heads.kind import DrafterKind
+from treespec.heads.training.objective import check_loss
 from treespec.reference import resolve
 
 
@@ -68,6 +69,9 @@ class Eagle3Kind(DrafterKind):
 
     def target_layers(self, d, num_hidden_layers: int) -> tuple[int, ...]:
         return objective.target_layers(d, num_hidden_layers)
+
+    def check_training(self, cfg, world_size: int) -> None:
+        check_loss(cfg.drafter.get("loss"))
 
 
 KIND = Eagle3Kind()

@@ -10,7 +10,12 @@ The loss is token-only: the forward KL from the target's next-token distribution
 vocabulary (renormalised) to the drafter's, KL(p_target|draft || q_draft), averaged over the positions
 whose target argmax lies inside the draft vocabulary (the others cannot be drafted right and are masked
 out, as upstream; upstream divides by all positions, here by the kept ones). No feature regression and
-no feature noise: the unrolled steps are what makes the drafter robust to its own outputs.
+no feature noise: the unrolled steps are what makes the drafter robust to its own outputs. ``loss=lk`` or
+``lk_alpha`` trains on the LK losses instead (heads/training/objective.py, ``lk_loss``), against the same
+restricted, renormalised p: α_r = Σ min(p_r, q) is maximal exactly at q = p_r, KL's optimum too (the hybrid's two
+terms agree), and q = p_r also reaches the true acceptance's ceiling, the target's mass inside the draft
+vocabulary. The full target's α = Σ_{x ∈ draft vocabulary} min(p(x), q(x)) (mass outside it is never accepted)
+would leave q free wherever it exceeds p and let its λ saturate below that mass; it is what ``alpha_{i}`` reports.
 
 The draft vocabulary is the ``draft_vocab_size`` most frequent tokens of the training stream
 (``token_counts`` → ``heads.eagle3_model.build_vocab_map``).
@@ -31,7 +36,14 @@ from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
-from treespec.heads.training.objective import Recipe, mean_metrics, topk_distillation
+from treespec.heads.training.objective import (
+    Recipe,
+    acceptance,
+    check_loss,
+    lk_loss,
+    mean_metrics,
+    topk_distillation,
+)
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.training.target_states import target_states
 from treespec.heads.training.unroll import unrolled
@@ -49,33 +61,42 @@ def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = N
 class RestrictedTarget:
     """The target's next-token distribution restricted to the draft vocabulary and renormalised, per
     position of ``target_logits`` [b, S, V]: p [b, S, Vd], its negative entropy Σ p log p [b, S], its argmax
-    (a draft id) [b, S], and ``valid`` [b, S]: the target's argmax lies in the draft vocabulary (and, given
-    ``scored`` [b, S] bool, the position is scored: the loss mask).
+    (a draft id) [b, S], the full distribution's mass inside the draft vocabulary [b, S] (p × mass is the full
+    target's probability of each draft token), and ``valid`` [b, S]: the target's argmax lies in the draft
+    vocabulary (and, given ``scored`` [b, S] bool, the position is scored: the loss mask).
 
-    p and its entropy are computed on the scored positions only (zero elsewhere), and ``kl`` runs the draft
+    p, its entropy and mass are computed on the scored positions only (zero elsewhere), and ``kl`` runs the draft
     head on the valid positions only: padding and prompt tokens are most of a chat batch, and the [.., Vd]
     softmaxes, not the matmuls, dominate a CPU training step."""
 
     def __init__(self, target_logits: torch.Tensor, model: Eagle3Model, scored: torch.Tensor | None = None):
         b, s, _ = target_logits.shape
         rows = torch.ones(b, s, dtype=torch.bool, device=target_logits.device) if scored is None else scored
-        log_p_rows = torch.log_softmax(target_logits[rows][:, model.draft_ids].float(), dim=-1)  # [n, Vd]
+        logits = target_logits[rows].float()  # [n, V]
+        restricted = logits[:, model.draft_ids]  # [n, Vd]
+        log_p_rows = torch.log_softmax(restricted, dim=-1)
         self.p = log_p_rows.new_zeros(b, s, log_p_rows.shape[-1])
         self.p[rows] = log_p_rows.exp()
         self.neg_entropy = log_p_rows.new_zeros(b, s)
         self.neg_entropy[rows] = (self.p[rows] * log_p_rows).sum(-1)
+        self.mass = log_p_rows.new_zeros(b, s)
+        self.mass[rows] = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
         self.argmax = self.p.argmax(-1)
         self.valid = model.t2d[target_logits.argmax(-1)] & rows
         self.scored = scored
 
     def kl(self, draft_logits, start: int, topk_distill: int = 0, topk_weight: float = 1.0,
-           inside: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """KL(p || q) with q = softmax(draft logits) at positions start.., averaged over the valid ones →
-        (loss, top-1 agreement on the valid ones), both 0-d. ``draft_logits``: the logits [b, S - start, Vd],
-        or a function from the draft outputs' rows to logits together with those outputs, ``(head, out)``, so
-        that the head runs on the valid rows only. ``topk_distill`` = K > 0 adds HASS's top-K distillation over
-        the draft vocabulary × ``topk_weight`` (heads/training/objective.py). ``inside`` [b, S - start] bool: only these
-        positions (a packed batch's, whose prediction stays inside one conversation)."""
+           inside: torch.Tensor | None = None, loss: str = "kl", eta: float = 3.0) -> tuple[torch.Tensor, dict]:
+        """The token loss of q = softmax(draft logits) at positions start.., over the valid ones → (loss, metrics):
+        ``loss`` kl: KL(p || q) averaged; lk, lk_alpha: the LK losses (heads/training/objective.py, ``lk_loss``), this
+        call's positions being one draft depth's. Metrics, floats over the valid positions: ``kl`` (with HASS's term
+        below when on; under kl, the loss), ``top1`` (agreement with p's argmax), ``alpha`` (the acceptance rate
+        against the full target, Σ_{x ∈ draft vocabulary} min(p_full(x), q(x))) and, under lk*, ``lk`` (the loss).
+        ``draft_logits``: the logits [b, S - start, Vd], or a function from the draft outputs' rows to logits
+        together with those outputs, ``(head, out)``, so that the head runs on the valid rows only.
+        ``topk_distill`` = K > 0 adds HASS's top-K distillation over the draft vocabulary × ``topk_weight``
+        (heads/training/objective.py). ``inside`` [b, S - start] bool: only these positions (a packed batch's, whose
+        prediction stays inside one conversation)."""
         valid = self.valid[:, start:] if inside is None else self.valid[:, start:] & inside
         if isinstance(draft_logits, tuple):
             head, out = draft_logits
@@ -83,21 +104,37 @@ class RestrictedTarget:
         else:
             logits = draft_logits[valid]
         if logits.shape[0] == 0:  # a batch with nothing to learn: zero, keeping the graph
-            return logits.sum() * 0.0, logits.new_zeros((), dtype=torch.float32)
+            return logits.sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0, **({} if loss == "kl" else {"lk": 0.0})}
         p = self.p[:, start:][valid]  # [n, Vd]
         log_q = torch.log_softmax(logits.float(), dim=-1)
         kl = self.neg_entropy[:, start:][valid] - (p * log_q).sum(-1)  # [n]
-        if topk_distill:
-            kl = kl + topk_weight * topk_distillation(p, log_q, topk_distill)
-        top1 = (logits.argmax(-1) == self.argmax[:, start:][valid]).float().mean()
-        return kl.mean(), top1
+        topk = topk_weight * topk_distillation(p, log_q, topk_distill) if topk_distill else None
+        metrics = {"top1": (logits.argmax(-1) == self.argmax[:, start:][valid]).float().mean().item()}
+        with torch.no_grad():
+            q = log_q.exp()
+            metrics["alpha"] = acceptance(p * self.mass[:, start:][valid, None], q).mean().item()
+        if loss == "kl":
+            if topk is not None:
+                kl = kl + topk
+            total = kl.mean()
+            metrics["kl"] = total.item()
+            return total, metrics
+        total = lk_loss(loss, kl, acceptance(p, log_q.exp()), eta)
+        if topk is not None:
+            total = total + topk.mean()
+        metrics.update({"kl": kl.mean().item(), "lk": total.item()})
+        return total, metrics
 
 
 def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
-                decay: float = 0.8, topk_distill: int = 0, topk_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """batch [b, S] token windows (or a dict batch, train/training/data.py) → (Σ_i decay^i · KL_i over unrolled steps
-    i = 0..unroll_steps, metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept
-    positions) and ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+                decay: float = 0.8, topk_distill: int = 0, topk_weight: float = 1.0, loss: str = "kl",
+                lk_eta: float = 3.0) -> tuple[torch.Tensor, dict]:
+    """batch [b, S] token windows (or a dict batch, train/training/data.py) → (Σ_i decay^i · loss_i over unrolled
+    steps i = 0..unroll_steps, loss_i the step's KL, or its LK loss under ``loss`` lk / lk_alpha with ``lk_eta``;
+    metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept positions), ``alpha_{i}``
+    (the mean acceptance probability against the full target, on kept positions), under lk* ``lk{i}``, and
+    ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+    check_loss(loss)
     positions = packed_positions(batch, model.device)
     batch, loss_mask, target = batch_parts(batch, target, model.device)
     features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
@@ -112,16 +149,16 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
                            positions=positions):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
         inside = None if segments is None else same_segment(segments, 0, 2 + i, n - i)  # root j, token j + 2 + i
-        kl, top1 = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight, inside)
-        total = total + decay**i * kl
-        metrics.update({f"kl{i}": kl.item(), f"top1_{i}": top1.item()})
+        step, got = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight, inside, loss, lk_eta)
+        total = total + decay**i * step
+        metrics.update({f"{k}{i}" if k in ("kl", "lk") else f"{k}_{i}": v for k, v in got.items()})
     return total, metrics
 
 
 @torch.no_grad()
 def eagle3_metrics(target, model: Eagle3Model, windows: torch.Tensor, unroll_steps: int,
                    batch_size: int = 8) -> dict:
-    """The training metrics averaged over ``windows`` [n, S] (per step KL and top-1 agreement)."""
+    """The training metrics averaged over ``windows`` [n, S] (per step KL, top-1 agreement and acceptance α)."""
     was_training = model.training
     model.eval()
     totals = mean_metrics(lambda batch: eagle3_loss(target, model, batch, unroll_steps=unroll_steps), windows,
@@ -148,12 +185,13 @@ def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
 
     def loss(batch):
         return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay,
-                           topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0))
+                           topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0),
+                           loss=d.loss, lk_eta=d.lk_eta)
 
     def evaluate(val):
         return {f"eagle3_{k}": v for k, v in eagle3_metrics(target, model, val, d.unroll_steps).items()}
 
     description = (f"aux layers {model.aux_layers}, draft vocabulary {draft_vocab} of {vocab} tokens "
-                   f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s)")
+                   f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s), {d.loss} loss")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: Eagle3(model), description)

@@ -60,3 +60,43 @@ def topk_distillation(p_target: torch.Tensor, log_q: torch.Tensor, k: int) -> to
     pulled towards the target's on the k tokens a tree's top ranks draft. p_target, log_q [..., V] → [...]."""
     top_p, top_x = p_target.topk(min(k, p_target.shape[-1]), dim=-1)
     return -(top_p * log_q.gather(-1, top_x)).sum(-1)
+
+
+# -- the token objective of the feature drafters (conf/drafter/{eagle,eagle3,dflash}.yaml ``loss``) --------------
+# kl: the forward KL from the target's distribution p to the drafter's q (the published recipes). lk and lk_alpha:
+# the LK losses (Samarin et al. 2026, "LK Losses: Direct Acceptance Rate Optimization for Speculative Decoding",
+# arXiv 2602.23881), which aim at the acceptance rate itself instead of its proxy: a small drafter cannot reach
+# KL = 0, and short of it the q that minimises KL is not the one that maximises acceptance.
+TOKEN_LOSSES = ("kl", "lk", "lk_alpha")
+
+
+def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """α = Σ_x min(p(x), q(x)) = 1 − TV(p, q) over the last dimension: the probability that speculative sampling
+    accepts a token drafted from q when the target samples from p (Leviathan et al. 2023). p, q [..., V] → [...]."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def lk_loss(loss: str, kl: torch.Tensor, alpha: torch.Tensor, eta: float) -> torch.Tensor:
+    """One draft depth's LK loss over its positions: ``kl``, ``alpha`` [n] (per position KL(p || q) and α, both with
+    gradients) → 0-d, with ᾱ the positions' mean acceptance (the depth's expected acceptance rate):
+
+    - ``lk``: the paper's hybrid LK^λ = λ · mean KL + (1 − λ) · (1 − ᾱ), λ = exp(−η · sg[ᾱ]) (sg: no gradient
+      through λ; the paper's best η = 3). The TV term 1 − ᾱ is the acceptance rate itself, but its gradient is weak
+      and noisy while q and p barely overlap (a cold start), so λ leans on KL while ᾱ is small and hands over to TV
+      as the drafter aligns; one λ per draft depth, from that depth's batch.
+    - ``lk_alpha``: LK^α = −log ᾱ, no hyperparameter: its gradient is TV's scaled by 1 / ᾱ, strong at a cold start.
+      The log of the depth's mean α, not the mean of each position's log α, as the authors' implementation (their
+      SpecForge pull request) takes it: a position the drafter cannot match does not dominate the loss.
+    """
+    check_loss(loss, TOKEN_LOSSES[1:])  # kl is none of them
+    mean_alpha = alpha.mean()
+    if loss == "lk_alpha":
+        return -torch.log(mean_alpha.clamp(min=1e-6))
+    weight = torch.exp(-eta * mean_alpha.detach())
+    return weight * kl.mean() + (1 - weight) * (1 - mean_alpha)
+
+
+def check_loss(loss, losses=TOKEN_LOSSES) -> None:
+    """Refuse a drafter's ``loss`` that is none of ``losses`` (before any model loads, and in each loss function)."""
+    if loss not in losses:
+        raise ValueError(f"drafter.loss must be one of {', '.join(losses)}, got {loss!r}")

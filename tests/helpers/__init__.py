@@ -9,6 +9,7 @@ from .chat_data import (
     chat_tokenizer,
     conversations,
     heads_cfg,
+    stopped_run_resumes_exactly,
     tiny_chat_target,
     write_jsonl,
 )
@@ -76,7 +77,8 @@ __all__ = [
     "heads_cfg", "hf_greedy", "interop_targets", "logits_with_argmax", "md_table_of", "medusa1", "norm_w", "perturbed",
     "proposals_of", "random_dflash", "random_eagle", "random_eagle3", "random_heads", "random_hydra",
     "record_proposals", "recorded_run", "rendered_run", "rnd", "run_killed", "run_ranks", "sampled_counts",
-    "scratch_logits", "scratch_proposal", "speculators_config", "synthesise", "synthetic_result",
+    "scratch_logits", "scratch_proposal", "speculators_config", "stopped_run_resumes_exactly", "synthesise",
+    "synthetic_result",
     "target_hidden_states", "tiny_chat_target", "tiny_llama", "tiny_qwen2", "tiny_qwen3", "train_tiny_lm",
     "trained_dflash", "wandb_run_contains", "with_categories", "write_checkpoint", "write_jsonl"
 ]

@@ -100,3 +100,23 @@ def heads_cfg(tmp: Path, target: Path, source: Path, *overrides, drafter: str = 
         "trainer.log_every=1", "trainer.progress=false", "optim.warmup_steps=1", "optim.lr=1e-3",
         "eval.prompts=1", "eval.max_new_tokens=4", "eval.profile.cost_sizes=[1,2,4]", "eval.profile.engine_rounds=1",
         "eval.profile.chain_windows=2", *depth, *overrides])
+
+
+def stopped_run_resumes_exactly(tmp: Path, drafter: str, *overrides) -> Path:
+    """train_heads ``drafter`` on chat data (``heads_cfg``, ``overrides``): stopped at step 2 and resumed to step 3
+    equals a run to step 3 (the weights in both ckpt-3) → the uninterrupted run's folder."""
+    from safetensors.torch import load_file
+
+    from treespec.train.training import drafter_job
+
+    target = tiny_chat_target(tmp / "target")
+    source = write_jsonl(tmp / "chat.jsonl", conversations(24))
+    common = [*overrides, "trainer.max_steps=4", "trainer.ckpt_every=1", "eval.expected_tau=null"]
+    drafter_job.run(heads_cfg(tmp / "a", target, source, *common, "trainer.stop_after=2", drafter=drafter))
+    drafter_job.run(heads_cfg(tmp / "a", target, source, *common, "trainer.stop_after=1", "resume=true",
+                              drafter=drafter))
+    drafter_job.run(heads_cfg(tmp / "b", target, source, *common, "trainer.stop_after=3", drafter=drafter))
+    a, b = (load_file(tmp / r / "ckpt-3" / "state.safetensors") for r in "ab")
+    weights = [k for k in a if k.startswith("model.")]
+    assert weights and all(torch.equal(a[k], b[k]) for k in weights)
+    return tmp / "b"

@@ -164,11 +164,12 @@ def check_model(model) -> None:
                          f"{model.num_attention_heads}")
 
 
-# the drafter keys the recipes read (conf/drafter/{medusa,hydra,eagle,eagle3}.yaml), each checked where present
+# the drafter keys the recipes read (conf/drafter/{medusa,hydra,eagle,eagle3,dflash}.yaml), each checked where present
 DRAFTER_INTEGERS = {"num_heads": 1, "num_layers": 1, "unroll_steps": 0, "accuracy_depth": 1, "topk_distill": 0,
                     "heads_warmup_steps": 0}
 DRAFTER_WEIGHTS = ("loss_decay", "unroll_decay", "noise_std", "feature_weight", "token_weight",
-                   "topk_weight", "heads_weight", "distill_weight", "lm_weight", "backbone_lr_scale")  # numbers >= 0
+                   "topk_weight", "heads_weight", "distill_weight", "lm_weight", "backbone_lr_scale",
+                   "lk_eta")  # numbers >= 0
 DRAFTER_SWITCHES = ("share_lm_head", "fusion", "lean", "prefix_attention", "distill")
 
 

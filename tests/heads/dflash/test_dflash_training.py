@@ -5,6 +5,7 @@ and training from stored target features equal to training online."""
 
 import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from tests.helpers import (
     heads_cfg,
     hf_greedy,
     random_dflash,
+    stopped_run_resumes_exactly,
     tiny_chat_target,
     trained_dflash,
     write_jsonl,
@@ -90,6 +92,27 @@ def test_training_lowers_the_loss(target):
     assert ce.item() > 0
 
 
+def test_lk_losses_per_block_position(target):
+    """drafter.loss=lk / lk_alpha: one LK loss per block position, weighted as its predictions are: η = 0 is the KL
+    loss; a one-position block's lk_alpha is −log α (``alpha_1``); gradients are finite."""
+    model = random_dflash(target, seed=2)
+    batch = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(5))
+
+    def run(**options):
+        return dflash_loss(target, model, batch, anchors=6, generator=torch.Generator().manual_seed(0), **options)
+
+    kl, metrics = run()
+    assert all(0 < metrics[f"alpha_{k}"] < 1 for k in range(1, model.block_size))
+    assert run(loss="lk", lk_eta=0.0)[0].item() == pytest.approx(kl.item(), rel=1e-5)
+    lk = run(loss="lk")[0]
+    model.zero_grad()
+    lk.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    two = random_dflash(target, block_size=2, seed=2)
+    value, metrics = dflash_loss(target, two, batch, anchors=6, loss="lk_alpha")
+    assert value.item() == pytest.approx(-math.log(metrics["alpha_1"]), rel=1e-5)
+
+
 def test_loss_masks_and_weights(target):
     """The loss is the decay-weighted KL over the scored positions of the anchors the loss mask allows."""
     model = random_dflash(target, seed=3)
@@ -152,19 +175,7 @@ def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
 
 def test_stopped_run_resumes_exactly(tmp_path):
     """train_heads drafter=dflash on chat data: stopped at step 2 and resumed to step 3 equals a run to step 3."""
-    from treespec.train.training import drafter_job
-
-    target_dir = tiny_chat_target(tmp_path / "target")
-    source = write_jsonl(tmp_path / "chat.jsonl", conversations(24))
-    common = ["drafter.block_size=4", "drafter.anchors=4", "trainer.max_steps=4", "trainer.ckpt_every=1",
-              "eval.expected_tau=null"]
-    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=2", drafter="dflash"))
-    drafter_job.run(heads_cfg(tmp_path / "a", target_dir, source, *common, "trainer.stop_after=1", "resume=true",
-                              drafter="dflash"))
-    drafter_job.run(heads_cfg(tmp_path / "b", target_dir, source, *common, "trainer.stop_after=3", drafter="dflash"))
-    a, b = (load_file(tmp_path / r / "ckpt-3" / "state.safetensors") for r in "ab")
-    weights = [k for k in a if k.startswith("model.")]
-    assert weights and all(torch.equal(a[k], b[k]) for k in weights)
+    stopped_run_resumes_exactly(tmp_path, "dflash", "drafter.block_size=4", "drafter.anchors=4")
 
 
 def test_training_from_stored_features_equals_online(tmp_path, monkeypatch):

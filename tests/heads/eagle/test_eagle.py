@@ -3,6 +3,7 @@ from-scratch recomputation step after step (the drafter's cache stays in sync wi
 accepts), dynamic-tree properties, refused mismatched weights, and the hydra training entry."""
 
 import json
+import math
 import random
 
 import pytest
@@ -283,3 +284,35 @@ def test_hass_topk_distillation_term():
         plain = loss(target, model, batch, unroll_steps=1)[0]
         assert torch.equal(loss(target, model, batch, unroll_steps=1, topk_distill=4, topk_weight=0.0)[0], plain)
         assert loss(target, model, batch, unroll_steps=1, topk_distill=4)[0] > plain
+
+
+def test_lk_losses_replace_the_token_term(target):
+    """drafter.loss=lk / lk_alpha: the token term is the LK loss over the full vocabulary, per unrolled step: η = 0
+    is the KL (the cross-entropy less the target's entropy), η → ∞ the TV term 1 − α, lk_alpha −log α (α:
+    ``alpha_0``, in [0, 1] whatever the loss); the feature term is unchanged, gradients are finite; a loss it cannot
+    train with is refused before any model loads, naming the key."""
+    from treespec.heads.eagle.objective import eagle_loss, training_unroll
+    from treespec.train.training import drafter_job
+
+    model = random_eagle(target)
+    batch = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    tokens_only = {"unroll_steps": 0, "feature_weight": 0.0, "token_weight": 1.0}
+    kl, metrics = eagle_loss(target, model, batch, **tokens_only)
+    alpha = metrics["alpha_0"]
+    assert 0 < alpha < 1 and kl.item() == pytest.approx(metrics["ce0"])
+    with torch.no_grad():
+        _, target_logits, _ = training_unroll(target, model, batch, steps=0)
+        log_p = torch.log_softmax(target_logits, -1)
+        entropy = -(log_p.exp() * log_p).sum(-1).mean()
+    for loss, eta, expected in (("lk", 0.0, metrics["ce0"] - entropy.item()), ("lk", 1e6, 1 - alpha),
+                                ("lk_alpha", 3.0, -math.log(alpha))):
+        value, got = eagle_loss(target, model, batch, **tokens_only, loss=loss, lk_eta=eta)
+        assert value.item() == pytest.approx(expected, rel=1e-4) and got["alpha_0"] == pytest.approx(alpha)
+    plain, metrics = eagle_loss(target, model, batch, unroll_steps=1)
+    lk, got = eagle_loss(target, model, batch, unroll_steps=1, loss="lk")
+    assert got["feature_loss1"] == metrics["feature_loss1"] and lk.item() != plain.item()
+    model.zero_grad()
+    lk.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(ValueError, match="drafter.loss must be one of kl, lk, lk_alpha, got 'ce'"):
+        drafter_job.check_config(compose_cfg("train_heads", ["drafter=eagle", "target=/no/such", "drafter.loss=ce"]))
