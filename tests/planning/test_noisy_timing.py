@@ -132,3 +132,15 @@ def test_bad_bounds_are_named(bounds, message):
     with pytest.raises(ValueError, match=message):
         bounded(CostModel({1: 1.0, 2: 1.0}), bounds, "fast")
     assert bounded(CostModel({1: 1.0, 2: 1.0}), None, "slow").curve == {1: 1.0, 2: 1.0}  # None: no bounds
+
+
+def test_internal_helpers_name_what_they_were_given():
+    """The last two unclear errors of the fourth reliability pass: a bare AttributeError from each."""
+    from treespec.planning.uncertainty import spread_pairs
+
+    for bad in ([1, 2], "curve", {"curve": [1, 2]}):
+        with pytest.raises(ValueError, match=r"CostModel.from_record takes a cost record .* got"):
+            CostModel.from_record(bad)
+    with pytest.raises(TypeError, match=r"spread_pairs takes \{size: robust.Spread\}, got \{1: 0.5\}"):
+        spread_pairs({1: 0.5})
+    assert spread_pairs({2: Spread(1.0, 0.5, 1.5, 3)}) == {2: [0.5, 1.5]}

@@ -168,6 +168,9 @@ class CostModel:
     @classmethod
     def from_record(cls, record: dict) -> CostModel:
         """The cost model a ``cost_curve_record`` (cost_curve.json) holds."""
+        if not isinstance(record, dict) or not isinstance(record.get("curve"), dict):  # else a bare AttributeError
+            raise ValueError(f"CostModel.from_record takes a cost record ({{\"curve\": {{tree tokens: seconds}}, "
+                             f"...}}, as cost_curve.json holds), got {type(record).__name__}: {str(record)[:80]}")
         return cls({int(n): float(t) for n, t in record["curve"].items()}, float(record.get("draft_cost_fixed") or 0.0),
                    float(record.get("draft_cost_per_depth") or 0.0), record.get("baseline"),
                    EngineCost.from_record(record), float(record.get("draft_cost_per_node") or 0.0))

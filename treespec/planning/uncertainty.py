@@ -82,4 +82,8 @@ def prediction_interval(tree, source, costs: CostModel, bounds: dict | None) -> 
 
 def spread_pairs(spreads: dict) -> dict:
     """{N: [lo, hi]} of {N: robust.Spread} (JSON-able)."""
+    bad = {n: s for n, s in (spreads.items() if isinstance(spreads, dict) else [(None, spreads)])
+           if not (hasattr(s, "lo") and hasattr(s, "hi"))}
+    if bad:
+        raise TypeError(f"spread_pairs takes {{size: robust.Spread}}, got {str(bad)[:80]}")
     return {int(n): [s.lo, s.hi] for n, s in spreads.items()}
