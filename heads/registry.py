@@ -167,4 +167,4 @@ def load_profile(source, target=None, *, log=print) -> DrafterProfile:
         return DrafterProfile.from_cost_curve(accuracy, read_cost_curve(folder), chains, measured=measured)
     record = local_profile.cost_record(target, load(folder, target), folder, log)
     measure = local_profile.chain_tau_measurer(target, folder, log)
-    return DrafterProfile.from_cost_curve(accuracy, record, chains, measure)
+    return DrafterProfile.from_cost_curve(accuracy, record, chains, measure, measured)

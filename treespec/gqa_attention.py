@@ -5,10 +5,9 @@ transformers' "sdpa" runs grouped-query attention (GQA: fewer key/value heads th
 key/value heads; a pass over several tokens WITH a mask (every tree pass, and every draft-then-verify chain) first
 copies each layer's whole cached keys and values once per query head (``repeat_kv``). On CPUs torch's flash kernel
 takes ``enable_gqa`` together with a mask and reads the shared heads in place, with the same result (equal bits in
-``tests/core/test_gqa_attention.py``). On SmolLM2-135M (9 query heads, 3 key/value heads) that copy was the largest
-single cost a 4-token pass added over a 1-token one after 256 cached tokens (``torch.profiler``: 14 ms over 30
-layers' 60 copies, against 16 ms for all its gate/up projections; results/linear_kernels/), and it grows with the
-cache.
+``tests/core/test_gqa_attention.py``). On SmolLM2-135M (9 query heads, 3 key/value heads) that copy was among the
+largest costs a few-token pass adds over a one-token one (docs/results.md, "A tree pass on CPU"), and it grows with
+the cache.
 
 Registered with transformers' attention and mask interfaces under ``NAME`` on import, as cascade attention is
 (treespec/cascade.py); every case it does not improve (no mask, no grouping, a GPU, a position bias, a softcap,

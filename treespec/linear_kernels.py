@@ -1,20 +1,19 @@
 """The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``) or oneDNN's.
 
 Decoding a small model on a CPU is a stream of few-token matrix products against weights read from memory once
-per pass. Measured on this project's 2-core AMD EPYC VMs (``scripts/cpu_kernels.py``, results/linear_kernels/):
-torch's CPU wheel sends ``F.linear`` to MKL, which on this AMD CPU reads SmolLM2's 113 MB vocabulary projection
-at about 11 GB/s for one token and is erratic at 2-4 tokens (one shape took 2-5x its one-token time at 2 tokens in
-some runs, not in others). oneDNN, which torch also ships, picks its kernels by the CPU's own features (AVX-512
-here): the same projection reads at about 25-30 GB/s, and a whole SmolLM2 pass over one token took 0.73 of MKL's.
+per pass. torch's CPU wheel sends ``F.linear`` to MKL, which on AMD CPUs reads a large projection well below the
+memory's bandwidth and erratically at 2-4 tokens; oneDNN, which torch also ships, picks its kernels by the CPU's
+own features (AVX-512 where there is one) and read the same weights faster at every size measured
+(docs/results.md, "A tree pass on CPU"; ``scripts/cpu_kernels.py`` measures a CPU).
 
 ``use_linear_kernel(model, "onednn")`` gives every ``nn.Linear`` of ``model`` a forward through oneDNN's
 ``mkldnn::_linear_pointwise`` (the op torch's own CPU compiler fuses linear layers into), in place: no module is
 replaced and no model file is forked, as attention kernels are chosen by ``attn_implementation``. A call that
 needs gradients, a tensor off the CPU or a dtype other than float32 takes ``F.linear`` as before, so training
 and GPUs are untouched. ``"torch"`` puts the modules' own forward back. ``"auto"`` is oneDNN's where torch
-has it, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call cost about 25 us more than
-``F.linear``'s here, which is 3-4x a layer of 16x64 weights and nothing beside a memory-bound read of a large one.
-Every layer of the reference target and SmolLM2 (110k weights and up) is above it; a tiny test model's are below.
+has it, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call has a fixed cost above ``F.linear``'s,
+several times a tiny layer's whole time and nothing beside a memory-bound read of a large one. Every layer of the
+reference target and SmolLM2 is above it; a tiny test model's are below.
 ``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off).
 
 Results differ from MKL's in the last bits (summation order), as any two BLAS do; greedy decoding stays equal
@@ -28,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 KERNELS = ("auto", "onednn", "torch")
-DEFAULT = "auto"  # the loader's: oneDNN where torch has it (module docstring: measured faster at every size tried)
-# "auto" keeps torch's kernel below this many weights (256 x 256): at 110k-150k cold weights both took the same
-# time per token here (results/linear_kernels/*.json products_ms), at 1k-16k hot ones oneDNN took 3-4x F.linear's
+DEFAULT = "auto"  # the loader's (module docstring)
+# "auto" keeps torch's kernel below this many weights (256 x 256): where the two kernels' times per token met
+# (results/linear_kernels/*.json, products_ms; docs/usage.md, "CPU kernels for few-token passes")
 AUTO_MIN_WEIGHTS = 1 << 16
 
 
@@ -49,12 +48,17 @@ def _onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
 
 
+def check_kernel(kernel) -> None:
+    """Refuse a ``linear_kernel`` that is none of ``KERNELS`` (the loader calls it before any weight is read)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"linear_kernel must be one of {KERNELS}, got {kernel!r}")
+
+
 def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     """Run every ``nn.Linear`` in ``model`` through ``kernel`` (``KERNELS``); returns how many modules it set.
     "auto" is "onednn" where this torch has it for layers of at least ``AUTO_MIN_WEIGHTS`` weights, else "torch";
     "onednn" on a torch without it is an error naming the way back ("torch")."""
-    if kernel not in KERNELS:
-        raise ValueError(f"linear_kernel must be one of {KERNELS}, got {kernel!r}")
+    check_kernel(kernel)
     if not isinstance(model, nn.Module):
         raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
     min_weights = 0

@@ -87,8 +87,7 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
     files that are missing, truncated, integer-typed or outside the folder (``check_weight_files``), a tensor the model
     needs that the files lack (transformers would keep its random initialisation), a shape that differs from
     the config's, or weights with NaN/inf are errors naming the folder (and file or tensor)."""
-    if linear_kernel not in linear_kernels.KERNELS:  # before any weight is read
-        raise ValueError(f"linear_kernel must be one of {linear_kernels.KERNELS}, got {linear_kernel!r}")
+    linear_kernels.check_kernel(linear_kernel)  # before any weight is read
     if attn_implementation is not None and not isinstance(attn_implementation, str):  # was transformers' AttributeError
         raise ValueError(f"attn_implementation must be a name (sdpa, eager, treespec_sdpa, ...) or None, got "
                          f"{attn_implementation!r}")

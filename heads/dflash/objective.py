@@ -71,9 +71,10 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     log_q = torch.log_softmax(logits, dim=-1)
     teacher = target_logits[rows, clamped[scored] - 1].float()  # [n, V]: the target's at a + k − 1
     log_p = torch.log_softmax(teacher, dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [n]
+    p = log_p.exp()
+    kl = (p * (log_p - log_q)).sum(-1)  # [n]
     weights = float(position_decay) ** depth.to(log_q.dtype)
-    alpha = acceptance(log_p.exp(), log_q.exp() if loss.startswith("lk") else log_q.detach().exp())  # [n]
+    alpha = acceptance(p, log_q.exp() if loss.startswith("lk") else log_q.detach().exp())  # [n]
     if loss.startswith("lk"):  # one LK loss per depth (its own λ, its mean α), weighted as its predictions are
         total = sum(weights[depth == j].sum() * lk_loss(loss, kl[depth == j], alpha[depth == j], lk_eta)
                     for j in depth.unique().tolist()) / weights.sum()

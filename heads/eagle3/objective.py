@@ -110,8 +110,8 @@ class RestrictedTarget:
         kl = self.neg_entropy[:, start:][valid] - (p * log_q).sum(-1)  # [n]
         topk = topk_weight * topk_distillation(p, log_q, topk_distill) if topk_distill else None
         metrics = {"top1": (logits.argmax(-1) == self.argmax[:, start:][valid]).float().mean().item()}
+        q = log_q.exp()
         with torch.no_grad():
-            q = log_q.exp()
             metrics["alpha"] = acceptance(p * self.mass[:, start:][valid, None], q).mean().item()
         if loss == "kl":
             if topk is not None:
@@ -119,7 +119,7 @@ class RestrictedTarget:
             total = kl.mean()
             metrics["kl"] = total.item()
             return total, metrics
-        total = lk_loss(loss, kl, acceptance(p, log_q.exp()), eta)
+        total = lk_loss(loss, kl, acceptance(p, q), eta)
         if topk is not None:
             total = total + topk.mean()
         metrics.update({"kl": kl.mean().item(), "lk": total.item()})

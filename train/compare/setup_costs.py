@@ -105,19 +105,28 @@ def measure_setup(target, drafters: list[DrafterSpec], tree_specs: list[dict], r
     meta["vanilla"] = {"drafter": "none", "tree": "vanilla", "nodes": 0, "depth": 0, "predicted_tau": 1.0,
                        "predicted_speedup": 1.0, "predicted_decode_speedup": 1.0}
     for spec in across_specs(tree_specs):  # "auto" across drafters: one configuration, the drafter it chose
-        config, meta[config["name"]] = plan_across_run(spec, drafters, costs, rules, max_nodes, configs, meta)
-        pred = meta[config["name"]].pop("prediction")
-        chosen = next((d for d in drafters if d.name == config["drafter"]), None)  # None: it chose vanilla
-        interval = prediction_interval(pred.tree, chosen.tau_source(config["rule"]), costs[chosen.name],
-                                       bounds.get(chosen.name)) if chosen else None
-        meta[config["name"]].update(predicted(pred, prompt_info, prefill, interval), predicted_by_category={
-            cat: predicted(pred, [p for p in prompt_info if p["category"] == cat], prefill)["predicted_speedup"]
-            for cat in dict.fromkeys(p["category"] for p in prompt_info)})
-        log(f"  {config['name']}: {meta[config['name']]['chose']}")
-        configs.append(config)
+        configs.append(across_config(spec, drafters, costs, rules, max_nodes, configs, meta, prompt_info, prefill,
+                                     bounds, log))
     return {"cost_curve": curve, "cost_curves_after_drafting": curves, "cost_bounds": bounds, "prefill_curve": prefill,
             "configs": configs, "meta": meta, "skipped": skipped, "engine": engine.record(),
             "cost_models": {name: c.record() for name, c in costs.items()}}
+
+
+def across_config(spec: dict, drafters: list[DrafterSpec], costs: dict, rules: list[str], max_nodes: int,
+                  configs: list, meta: dict, prompt_info: list[dict], prefill: dict, bounds: dict, log=print) -> dict:
+    """An "auto" across drafters entry's configuration (the drafter, tree and rule it chose, or vanilla), its
+    predicted fields, overall and per category, added to ``meta`` under its name."""
+    config, fields = plan_across_run(spec, drafters, costs, rules, max_nodes, configs, meta)
+    pred = fields.pop("prediction")
+    chosen = next((d for d in drafters if d.name == config["drafter"]), None)  # None: it chose vanilla
+    interval = prediction_interval(pred.tree, chosen.tau_source(config["rule"]), costs[chosen.name],
+                                   bounds.get(chosen.name)) if chosen else None
+    fields.update(predicted(pred, prompt_info, prefill, interval), predicted_by_category={
+        cat: predicted(pred, [p for p in prompt_info if p["category"] == cat], prefill)["predicted_speedup"]
+        for cat in dict.fromkeys(p["category"] for p in prompt_info)})
+    meta[config["name"]] = fields
+    log(f"  {config['name']}: {fields['chose']}")
+    return config
 
 
 def predicted(pred, prompt_info: list[dict], prefill: dict, interval=None) -> dict:
