@@ -45,7 +45,7 @@ from treespec.heads.training.objective import (
     topk_distillation,
 )
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
-from treespec.heads.training.target_states import target_states
+from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.unroll import unrolled
 
 
@@ -58,32 +58,67 @@ def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = N
     return torch.bincount(tokens.flatten(), minlength=vocab)[:vocab]
 
 
+# Rows per piece of the vocabulary-wide work: a [128, 49152] float32 piece is 25 MB, under glibc's 32 MB mmap
+# threshold, so the allocator reuses its heap instead of mapping fresh pages for every temporary. Whole-batch
+# [b·S, V] tensors (700 MB for 8 × 448 SmolLM2 positions) spent half of a CPU training step in page faults.
+ROWS = 128
+
+
 class RestrictedTarget:
-    """The target's next-token distribution restricted to the draft vocabulary and renormalised, per
-    position of ``target_logits`` [b, S, V]: p [b, S, Vd], its negative entropy Σ p log p [b, S], its argmax
-    (a draft id) [b, S], the full distribution's mass inside the draft vocabulary [b, S] (p × mass is the full
-    target's probability of each draft token), and ``valid`` [b, S]: the target's argmax lies in the draft
-    vocabulary (and, given ``scored`` [b, S] bool, the position is scored: the loss mask).
+    """The target's next-token distribution restricted to the draft vocabulary and renormalised, on the scored
+    positions of a batch [b, S] (given ``scored`` [b, S] bool, the loss mask; else every position).
 
-    p, its entropy and mass are computed on the scored positions only (zero elsewhere), and ``kl`` runs the draft
-    head on the valid positions only: padding and prompt tokens are most of a chat batch, and the [.., Vd]
-    softmaxes, not the matmuls, dominate a CPU training step."""
+    Per scored row n (``row_of`` [b, S]: a position's row, -1 elsewhere): ``p`` [n, Vd], its draft-id argmax
+    ``argmax_rows``, ``neg_entropy_rows`` and ``mass_rows`` [n]. Per position [b, S] (zero where not scored): its
+    negative entropy Σ p log p ``neg_entropy``, the full distribution's mass inside the draft vocabulary ``mass``
+    (p × mass is the full target's probability of each draft token), ``argmax`` (a draft id) and ``valid``: scored
+    and the target's argmax lies in the draft vocabulary.
 
-    def __init__(self, target_logits: torch.Tensor, model: Eagle3Model, scored: torch.Tensor | None = None):
-        b, s, _ = target_logits.shape
-        rows = torch.ones(b, s, dtype=torch.bool, device=target_logits.device) if scored is None else scored
-        logits = target_logits[rows].float()  # [n, V]
-        restricted = logits[:, model.draft_ids]  # [n, Vd]
-        log_p_rows = torch.log_softmax(restricted, dim=-1)
-        self.p = log_p_rows.new_zeros(b, s, log_p_rows.shape[-1])
-        self.p[rows] = log_p_rows.exp()
-        self.neg_entropy = log_p_rows.new_zeros(b, s)
-        self.neg_entropy[rows] = (self.p[rows] * log_p_rows).sum(-1)
-        self.mass = log_p_rows.new_zeros(b, s)
-        self.mass[rows] = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
-        self.argmax = self.p.argmax(-1)
-        self.valid = model.t2d[target_logits.argmax(-1)] & rows
+    The target's logits come from ``target_logits`` [b, S, V], or from its final-norm hidden states ``hidden``
+    [b, S, H] through ``lm_head`` (``from_hidden``): then the [., V] logits only ever exist ROWS scored rows at a
+    time. ``kl`` runs the draft head on the valid positions only, ROWS at a time too: padding and prompt tokens
+    are most of a chat batch, and the [.., V] softmaxes, not the matmuls, dominate a CPU training step."""
+
+    def __init__(self, target_logits: torch.Tensor | None, model: Eagle3Model, scored: torch.Tensor | None = None,
+                 *, hidden: torch.Tensor | None = None, lm_head=None):
+        source = target_logits if target_logits is not None else hidden
+        b, s = source.shape[:2]
+        device = source.device
+        rows = torch.ones(b, s, dtype=torch.bool, device=device) if scored is None else scored
+        flat = source.reshape(b * s, source.shape[-1])
+        index = rows.reshape(-1).nonzero().squeeze(1)  # [n]: the scored positions, flattened
+        n, draft_ids = index.numel(), model.draft_ids
+        self.p = torch.empty(n, draft_ids.numel(), device=device)
+        neg_entropy, mass, argmax = (torch.empty(n, device=device) for _ in range(3))
+        in_vocab = torch.empty(n, dtype=torch.bool, device=device)
+        with torch.no_grad():  # the frozen target's side
+            for a in range(0, n, ROWS):
+                piece = flat[index[a : a + ROWS]]
+                logits = (piece if target_logits is not None else lm_head(piece)).float()  # [r, V]
+                restricted = logits[:, draft_ids]  # [r, Vd]
+                log_p = torch.log_softmax(restricted, dim=-1)
+                p = self.p[a : a + ROWS]
+                torch.exp(log_p, out=p)
+                neg_entropy[a : a + ROWS] = (p * log_p).sum(-1)
+                mass[a : a + ROWS] = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
+                argmax[a : a + ROWS] = p.argmax(-1)
+                in_vocab[a : a + ROWS] = model.t2d[logits.argmax(-1)]
+        self.argmax_rows, self.neg_entropy_rows, self.mass_rows = argmax.long(), neg_entropy, mass
+        self.row_of = torch.full((b, s), -1, dtype=torch.long, device=device)
+        self.row_of[rows] = torch.arange(n, device=device)
+        self.neg_entropy, self.mass = neg_entropy.new_zeros(b, s), mass.new_zeros(b, s)
+        self.neg_entropy[rows], self.mass[rows] = neg_entropy, mass
+        self.argmax = self.argmax_rows.new_zeros(b, s)
+        self.argmax[rows] = self.argmax_rows
+        self.valid = torch.zeros(b, s, dtype=torch.bool, device=device)
+        self.valid[rows] = in_vocab
         self.scored = scored
+
+    @classmethod
+    def from_hidden(cls, hidden: torch.Tensor, lm_head, model: Eagle3Model, scored: torch.Tensor | None = None):
+        """From the target's final-norm hidden states [b, S, H] and its ``lm_head``: the same values as from
+        ``lm_head(hidden)``, without the [b, S, V] logits."""
+        return cls(None, model, scored, hidden=hidden, lm_head=lm_head)
 
     def kl(self, draft_logits, start: int, topk_distill: int = 0, topk_weight: float = 1.0,
            inside: torch.Tensor | None = None, loss: str = "kl", eta: float = 3.0) -> tuple[torch.Tensor, dict]:
@@ -93,33 +128,46 @@ class RestrictedTarget:
         below when on; under kl, the loss), ``top1`` (agreement with p's argmax), ``alpha`` (the acceptance rate
         against the full target, Σ_{x ∈ draft vocabulary} min(p_full(x), q(x))) and, under lk*, ``lk`` (the loss).
         ``draft_logits``: the logits [b, S - start, Vd], or a function from the draft outputs' rows to logits
-        together with those outputs, ``(head, out)``, so that the head runs on the valid rows only.
+        together with those outputs, ``(head, out)``, so that the head runs on the valid rows only (ROWS at a time).
         ``topk_distill`` = K > 0 adds HASS's top-K distillation over the draft vocabulary × ``topk_weight``
         (heads/training/objective.py). ``inside`` [b, S - start] bool: only these positions (a packed batch's, whose
         prediction stays inside one conversation)."""
         valid = self.valid[:, start:] if inside is None else self.valid[:, start:] & inside
+        rows = self.row_of[:, start:][valid]  # [m]: each valid position's row of p
         if isinstance(draft_logits, tuple):
             head, out = draft_logits
-            logits = head(out[valid])  # [n, Vd]
+            inputs = out[valid]  # [m, H]
         else:
-            logits = draft_logits[valid]
-        if logits.shape[0] == 0:  # a batch with nothing to learn: zero, keeping the graph
-            return logits.sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0, **({} if loss == "kl" else {"lk": 0.0})}
-        p = self.p[:, start:][valid]  # [n, Vd]
-        log_q = torch.log_softmax(logits.float(), dim=-1)
-        kl = self.neg_entropy[:, start:][valid] - (p * log_q).sum(-1)  # [n]
-        topk = topk_weight * topk_distillation(p, log_q, topk_distill) if topk_distill else None
-        metrics = {"top1": (logits.argmax(-1) == self.argmax[:, start:][valid]).float().mean().item()}
-        q = log_q.exp()
-        with torch.no_grad():
-            metrics["alpha"] = acceptance(p * self.mass[:, start:][valid, None], q).mean().item()
+            head, inputs = (lambda x: x), draft_logits[valid]  # [m, Vd]
+        m = rows.numel()
+        if m == 0:  # a batch with nothing to learn: zero, keeping the graph
+            return head(inputs).sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0,
+                                              **({} if loss == "kl" else {"lk": 0.0})}
+        kls, alphas, topks, agree, alpha_full = [], [], [], 0, 0.0
+        for a in range(0, m, ROWS):
+            r = rows[a : a + ROWS]
+            logits = head(inputs[a : a + ROWS])  # [r, Vd]
+            p = self.p[r]  # [r, Vd]
+            log_q = torch.log_softmax(logits.float(), dim=-1)
+            kls.append(self.neg_entropy_rows[r] - (p * log_q).sum(-1))
+            if topk_distill:
+                topks.append(topk_weight * topk_distillation(p, log_q, topk_distill))
+            agree += int((logits.argmax(-1) == self.argmax_rows[r]).sum())
+            q = log_q.exp()
+            with torch.no_grad():
+                alpha_full += float(acceptance(p * self.mass_rows[r, None], q).sum())
+            if loss != "kl":
+                alphas.append(acceptance(p, q))
+        kl = torch.cat(kls)  # [m]
+        topk = torch.cat(topks) if topks else None
+        metrics = {"top1": agree / m, "alpha": alpha_full / m}
         if loss == "kl":
             if topk is not None:
                 kl = kl + topk
             total = kl.mean()
             metrics["kl"] = total.item()
             return total, metrics
-        total = lk_loss(loss, kl, acceptance(p, q), eta)
+        total = lk_loss(loss, kl, torch.cat(alphas), eta)
         if topk is not None:
             total = total + topk.mean()
         metrics.update({"kl": kl.mean().item(), "lk": total.item()})
@@ -137,9 +185,9 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     check_loss(loss)
     positions = packed_positions(batch, model.device)
     batch, loss_mask, target = batch_parts(batch, target, model.device)
-    features, target_logits = target_states(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, V]
+    features, last = target_hidden(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, H]
     scored = None if loss_mask is None else shifted_mask(loss_mask, 1, batch.shape[1])  # p predicts token p + 1
-    restricted = RestrictedTarget(target_logits, model, scored)
+    restricted = RestrictedTarget.from_hidden(last, target.get_output_embeddings(), model, scored)
     kept = restricted.valid[:, 1:].float().sum() / (scored[:, 1:].sum().clamp(min=1) if scored is not None
                                                     else restricted.valid[:, 1:].numel())
     total, metrics = 0.0, {"kept_fraction": kept.item()}

@@ -20,31 +20,36 @@ drafted from root j − i; entries j < i have no root and are fed zeros, to be m
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
 from transformers import DynamicCache
 
+from treespec.heads.training import unrolled_attention
 from treespec.heads.training.segments import segment_causal_mask, segment_ids
+from treespec.heads.training.unrolled_attention import UnrollMask
 from treespec.visibility import dense_mask, relation_mask
 
 
 def unroll_mask(n: int, step: int, *, by_root: bool, dtype=torch.float32, device=None,
-                segments: torch.Tensor | None = None) -> torch.Tensor:
+                segments: torch.Tensor | None = None, context_only: bool = False) -> torch.Tensor:
     """Float additive mask for unrolled ``step`` >= 1 over the keys of steps 0..step in cache order:
     [1, 1, n − step, Σ_{m<=step} (n − m)] ``by_root``, else [1, 1, n, (step + 1)·n]. A query drafted from
     root r sees step-0 keys t <= r and, of each step m in 1..step, root r's key only (its own chain, itself
     last): the ancestor relation of the chain drafted from r. With a packed batch's ``segments`` [b, n] (the
     conversation of each entry, heads/training/segments.py) the step-0 keys are also those of root r's conversation
     only,
-    and the mask is [b, 1, ., .]."""
+    and the mask is [b, 1, ., .]. ``context_only``: the step-0 columns alone, [., 1, q, n] (heads/training/
+    unrolled_attention.py adds each query's chain itself)."""
 
     def roots(m: int) -> torch.Tensor:  # [entries of step m]: the root each one is drafted from
         return torch.arange(n - m, device=device) if by_root else torch.arange(n, device=device) - m
 
     root = roots(step)[:, None]  # [q, 1]
     blocks = [torch.arange(n, device=device)[None] <= root]  # [q, n]: the committed context, causal
-    blocks += [roots(m)[None] == root for m in range(1, step + 1)]  # [q, entries of step m]: its own chain
+    if not context_only:
+        blocks += [roots(m)[None] == root for m in range(1, step + 1)]  # [q, entries of step m]: its own chain
     if segments is None:
         return dense_mask(torch.cat(blocks, dim=1), 0, dtype=dtype, device=device)
     # a root before the window (EAGLE-1's first entries) sees no step-0 key: its conversation does not matter
@@ -65,6 +70,8 @@ def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int,
     (heads/training/segments.py): entry j sits at its conversation's position j and attends inside it only."""
     n = input_ids.shape[1] - 1
     steps = max(0, min(steps, n - 1))
+    # steps >= 1 as one causal pass each rather than (i + 1) (heads/training/unrolled_attention.py), where it applies
+    fast = by_root and unrolled_attention.applies(model.layer_config, features.device)
     cache = DynamicCache(config=model.layer_config) if steps else None
     segments, local = None, None
     if positions is None:
@@ -81,6 +88,9 @@ def unrolled(model, input_ids: torch.Tensor, features: torch.Tensor, steps: int,
         else:  # entry j: token j + 1 at position j, fed step i − 1's output at entry j − 1
             tokens, own = input_ids[:, 1:], torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
             at = torch.arange(n, device=out.device)[None] if local is None else local
-        mask = unroll_mask(n, i, by_root=by_root, dtype=out.dtype, device=out.device, segments=segments)
-        out = model(tokens, own, attention_mask=mask, position_ids=at, cache=cache)
+        mask = unroll_mask(n, i, by_root=by_root, dtype=out.dtype, device=out.device, segments=segments,
+                           context_only=fast)
+        with unrolled_attention.selected(model.layer_config) if fast else contextlib.nullcontext():
+            out = model(tokens, own, attention_mask=UnrollMask(mask, n, i) if fast else mask, position_ids=at,
+                        cache=cache)
         yield i, out

@@ -36,11 +36,10 @@ from treespec.heads.eagle3.objective import (
     RestrictedTarget,
     build_vocab_map,
     eagle3_loss,
-    target_states,
     token_counts,
 )
 from treespec.heads.training.batches import shifted_mask
-from treespec.heads.training.target_states import target_hidden
+from treespec.heads.training.target_states import target_hidden, target_states
 from treespec.reference import load, path, prompts
 
 ENV = "TREESPEC_SPECFORGE_PYTHON"
