@@ -54,6 +54,8 @@ def check_config(cfg) -> None:
     chat = cfg.data.get("chat")
     if chat is not None and not chat.get("source"):
         raise ValueError("data=chat needs data.chat.source=<JSONL/JSON/parquet file, glob or datasets folder>")
+    if chat is not None:
+        config_checks.integer(chat.get("train_conversations"), "data.chat.train_conversations", 1, optional=True)
     if chat is None and cfg.data.get("corpus") is None:
         raise ValueError("no training data: data.corpus (data=stdlib) or data.chat (data=chat)")
     kind.check_training(cfg, distributed.launched_world_size())
@@ -102,8 +104,8 @@ def feature_key(cfg, target) -> dict:
     """What stored features must match. Packing is left out: features are stored one conversation at a time, and
     packed or not they are the same (train/training/packing.py)."""
     data = data_settings(cfg)
-    if data.get("chat"):
-        data["chat"] = {k: v for k, v in data["chat"].items() if k != "pack"}
+    if data.get("chat"):  # one store serves every training subset (train_conversations), packed or not
+        data["chat"] = {k: v for k, v in data["chat"].items() if k not in ("pack", "train_conversations")}
     return {"target": fingerprint(target), "weights": weights_digest(target), "data": data}
 
 
@@ -127,6 +129,10 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
     if cfg.data.get("chat") is not None:
         chat = prepare_chat(cfg.data.chat, tokenizer, cfg.data.cache_dir, progress=progress)
         width = packing(cfg)
+        stored = None
+        if cfg.data.get("features"):  # checked against every training conversation, then cut like them
+            stored = stored_split(cfg, target, chat.train)
+        chat.train, stored = subset(cfg.data.chat.get("train_conversations"), chat.train, stored, progress)
         if width is not None:
             batches = PackedBatches(chat.train, width, t.batch_size, seed=cfg.seed, pad_id=pad)
             if not cfg.data.get("features"):  # the target runs packed rows: attention must stay inside each one
@@ -148,6 +154,7 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
             prompts.append(ids[max(0, end - e.prompt_tokens) : end][None].long())
         data = TrainingData(batches, val, val_windows, prompts, chat.train.trained_tokens(), chat.train, val_samples,
                             {"data_rows": chat.rows, "data_train_conversations": len(chat.train),
+                             "data_trained_tokens": int(chat.train.loss_mask.sum()),
                              "data_val_conversations": len(chat.val), "data_skipped": chat.skipped,
                              "data_truncated": chat.truncated, "data_val_by_hash": chat.val_by_hash})
         if width is not None:
@@ -161,11 +168,7 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
                             WindowSamples(val))
     if cfg.data.get("features"):
         store = FeatureStore(cfg.data.features)
-        store.check(feature_key(cfg, target), needed_layers(cfg, target))
-        split = store.split("train")
-        if split.meta["digest"] != data.train_samples.digest() or len(split) != len(data.train_samples):
-            raise ValueError(f"features in {cfg.data.features} were computed on other training samples than these "
-                             "data settings give: prepare them again")
+        split = stored if cfg.data.get("chat") is not None else stored_split(cfg, target, data.train_samples)
         width = packing(cfg)
         data.batches = (PackedBatches(split, width, t.batch_size, seed=cfg.seed, pad_id=pad,
                                       what="stored training conversations") if width is not None
@@ -177,6 +180,32 @@ def training_data(cfg, target, tokenizer, *, progress: bool = True) -> TrainingD
         data.val = val_split.collate(range(len(val_split)), pad)
         data.info["features"] = str(cfg.data.features)
     return data
+
+
+def stored_split(cfg, target, train_samples):
+    """The training split of ``data.features``, checked against the run: the same target, data settings, layers and
+    training samples."""
+    store = FeatureStore(cfg.data.features)
+    store.check(feature_key(cfg, target), needed_layers(cfg, target))
+    split = store.split("train")
+    if split.meta["digest"] != train_samples.digest() or len(split) != len(train_samples):
+        raise ValueError(f"features in {cfg.data.features} were computed on other training samples than these "
+                         "data settings give: prepare them again")
+    return split
+
+
+def subset(k: int | None, train: Samples, stored, progress: bool = True):
+    """The first ``k`` training conversations (``data.chat.train_conversations``; None: all), of the samples and of
+    their stored features when given → (samples, stored). The first k in file order: subsets of one file nest, so
+    a data-scaling curve's smaller sets are parts of its larger ones; validation is never cut."""
+    if k is None:
+        return train, stored
+    if k > len(train):
+        raise ValueError(f"data.chat.train_conversations={k}, but the training split holds {len(train)} "
+                         "conversations")
+    if progress:
+        print(f"training on the first {k} of {len(train)} training conversations (data.chat.train_conversations)")
+    return Samples(*_first(train, k)), None if stored is None else stored.first(k)
 
 
 def _first(samples, n: int):

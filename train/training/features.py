@@ -42,6 +42,10 @@ INDEX = "index.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
 # -- what is stored: samples -------------------------------------------------------------------------------
 class WindowSamples:
     """Fixed-length windows (corpus text) as samples: rows of a [n, S] tensor, or a ``TokenBatches``'
@@ -201,7 +205,15 @@ class FeatureSplit:
         for k in range(len(self.meta["shards"])):
             offsets = self._shard(k)[1]
             pieces.append(offsets[1:] - offsets[:-1])
-        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+        return (torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64))[: self.n]
+
+    def first(self, k: int) -> FeatureSplit:
+        """The split's first ``k`` samples (a training subset, ``data.chat.train_conversations``)."""
+        if not 0 <= k <= self.n:
+            raise ValueError(f"the first {k} of {self.n} stored samples")
+        view = FeatureSplit(self.folder, self.meta, self.layers, self.hidden_size, _dtype_name(self.dtype))
+        view.n, view._handles = k, self._handles
+        return view
 
     def _shard(self, k: int):
         if k not in self._handles:
@@ -256,9 +268,12 @@ class FeatureSplit:
         """Tokens under the loss mask (all of them for corpus windows): a draft vocabulary's statistics."""
         pieces = []
         for k in range(len(self.meta["shards"])):
-            f, _ = self._shard(k)
-            ids = f.get_tensor("input_ids")
-            pieces.append(ids[f.get_tensor("loss_mask").bool()] if self.masked else ids)
+            if self._firsts[k] >= self.n:
+                break
+            f, offsets = self._shard(k)
+            end = int(offsets[min(self.n - self._firsts[k], len(offsets) - 1)])  # a subset may end inside a shard
+            ids = f.get_slice("input_ids")[:end]
+            pieces.append(ids[f.get_slice("loss_mask")[:end].bool()] if self.masked else ids)
         return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int32)
 
 

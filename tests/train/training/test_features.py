@@ -117,6 +117,29 @@ def test_training_from_features_equals_online_training(prepared, monkeypatch, dr
     assert any(k.startswith("val/") for r in rows for k in r["metrics"])  # evaluated on stored features too
 
 
+def test_a_training_subset_reads_the_whole_files_features(prepared, monkeypatch):
+    """data.chat.train_conversations=N: the first N training conversations, online or from the features prepared
+    for all of them (the same weights), and validation kept whole; N beyond the split is refused by name."""
+    root, target, source, folder, _ = prepared
+    common = [f"trainer.max_steps={STEPS + 1}", f"trainer.stop_after={STEPS}", "trainer.eval_every=2",
+              "data.chat.train_conversations=12"]
+    online = train_heads.run(heads_cfg(root / "online-subset", target, source, *common))
+    with monkeypatch.context() as m:
+        no_decoder_layers(m)
+        offline = train_heads.run(heads_cfg(root / "offline-subset", target, source, f"data.features={folder}",
+                                            *common))
+    full = train_heads.run(heads_cfg(root / "online-all", target, source, *common[:-1]))
+    assert online["data_train_conversations"] == offline["data_train_conversations"] == 12
+    assert full["data_train_conversations"] > 12 and full["data_val_conversations"] == online["data_val_conversations"]
+    assert online["data_trained_tokens"] < full["data_trained_tokens"]
+    a, b = checkpoint_weights(root / "online-subset"), checkpoint_weights(root / "offline-subset")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=0, msg=name)
+    assert any(not torch.equal(a[n], w) for n, w in checkpoint_weights(root / "online-all").items())
+    with pytest.raises(ValueError, match="train_conversations=500, but the training split holds"):
+        train_heads.run(heads_cfg(root / "too-many", target, source, *common[:-1], "data.chat.train_conversations=500"))
+
+
 def test_corpus_windows_from_features_equal_online(tmp_path, monkeypatch):
     target = tiny_chat_target(tmp_path / "target")
     corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": " ".join(m["content"] for m in c["messages"])}

@@ -1,0 +1,145 @@
+"""A drafter's data-scaling curve: one recipe trained at several data sizes, read back into a table, a plot and a
+fit extrapolated to a target τ.
+
+Each point is a finished ``scripts/train_heads.py`` run (its ``summary.json``: trained tokens, held-out top-1 per
+depth, the end-of-run τ), optionally with comparison runs (``scripts/compare_trees.py``'s ``summary.csv``) that timed
+every point's drafter under the point's name, e.g. on held-out conversations and on Spec-Bench:
+
+    python scripts/scaling_curve.py --run 122k=runs/heads/scale-122k --run 350k=runs/heads/scale-350k \
+        --compare held-out=runs/compare/scale-heldout --compare spec-bench=runs/compare/scale-specbench \
+        --goal 3.5 --out results/scaling_smollm2
+
+Writes ``curve.csv``, ``curve.md`` (the table and the fits) and ``curve.png`` under ``--out``. The fit is τ = a + b ·
+ln(trained tokens), least squares over the points, per τ column; it says how many tokens would reach ``--goal`` if
+the trend held. With fewer than two points, or a slope ≤ 0, it says so instead of extrapolating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+DEPTHS = 6
+
+
+def read_point(name: str, run_dir: Path) -> dict:
+    """One training run's summary → the curve's row for it."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: is {run_dir} a finished scripts/train_heads.py run?")
+    s = json.loads(path.read_text())
+    if "data_trained_tokens" not in s:
+        raise SystemExit(f"{path} has no data_trained_tokens: rerun its export with this version (chat data only)")
+    row = {"point": name, "trained_tokens": int(s["data_trained_tokens"]),
+           "conversations": s.get("data_train_conversations"), "steps": s.get("steps"),
+           "tokens_seen": s.get("tokens_seen"), "train_s": round(s.get("train_wall_time_s", 0.0)),
+           "tau_end_of_run": s.get("eval_mean_accept_length")}
+    row.update({f"top1_d{d}": s.get(f"depth{d}_top1") for d in range(1, DEPTHS + 1)})
+    return row
+
+
+def add_comparison(rows: list[dict], label: str, folder: Path) -> None:
+    """Each point's best configuration (by speedup) in a comparison run's summary.csv: τ and speedup at it."""
+    path = folder / "summary.csv"
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: is {folder} a finished scripts/compare_trees.py run?")
+    with path.open() as f:
+        measured = list(csv.DictReader(f))
+    for row in rows:
+        mine = [r for r in measured if r["drafter"] == row["point"]]
+        if not mine:
+            raise SystemExit(f"{path} has no drafter named {row['point']!r} (its drafters: "
+                             f"{sorted({r['drafter'] for r in measured})})")
+        best = max(mine, key=lambda r: float(r["speedup"]))
+        row[f"tau_{label}"], row[f"speedup_{label}"] = float(best["tau"]), float(best["speedup"])
+        row[f"tree_{label}"] = best["tree"]
+
+
+def fit_log(tokens: list[int], taus: list[float]) -> tuple[float, float] | None:
+    """Least squares τ = a + b · ln(tokens) → (a, b), or None with fewer than two distinct sizes."""
+    xs = [math.log(t) for t in tokens]
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(taus) / len(taus)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, taus, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def tokens_for(goal: float, a: float, b: float) -> float | None:
+    """The trained tokens at which the fitted line reaches ``goal`` (None if it never rises)."""
+    return math.exp((goal - a) / b) if b > 0 else None
+
+
+def fits(rows: list[dict], goal: float) -> list[str]:
+    lines = []
+    for column in [c for c in rows[0] if c.startswith("tau_")]:
+        points = [(r["trained_tokens"], r[column]) for r in rows if r.get(column) is not None]
+        fit = fit_log([t for t, _ in points], [y for _, y in points])
+        if fit is None:
+            lines.append(f"- {column}: fewer than two data sizes, no fit")
+            continue
+        a, b = fit
+        need = tokens_for(goal, a, b)
+        reach = (f"τ {goal} at about {need / 1e6:.3g}M trained tokens ({need / points[-1][0]:.3g}× the largest "
+                 "point), if the trend held" if need else
+                 f"the slope is {b:.3f} ≤ 0: more data does not reach τ {goal}")
+        lines.append(f"- {column}: τ = {a:.3f} + {b:.3f} · ln(tokens) over {len(points)} points; {reach}")
+    return lines
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = [r["trained_tokens"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for d in range(1, DEPTHS + 1):
+        left.plot(tokens, [r[f"top1_d{d}"] for r in rows], marker="o", label=f"depth {d}")
+    left.set(xscale="log", xlabel="trained assistant tokens", ylabel="held-out top-1", title="acceptance by depth")
+    left.legend(fontsize=8)
+    for column in [c for c in rows[0] if c.startswith("tau_")]:
+        right.plot(tokens, [r[column] for r in rows], marker="o", label=column[4:])
+    right.set(xscale="log", xlabel="trained assistant tokens", ylabel="τ (tokens per target pass)",
+              title="τ on its best tree")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", required=True, metavar="NAME=DIR", help="a point: its training run")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
+                        help="a comparison run timing every point's drafter under the point's NAME")
+    parser.add_argument("--goal", type=float, default=3.5, help="the τ to extrapolate to")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if any("=" not in spec for spec in args.run + args.compare):
+        raise SystemExit("--run and --compare take NAME=DIR")
+    rows = [read_point(name, Path(folder)) for name, folder in (spec.split("=", 1) for spec in args.run)]
+    rows.sort(key=lambda r: r["trained_tokens"])
+    for spec in args.compare:
+        label, folder = spec.split("=", 1)
+        add_comparison(rows, label, Path(folder))
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "curve.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    columns = list(rows[0])
+    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    table += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |"
+              for r in rows]
+    text = "\n".join(["# Data-scaling curve", "", *table, "", f"Fits (goal τ {args.goal}):", *fits(rows, args.goal)])
+    (args.out / "curve.md").write_text(text + "\n")
+    plot(rows, args.out / "curve.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
