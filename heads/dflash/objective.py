@@ -32,11 +32,12 @@ import torch
 
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
+from treespec.heads.eagle3.objective import ROWS
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import TOKEN_LOSSES, Recipe, acceptance, check_loss, lk_loss, mean_metrics
 from treespec.heads.training.segments import packed_positions, segment_ids
-from treespec.heads.training.target_states import target_states
+from treespec.heads.training.target_states import target_hidden
 
 LOSSES = (*TOKEN_LOSSES, "ce")
 
@@ -49,7 +50,7 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     check_loss(loss, LOSSES)
     positions = packed_positions(batch, model.device)
     input_ids, loss_mask, target = batch_parts(batch, target, model.device)
-    features, target_logits = target_states(target, input_ids, model.feature_layers)  # [b, S, K·H], [b, S, V]
+    features, last = target_hidden(target, input_ids, model.feature_layers)  # [b, S, K·H], [b, S, H]
     b, s = input_ids.shape
     size = model.block_size
     segments = None if positions is None else segment_ids(positions)
@@ -65,24 +66,33 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
         scored &= segments.gather(1, clamped.flatten(1)).view_as(at) == segments.gather(1, chosen)[:, :, None]
     rows = torch.arange(b, device=input_ids.device)[:, None, None].expand_as(at)[scored]
     depth = (k - 1).expand_as(at)[scored]  # [n]: k − 1 of each scored prediction
-    logits = model.logits(out[:, :, 1:][scored]).float()  # [n, V]
-    if logits.shape[0] == 0:  # nothing to learn in this batch: zero, keeping the graph
-        return logits.sum() * 0.0, {"tau": 1.0, "anchors": 0.0}
-    log_q = torch.log_softmax(logits, dim=-1)
-    teacher = target_logits[rows, clamped[scored] - 1].float()  # [n, V]: the target's at a + k − 1
-    log_p = torch.log_softmax(teacher, dim=-1)
-    p = log_p.exp()
-    kl = (p * (log_p - log_q)).sum(-1)  # [n]
-    weights = float(position_decay) ** depth.to(log_q.dtype)
-    alpha = acceptance(p, log_q.exp() if loss.startswith("lk") else log_q.detach().exp())  # [n]
+    hidden = out[:, :, 1:][scored]  # [n, H]: the drafter's states of the scored predictions
+    teacher_hidden = last[rows, clamped[scored] - 1]  # [n, H]: the target's final states at a + k − 1
+    if hidden.shape[0] == 0:  # nothing to learn in this batch: zero, keeping the graph
+        return model.logits(hidden).sum() * 0.0, {"tau": 1.0, "anchors": 0.0}
+    # [n, V] logits ROWS predictions at a time (heads/eagle3/objective.py, ROWS: whole-batch vocabulary tensors
+    # spend a CPU step in page faults); per prediction: KL, cross-entropy, α, whether the argmaxes agree
+    lm_head, tokens = target.get_output_embeddings(), input_ids[rows, clamped[scored]]
+    kls, ces, alphas, hits = [], [], [], []
+    for a in range(0, hidden.shape[0], ROWS):
+        log_q = torch.log_softmax(model.logits(hidden[a : a + ROWS]).float(), dim=-1)
+        with torch.no_grad():
+            log_p = torch.log_softmax(lm_head(teacher_hidden[a : a + ROWS]).float(), dim=-1)
+        p = log_p.exp()
+        kls.append((p * (log_p - log_q)).sum(-1))
+        if loss == "ce":
+            ces.append(-log_q.gather(1, tokens[a : a + ROWS, None])[:, 0])
+        alphas.append(acceptance(p, log_q.exp() if loss.startswith("lk") else log_q.detach().exp()))
+        hits.append(log_q.detach().argmax(-1) == log_p.argmax(-1))
+    kl, alpha, hit = torch.cat(kls), torch.cat(alphas), torch.cat(hits)  # [n] each
+    weights = float(position_decay) ** depth.to(kl.dtype)
     if loss.startswith("lk"):  # one LK loss per depth (its own λ, its mean α), weighted as its predictions are
         total = sum(weights[depth == j].sum() * lk_loss(loss, kl[depth == j], alpha[depth == j], lk_eta)
                     for j in depth.unique().tolist()) / weights.sum()
     else:
-        per = kl if loss == "kl" else -log_q.gather(1, input_ids[rows, clamped[scored]][:, None])[:, 0]
+        per = kl if loss == "kl" else torch.cat(ces)
         total = (weights * per).sum() / weights.sum()
     with torch.no_grad():
-        hit = logits.argmax(-1) == teacher.argmax(-1)  # [n]
         matches = torch.zeros_like(scored)
         matches[scored] = hit
         accepted = matches.long().cumprod(-1).sum(-1)[real].float()  # [anchors]: leading positions accepted
