@@ -121,7 +121,8 @@ class RestrictedTarget:
         return cls(None, model, scored, hidden=hidden, lm_head=lm_head)
 
     def kl(self, draft_logits, start: int, topk_distill: int = 0, topk_weight: float = 1.0,
-           inside: torch.Tensor | None = None, loss: str = "kl", eta: float = 3.0) -> tuple[torch.Tensor, dict]:
+           inside: torch.Tensor | None = None, loss: str = "kl", eta: float = 3.0,
+           reach: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """The token loss of q = softmax(draft logits) at positions start.., over the valid ones → (loss, metrics):
         ``loss`` kl: KL(p || q) averaged; lk, lk_alpha: the LK losses (heads/training/objective.py, ``lk_loss``), this
         call's positions being one draft depth's. Metrics, floats over the valid positions: ``kl`` (with HASS's term
@@ -131,7 +132,9 @@ class RestrictedTarget:
         together with those outputs, ``(head, out)``, so that the head runs on the valid rows only (ROWS at a time).
         ``topk_distill`` = K > 0 adds HASS's top-K distillation over the draft vocabulary × ``topk_weight``
         (heads/training/objective.py). ``inside`` [b, S - start] bool: only these positions (a packed batch's, whose
-        prediction stays inside one conversation)."""
+        prediction stays inside one conversation). ``reach`` [b, S - start]: each position's KL weighted by it (the
+        on-policy weighting, ``eagle3_loss``), still averaged over the valid positions; kl loss only. Also returns
+        each position's α against the full target [b, S - start] (no gradient; 0 where not valid)."""
         valid = self.valid[:, start:] if inside is None else self.valid[:, start:] & inside
         rows = self.row_of[:, start:][valid]  # [m]: each valid position's row of p
         if isinstance(draft_logits, tuple):
@@ -140,10 +143,11 @@ class RestrictedTarget:
         else:
             head, inputs = (lambda x: x), draft_logits[valid]  # [m, Vd]
         m = rows.numel()
+        alpha_grid = torch.zeros(valid.shape, device=valid.device)
         if m == 0:  # a batch with nothing to learn: zero, keeping the graph
             return head(inputs).sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0,
-                                              **({} if loss == "kl" else {"lk": 0.0})}
-        kls, alphas, topks, agree, alpha_full = [], [], [], 0, 0.0
+                                              **({} if loss == "kl" else {"lk": 0.0})}, alpha_grid
+        kls, alphas, topks, agree, alpha_full = [], [], [], 0, []
         for a in range(0, m, ROWS):
             r = rows[a : a + ROWS]
             logits = head(inputs[a : a + ROWS])  # [r, Vd]
@@ -155,34 +159,54 @@ class RestrictedTarget:
             agree += int((logits.argmax(-1) == self.argmax_rows[r]).sum())
             q = log_q.exp()
             with torch.no_grad():
-                alpha_full += float(acceptance(p * self.mass_rows[r, None], q).sum())
+                alpha_full.append(acceptance(p * self.mass_rows[r, None], q))
             if loss != "kl":
                 alphas.append(acceptance(p, q))
         kl = torch.cat(kls)  # [m]
         topk = torch.cat(topks) if topks else None
-        metrics = {"top1": agree / m, "alpha": alpha_full / m}
+        alpha_grid[valid] = torch.cat(alpha_full)
+        metrics = {"top1": agree / m, "alpha": float(alpha_grid[valid].mean())}
         if loss == "kl":
             if topk is not None:
                 kl = kl + topk
-            total = kl.mean()
+            if reach is None:
+                total = kl.mean()
+            else:
+                weights = reach[valid]  # [m]
+                total = (weights * kl).sum() / m
+                metrics["reach"] = float(weights.mean())
             metrics["kl"] = total.item()
-            return total, metrics
+            return total, metrics, alpha_grid
+        if reach is not None:
+            raise ValueError("the on-policy weighting (drafter.on_policy) is an option of the kl loss only")
         total = lk_loss(loss, kl, torch.cat(alphas), eta)
         if topk is not None:
             total = total + topk.mean()
         metrics.update({"kl": kl.mean().item(), "lk": total.item()})
-        return total, metrics
+        return total, metrics, alpha_grid
 
 
 def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps: int = 7,
                 decay: float = 0.8, topk_distill: int = 0, topk_weight: float = 1.0, loss: str = "kl",
-                lk_eta: float = 3.0) -> tuple[torch.Tensor, dict]:
+                lk_eta: float = 3.0, on_policy: bool = False) -> tuple[torch.Tensor, dict]:
     """batch [b, S] token windows (or a dict batch, train/training/data.py) → (Σ_i decay^i · loss_i over unrolled
     steps i = 0..unroll_steps, loss_i the step's KL, or its LK loss under ``loss`` lk / lk_alpha with ``lk_eta``;
     metrics: ``kl{i}``, ``top1_{i}`` (draft argmax = restricted target argmax, on kept positions), ``alpha_{i}``
     (the mean acceptance probability against the full target, on kept positions), under lk* ``lk{i}``, and
-    ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary))."""
+    ``kept_fraction`` (scored positions whose target argmax is in the draft vocabulary)).
+
+    ``on_policy`` (kl loss): step i's KL at root r is weighted by reach_{r,i} = Π_{j<i} α_{r,j}, the probability
+    that the drafter's own chain from r gets past depths 1..i under verification (α_{r,j}: its acceptance
+    probability at depth j + 1, against the full target, no gradient), with the mean reach logged as
+    ``reach_{i}``. Verification discards everything after a rejection, so a state deeper than the first rejection
+    is never drafted from at inference; on the target's own greedy answers a state that is reached is exactly the
+    training-time-test state (its tokens are the target's, its features the drafter's), so the weights give the
+    states the drafter visits under speculative decoding their on-policy share (Draft-OPD's aim, arXiv 2605.29343:
+    train where the drafter's own proposals lead, with the target's feedback on accepted and rejected proposals;
+    its rollouts are what scripts/regenerate.py writes when decoding is greedy)."""
     check_loss(loss)
+    if on_policy and loss != "kl":
+        raise ValueError(f"drafter.on_policy weights the kl loss; drafter.loss={loss!r} has its own weighting")
     positions = packed_positions(batch, model.device)
     batch, loss_mask, target = batch_parts(batch, target, model.device)
     features, last = target_hidden(target, batch, model.aux_layers)  # [b, S, 3H], [b, S, H]
@@ -193,11 +217,15 @@ def eagle3_loss(target, model: Eagle3Model, batch: torch.Tensor, *, unroll_steps
     total, metrics = 0.0, {"kept_fraction": kept.item()}
     segments = None if positions is None else segment_ids(positions)
     n = batch.shape[1] - 1
+    reach = None  # [b, n − i]: by root, the probability that the drafter's chain gets to depth i + 1
     for i, out in unrolled(model, batch, model.fuse(features[:, :-1]), unroll_steps, by_root=True,
                            positions=positions):
         # out[:, j] predicts the token after position j + 1 + i: the target's logits there
         inside = None if segments is None else same_segment(segments, 0, 2 + i, n - i)  # root j, token j + 2 + i
-        step, got = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight, inside, loss, lk_eta)
+        step, got, alpha = restricted.kl((model.draft_logits, out), 1 + i, topk_distill, topk_weight, inside, loss,
+                                         lk_eta, reach=reach)
+        if on_policy:
+            reach = alpha[:, : n - i - 1] if reach is None else reach[:, : n - i - 1] * alpha[:, : n - i - 1]
         total = total + decay**i * step
         metrics.update({f"{k}{i}" if k in ("kl", "lk") else f"{k}_{i}": v for k, v in got.items()})
     return total, metrics
@@ -234,12 +262,13 @@ def recipe(cfg, target, train_tokens: torch.Tensor) -> Recipe:
     def loss(batch):
         return eagle3_loss(target, model, batch, unroll_steps=d.unroll_steps, decay=d.unroll_decay,
                            topk_distill=d.get("topk_distill", 0), topk_weight=d.get("topk_weight", 1.0),
-                           loss=d.loss, lk_eta=d.lk_eta)
+                           loss=d.loss, lk_eta=d.lk_eta, on_policy=bool(d.get("on_policy", False)))
 
     def evaluate(val):
         return {f"eagle3_{k}": v for k, v in eagle3_metrics(target, model, val, d.unroll_steps).items()}
 
     description = (f"aux layers {model.aux_layers}, draft vocabulary {draft_vocab} of {vocab} tokens "
-                   f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s), {d.loss} loss")
+                   f"({coverage:.1%} of training tokens), {d.unroll_steps} unrolled training step(s), {d.loss} loss"
+                   f"{', on-policy weights' if d.get('on_policy') else ''}")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: Eagle3(model), description)

@@ -170,7 +170,7 @@ DRAFTER_INTEGERS = {"num_heads": 1, "num_layers": 1, "unroll_steps": 0, "accurac
 DRAFTER_WEIGHTS = ("loss_decay", "unroll_decay", "noise_std", "feature_weight", "token_weight",
                    "topk_weight", "heads_weight", "distill_weight", "lm_weight", "backbone_lr_scale",
                    "lk_eta")  # numbers >= 0
-DRAFTER_SWITCHES = ("share_lm_head", "fusion", "lean", "prefix_attention", "distill")
+DRAFTER_SWITCHES = ("share_lm_head", "fusion", "lean", "prefix_attention", "distill", "on_policy")
 
 
 def check_drafter(d) -> None:
@@ -183,6 +183,9 @@ def check_drafter(d) -> None:
     for key in DRAFTER_SWITCHES:
         if key in d:
             boolean(d[key], f"drafter.{key}")
+    if d.get("on_policy") and d.get("loss", "kl") != "kl":
+        raise ValueError(f"drafter.on_policy weights the kl loss; drafter.loss={d.get('loss')!r} has its own weighting "
+                         "(set drafter.loss=kl or drafter.on_policy=false)")
     if "draft_vocab_size" in d:
         integer(d.draft_vocab_size, "drafter.draft_vocab_size", optional=True)
     for key in ("feature_layers", "aux_layers"):

@@ -10,6 +10,7 @@ import torch
 
 from treespec.heads.eagle3.objective import eagle3_loss
 from treespec.heads.training.target_states import target_states
+from treespec.heads.training.unroll import unrolled
 
 from tests.helpers import random_eagle3, tiny_llama
 
@@ -115,3 +116,35 @@ def test_lk_training_run_resumes_exactly_and_refuses_a_bad_loss(tmp_path):
                               ("drafter.lk_eta=-1", "drafter.lk_eta must be a finite number")):
         with pytest.raises(ValueError, match=message):
             drafter_job.check_config(compose_cfg("train_heads", ["drafter=eagle3", "target=/no/such", override]))
+
+
+# -- drafter.on_policy: step i's KL weighted by the chance the drafter's own chain reaches it ------------------------
+def test_on_policy_weights_each_depth_by_the_reach_of_the_earlier_ones(target):
+    """kl1 under on_policy = Σ_r α_{r,0} · KL_{r,1} / (valid roots), hand-computed from the dense outputs; step 0
+    unweighted; lk losses refused."""
+    model = random_eagle3(target, draft_vocab=48, seed=5)
+    batch = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(6))
+    _, plain = eagle3_loss(target, model, batch, unroll_steps=1)
+    _, weighted = eagle3_loss(target, model, batch, unroll_steps=1, on_policy=True)
+    assert weighted["kl0"] == pytest.approx(plain["kl0"], rel=1e-6) and "reach_0" not in weighted
+    with torch.no_grad():
+        logits = target(input_ids=batch).logits[0].double()  # [S, V]
+        features, _ = target_states(target, batch, model.aux_layers)
+        outs = dict(unrolled(model, batch, model.fuse(features[:, :-1]), 1, by_root=True))
+        q0 = torch.softmax(model.logits(outs[0])[0].double(), -1)  # [n, V]: depth 1 from root r, -inf → 0 outside
+        q1 = torch.softmax(model.draft_logits(outs[1])[0].double(), -1)  # [n − 1, Vd]
+    ids = model.draft_ids
+    in_vocab = model.t2d[logits.argmax(-1)]
+    terms = []
+    for r in range(batch.shape[1] - 2):
+        if not (in_vocab[r + 1] and in_vocab[r + 2]):  # depth 1 and depth 2 scored only where the argmax is draftable
+            continue
+        p_full = torch.softmax(logits[r + 1], -1)
+        alpha0 = float(torch.minimum(p_full, q0[r]).sum())
+        p = torch.softmax(logits[r + 2, ids], -1)
+        terms.append(alpha0 * float((p * (p.log() - q1[r].log())).sum()))
+    count = int(in_vocab[2:].sum())  # step 1's valid roots (α is 0 where depth 1 was not valid: weight 0)
+    assert weighted["kl1"] == pytest.approx(sum(terms) / count, rel=1e-4)
+    assert 0 < weighted["reach_1"] < 1
+    with pytest.raises(ValueError, match="on_policy"):
+        eagle3_loss(target, model, batch, unroll_steps=1, loss="lk", on_policy=True)
