@@ -5,6 +5,7 @@ and .json files read."""
 from __future__ import annotations
 
 import codecs
+import gzip
 import hashlib
 import itertools
 import json
@@ -228,12 +229,15 @@ def _first_line_is_a_row(data: bytes) -> bool:
 
 
 def read_jsonl(path: str | os.PathLike, keep=None) -> tuple[list[Item], Counter, Counter]:
-    """A JSONL file, or a .json file holding a list of rows, one row (pretty-printed or not) or JSON Lines.
+    """A JSONL file (gzipped too: .gz), or a .json file holding a list of rows, one row (pretty-printed or not) or
+    JSON Lines.
     A leading byte-order mark is dropped. ``keep`` as ``read_rows`` takes it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"workload.path={str(path)!r}: no such file")
     data = path.read_bytes()
+    if path.suffix == ".gz":  # a gzipped JSONL (treespec/models/smollm2/chat.jsonl.gz)
+        data, path = gzip.decompress(data), path.with_suffix("")
     data = data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data
     if path.suffix == ".json" and not _first_line_is_a_row(data):
         rows, bad, lines = _one_document(data, path), Counter(), None

@@ -1,6 +1,6 @@
 """Conversation rows: reading a chat source and normalizing its rows to role/content messages.
 
-``data.chat.source`` is a JSONL/JSON file (or a glob of them), parquet files, a folder of such files, or a
+``data.chat.source`` is a JSONL/JSON file (gzipped too, or a glob of them), parquet files, a folder of such files, or a
 folder written by ``datasets.Dataset.save_to_disk``; all are read with the Hugging Face ``datasets`` library.
 Rows are ShareGPT ``{"conversations": [{"from", "value"}]}`` or OpenAI ``{"messages": [{"role", "content"}]}``
 (content a string or a list of text parts; an assistant message's ``reasoning_content`` is passed to the
@@ -18,6 +18,13 @@ from pathlib import Path
 ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant", "tool": "tool"}
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def data_suffix(path: Path) -> str:
+    """A data file's kind by its name: ``.jsonl`` for chat.jsonl and chat.jsonl.gz (the datasets library reads
+    gzipped JSON itself)."""
+    suffixes = path.suffixes
+    return suffixes[-2] if len(suffixes) >= 2 and suffixes[-1] == ".gz" else path.suffix
 
 
 class BadRow(ValueError):
@@ -69,8 +76,8 @@ def load_rows(source: str | os.PathLike, *, split: str = "train", cache_dir: str
                     raise ValueError(f"chat source {path} has splits {sorted(ds)}, not data.chat.split={split!r}")
                 ds = ds[split]
             return ds
-        files = [p for p in source_files(source) if p.suffix in FILE_BUILDERS]
-        builders = {FILE_BUILDERS[p.suffix] for p in files}
+        files = [p for p in source_files(source) if data_suffix(p) in FILE_BUILDERS]
+        builders = {FILE_BUILDERS[data_suffix(p)] for p in files}
         if not files or len(builders) != 1:
             raise ValueError(f"chat source {source!r} must be JSON/JSONL or parquet files (one kind), or a "
                              f"datasets folder; found {[p.name for p in source_files(source)][:5]}")

@@ -4,6 +4,7 @@ grows, over-long prompts and categories, the start-up check of every workload co
 whole comparison on a workload: tests/train/compare/test_workload_chat.py."""
 
 import codecs
+import gzip
 import json
 
 import pytest
@@ -32,6 +33,9 @@ def test_every_jsonl_format_is_read_and_counted(tmp_path):
     rows = SPEC_BENCH_ROWS + OTHER_FORMATS + SPEC_BENCH_ROWS[:1]
     items, skipped, formats = read_jsonl(write_jsonl(tmp_path / "q.jsonl", rows))
     assert formats == {"spec-bench": 4, "openai": 1, "sharegpt": 1, "prompt": 1, "text": 1}
+    gz = tmp_path / "q.jsonl.gz"
+    gz.write_bytes(gzip.compress((tmp_path / "q.jsonl").read_bytes()))
+    assert read_jsonl(gz) == (items, skipped, formats)
     assert skipped == {"unknown format": 1, "no user turn": 1, "duplicate": 1}
     by_id = {i.id: i for i in items}
     assert by_id["81"].turns == ("Write a haiku.", "Now make it rhyme.") and by_id["81"].category == "writing"

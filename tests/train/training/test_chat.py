@@ -2,6 +2,7 @@
 only, bad rows counted and skipped, every source kind read through ``datasets``, batches a function of
 (seed, step), and regenerated responses (resumable)."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -149,8 +150,11 @@ def test_every_source_kind_reads_the_same_rows(tmp_path):
     ds = load_rows(str(jsonl), cache_dir=tmp_path / "cache")  # (Dataset.from_list keeps the first row's schema)
     ds.to_parquet(str(tmp_path / "c.parquet"))
     ds.save_to_disk(str(tmp_path / "saved"))
+    gz = tmp_path / "gz" / "c.jsonl.gz"  # how treespec/models/smollm2/chat.jsonl.gz ships
+    gz.parent.mkdir()
+    gz.write_bytes(gzip.compress(jsonl.read_bytes()))
     expected = [normalize(r) for r in rows]
-    for source in (jsonl, as_json, tmp_path / "c.parquet", tmp_path / "saved"):
+    for source in (jsonl, as_json, tmp_path / "c.parquet", tmp_path / "saved", gz):
         got = [normalize(r) for r in load_rows(str(source), cache_dir=tmp_path / "cache")]
         assert got == expected, source
     with pytest.raises(ValueError, match="matches no file"):
