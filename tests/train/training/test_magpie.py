@@ -2,6 +2,7 @@
 (data.chat.source=magpie): the user-turn prefix, uniqueness, length bounds, excluded benchmark questions, a
 resume equal to an uninterrupted run, and a model that repeats itself stopping."""
 
+import gzip
 import json
 import os
 
@@ -168,11 +169,37 @@ def test_the_shipped_smollm2_conversations_are_whole_and_unique():
     assert len({magpie.request_key(a) for a in asked}) == len(asked)
 
 
+CHAT = ROOT / "treespec" / "models" / "smollm2" / "chat.jsonl.gz"
+
+
+def chat_rows() -> list[dict]:
+    with gzip.open(CHAT, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_the_shipped_task_conditioned_conversations_are_whole_varied_and_new():
+    """treespec/models/smollm2/chat.jsonl.gz: 5,200 rows in order, every request unique and none of magpie.jsonl's,
+    twelve task kinds, second turns on about a quarter, every turn answered but one (DATA.md says which)."""
+    rows = chat_rows()
+    assert len(rows) == 5200 and [r["row"] for r in rows] == list(range(5200))
+    firsts = [magpie.request_key(r["messages"][0]["content"]) for r in rows]
+    assert len(set(firsts)) == len(firsts)
+    assert not set(firsts) & {magpie.request_key(r["messages"][0]["content"]) for r in requests(SHIPPED)}
+    assert len({r["category"] for r in rows}) == 12
+    roles = [[m["role"] for m in r["messages"]] for r in rows]
+    assert all(x in (["user", "assistant"], ["user", "assistant"] * 2) for x in roles)
+    assert 0.2 < sum(len(x) == 4 for x in roles) / len(rows) < 0.3
+    empty = [r["row"] for r in rows for m in r["messages"] if m["role"] == "assistant" and not m["content"].strip()]
+    assert len(empty) == 1
+
+
 @pytest.mark.skipif(not os.environ.get("TREESPEC_SPEC_BENCH"), reason="TREESPEC_SPEC_BENCH (Spec-Bench's "
                     "question.jsonl, not in the repository) is not set")
 def test_the_shipped_smollm2_conversations_hold_no_benchmark_question():
-    """No training request is one of Spec-Bench's questions (either turn), compared as Magpie's exclusion does."""
+    """No training request (either shipped file, every user turn) is one of Spec-Bench's questions (either turn),
+    compared as Magpie's exclusion does."""
     asked = {magpie.request_key(r["messages"][0]["content"]) for r in requests(SHIPPED)}
+    asked |= {magpie.request_key(m["content"]) for r in chat_rows() for m in r["messages"] if m["role"] == "user"}
     questions = magpie.excluded_texts(os.environ["TREESPEC_SPEC_BENCH"])
     assert len(questions) > 400 and not asked & questions
 
