@@ -32,10 +32,17 @@ import torch
 
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
-from treespec.heads.eagle3.objective import ROWS
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
-from treespec.heads.training.objective import TOKEN_LOSSES, Recipe, acceptance, check_loss, lk_loss, mean_metrics
+from treespec.heads.training.objective import (
+    ROWS,
+    TOKEN_LOSSES,
+    Recipe,
+    acceptance,
+    check_loss,
+    lk_loss,
+    mean_metrics,
+)
 from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_hidden
 
@@ -70,8 +77,8 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     teacher_hidden = last[rows, clamped[scored] - 1]  # [n, H]: the target's final states at a + k − 1
     if hidden.shape[0] == 0:  # nothing to learn in this batch: zero, keeping the graph
         return model.logits(hidden).sum() * 0.0, {"tau": 1.0, "anchors": 0.0}
-    # [n, V] logits ROWS predictions at a time (heads/eagle3/objective.py, ROWS: whole-batch vocabulary tensors
-    # spend a CPU step in page faults); per prediction: KL, cross-entropy, α, whether the argmaxes agree
+    # [n, V] logits ROWS predictions at a time (heads/training/objective.py); per prediction: KL, cross-entropy, α,
+    # whether the argmaxes agree
     lm_head, tokens = target.get_output_embeddings(), input_ids[rows, clamped[scored]]
     kls, ces, alphas, hits = [], [], [], []
     for a in range(0, hidden.shape[0], ROWS):

@@ -37,6 +37,7 @@ from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
 from treespec.heads.training.objective import (
+    ROWS,
     Recipe,
     acceptance,
     check_loss,
@@ -58,21 +59,15 @@ def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = N
     return torch.bincount(tokens.flatten(), minlength=vocab)[:vocab]
 
 
-# Rows per piece of the vocabulary-wide work: a [128, 49152] float32 piece is 25 MB, under glibc's 32 MB mmap
-# threshold, so the allocator reuses its heap instead of mapping fresh pages for every temporary. Whole-batch
-# [b·S, V] tensors (700 MB for 8 × 448 SmolLM2 positions) spent half of a CPU training step in page faults.
-ROWS = 128
-
-
 class RestrictedTarget:
     """The target's next-token distribution restricted to the draft vocabulary and renormalised, on the scored
     positions of a batch [b, S] (given ``scored`` [b, S] bool, the loss mask; else every position).
 
     Per scored row n (``row_of`` [b, S]: a position's row, -1 elsewhere): ``p`` [n, Vd], its draft-id argmax
-    ``argmax_rows``, ``neg_entropy_rows`` and ``mass_rows`` [n]. Per position [b, S] (zero where not scored): its
-    negative entropy Σ p log p ``neg_entropy``, the full distribution's mass inside the draft vocabulary ``mass``
-    (p × mass is the full target's probability of each draft token), ``argmax`` (a draft id) and ``valid``: scored
-    and the target's argmax lies in the draft vocabulary.
+    ``argmax_rows``, its negative entropy Σ p log p ``neg_entropy_rows`` and the full distribution's mass inside
+    the draft vocabulary ``mass_rows`` [n] (p × mass is the full target's probability of each draft token). Per
+    position [b, S]: ``neg_entropy`` (zero where not scored) and ``valid``: scored and the target's argmax lies in
+    the draft vocabulary.
 
     The target's logits come from ``target_logits`` [b, S, V], or from its final-norm hidden states ``hidden``
     [b, S, H] through ``lm_head`` (``from_hidden``): then the [., V] logits only ever exist ROWS scored rows at a
@@ -106,10 +101,8 @@ class RestrictedTarget:
         self.argmax_rows, self.neg_entropy_rows, self.mass_rows = argmax.long(), neg_entropy, mass
         self.row_of = torch.full((b, s), -1, dtype=torch.long, device=device)
         self.row_of[rows] = torch.arange(n, device=device)
-        self.neg_entropy, self.mass = neg_entropy.new_zeros(b, s), mass.new_zeros(b, s)
-        self.neg_entropy[rows], self.mass[rows] = neg_entropy, mass
-        self.argmax = self.argmax_rows.new_zeros(b, s)
-        self.argmax[rows] = self.argmax_rows
+        self.neg_entropy = neg_entropy.new_zeros(b, s)
+        self.neg_entropy[rows] = neg_entropy
         self.valid = torch.zeros(b, s, dtype=torch.bool, device=device)
         self.valid[rows] = in_vocab
         self.scored = scored
@@ -147,7 +140,7 @@ class RestrictedTarget:
         if m == 0:  # a batch with nothing to learn: zero, keeping the graph
             return head(inputs).sum() * 0.0, {"kl": 0.0, "top1": 0.0, "alpha": 0.0,
                                               **({} if loss == "kl" else {"lk": 0.0})}, alpha_grid
-        kls, alphas, topks, agree, alpha_full = [], [], [], 0, []
+        kls, alphas, topks, agree, alpha_full = [], [], [], [], []
         for a in range(0, m, ROWS):
             r = rows[a : a + ROWS]
             logits = head(inputs[a : a + ROWS])  # [r, Vd]
@@ -156,7 +149,7 @@ class RestrictedTarget:
             kls.append(self.neg_entropy_rows[r] - (p * log_q).sum(-1))
             if topk_distill:
                 topks.append(topk_weight * topk_distillation(p, log_q, topk_distill))
-            agree += int((logits.argmax(-1) == self.argmax_rows[r]).sum())
+            agree.append(logits.detach().argmax(-1) == self.argmax_rows[r])
             q = log_q.exp()
             with torch.no_grad():
                 alpha_full.append(acceptance(p * self.mass_rows[r, None], q))
@@ -165,7 +158,7 @@ class RestrictedTarget:
         kl = torch.cat(kls)  # [m]
         topk = torch.cat(topks) if topks else None
         alpha_grid[valid] = torch.cat(alpha_full)
-        metrics = {"top1": agree / m, "alpha": float(alpha_grid[valid].mean())}
+        metrics = {"top1": torch.cat(agree).float().mean().item(), "alpha": alpha_grid[valid].mean().item()}
         if loss == "kl":
             if topk is not None:
                 kl = kl + topk

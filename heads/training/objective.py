@@ -69,6 +69,12 @@ def topk_distillation(p_target: torch.Tensor, log_q: torch.Tensor, k: int) -> to
 # KL = 0, and short of it the q that minimises KL is not the one that maximises acceptance.
 TOKEN_LOSSES = ("kl", "lk", "lk_alpha")
 
+# Rows per piece of a drafter loss's vocabulary-wide work (EAGLE-3's and DFlash's target and draft logits): a
+# [128, 49152] float32 piece is 25 MB, under glibc's 32 MB mmap threshold, so the allocator reuses its heap instead of
+# mapping and faulting in fresh pages for every whole-batch temporary (why it matters on a CPU step:
+# results/notes/2026-12-04-eagle3-training-throughput.md).
+ROWS = 128
+
 
 def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """α = Σ_x min(p(x), q(x)) = 1 − TV(p, q) over the last dimension: the probability that speculative sampling

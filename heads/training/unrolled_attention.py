@@ -3,8 +3,8 @@
 Unrolled step i >= 1 of EAGLE-3's training-time test lets root r's query see the step-0 keys t <= r (the committed
 context) and, of each step m in 1..i, root r's own key (its chain). As one dense masked attention over the keys of
 steps 0..i in cache order that is [n − i, Σ_{m<=i} (n − m)] scores, (i + 1) times a causal pass, though each query
-sees at most n + i keys: steps 0..6 of the published TTT length cost 28 causal passes instead of 7. On a CPU
-training step of SmolLM2 at 1,024-token windows this attention was 45 % of the time.
+sees at most n + i keys: steps 0..6 of the published TTT length cost 28 causal passes instead of 7 (its share of a
+CPU training step: results/notes/2026-12-04-eagle3-training-throughput.md).
 
 Here the two parts run apart and merge exactly, as FlashAttention merges blocks (Dao 2023, online softmax): the
 context through PyTorch's fused CPU attention (``_scaled_dot_product_flash_attention_for_cpu``, which returns its

@@ -23,6 +23,7 @@ recipes' losses see a ``StoredTarget`` in place of the target: the same code pat
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -40,10 +41,6 @@ from treespec.train.training.data import CollatedBatches
 FORMAT = "treespec-features-1"
 INDEX = "index.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return next(name for name, d in DTYPES.items() if d == dtype)
 
 
 # -- what is stored: samples -------------------------------------------------------------------------------
@@ -211,8 +208,8 @@ class FeatureSplit:
         """The split's first ``k`` samples (a training subset, ``data.chat.train_conversations``)."""
         if not 0 <= k <= self.n:
             raise ValueError(f"the first {k} of {self.n} stored samples")
-        view = FeatureSplit(self.folder, self.meta, self.layers, self.hidden_size, _dtype_name(self.dtype))
-        view.n, view._handles = k, self._handles
+        view = copy.copy(self)  # the same open shards
+        view.n = k
         return view
 
     def _shard(self, k: int):
