@@ -42,12 +42,17 @@ def read_point(name: str, run_dir: Path) -> dict:
 
 
 def add_comparison(rows: list[dict], label: str, folder: Path) -> None:
-    """Each point's best configuration (by speedup) in a comparison run's summary.csv: τ and speedup at it."""
+    """Each point's best configuration (by speedup) in a comparison run's summary.csv: τ and speedup at it; and,
+    from its results.csv when there, the highest τ over every tree timed (``taumax_<label>``) and that tree."""
     path = folder / "summary.csv"
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: is {folder} a finished scripts/compare_trees.py run?")
     with path.open() as f:
         measured = list(csv.DictReader(f))
+    grid = []
+    if (folder / "results.csv").is_file():  # every configuration timed, not only each drafter's fastest
+        with (folder / "results.csv").open() as f:
+            grid = [r for r in csv.DictReader(f) if r["tau"]]
     for row in rows:
         mine = [r for r in measured if r["drafter"] == row["point"]]
         if not mine:
@@ -56,6 +61,14 @@ def add_comparison(rows: list[dict], label: str, folder: Path) -> None:
         best = max(mine, key=lambda r: float(r["speedup"]))
         row[f"tau_{label}"], row[f"speedup_{label}"] = float(best["tau"]), float(best["speedup"])
         row[f"tree_{label}"] = best["tree"]
+        if grid:  # the fastest tree may be no speculation (auto declining, τ 1): acceptance shows in the highest τ
+            top = max((r for r in grid if r["drafter"] == row["point"]), key=lambda r: float(r["tau"]))
+            row[f"taumax_{label}"], row[f"taumax_tree_{label}"] = float(top["tau"]), top["tree"]
+
+
+def tau_columns(row: dict) -> list[str]:
+    """The τ columns a curve fits and plots: each comparison's fastest tree's τ and its highest τ."""
+    return [c for c in row if (c.startswith("tau_") or c.startswith("taumax_")) and not c.startswith("taumax_tree")]
 
 
 def fit_log(tokens: list[int], taus: list[float]) -> tuple[float, float] | None:
@@ -75,7 +88,7 @@ def tokens_for(goal: float, a: float, b: float) -> float | None:
 
 def fits(rows: list[dict], goal: float) -> list[str]:
     lines = []
-    for column in [c for c in rows[0] if c.startswith("tau_")]:
+    for column in tau_columns(rows[0]):
         points = [(r["trained_tokens"], r[column]) for r in rows if r.get(column) is not None]
         fit = fit_log([t for t, _ in points], [y for _, y in points])
         if fit is None:
@@ -102,10 +115,10 @@ def plot(rows: list[dict], path: Path) -> None:
         left.plot(tokens, [r[f"top1_d{d}"] for r in rows], marker="o", label=f"depth {d}")
     left.set(xscale="log", xlabel="trained assistant tokens", ylabel="held-out top-1", title="acceptance by depth")
     left.legend(fontsize=8)
-    for column in [c for c in rows[0] if c.startswith("tau_")]:
-        right.plot(tokens, [r[column] for r in rows], marker="o", label=column[4:])
+    for column in tau_columns(rows[0]):
+        right.plot(tokens, [r[column] for r in rows], marker="o", label=column)
     right.set(xscale="log", xlabel="trained assistant tokens", ylabel="τ (tokens per target pass)",
-              title="τ on its best tree")
+              title="τ: fastest tree, and highest over trees")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -44,14 +44,24 @@ def test_points_fit_and_extrapolate(tmp_path):
         for i, y in enumerate(taus):
             w.writerow([f"p{i}", "x", "chain γ=2", y - 0.1, 0.9])
             w.writerow([f"p{i}", "x", "accuracy 8", y, 1.1])  # the best by speedup
+    with (compare / "results.csv").open("w", newline="") as f:  # every tree: a slower one holds the highest τ
+        w = csv.writer(f)
+        w.writerow(["drafter", "config", "tree", "tau", "speedup"])
+        for i, y in enumerate(taus):
+            w.writerow([f"p{i}", "x", "accuracy 8", y, 1.1])
+            w.writerow([f"p{i}", "x", "dynamic 16", y + 0.5, 0.6])
+            w.writerow([f"p{i}", "x", "vanilla", "", ""])  # rows without a τ are skipped
     out = tmp_path / "out"
     run_script(*sum((["--run", r] for r in runs[::-1]), []), "--compare", f"held-out={compare}", "--out", out)
     rows = list(csv.DictReader((out / "curve.csv").open()))
     assert [int(r["trained_tokens"]) for r in rows] == sizes  # sorted by size
     assert [r["tree_held-out"] for r in rows] == ["accuracy 8"] * 4
+    assert [r["taumax_tree_held-out"] for r in rows] == ["dynamic 16"] * 4
+    assert [float(r["taumax_held-out"]) for r in rows] == pytest.approx([y + 0.5 for y in taus])
     text = (out / "curve.md").read_text()
     assert "τ = -1.878 + 0.250 · ln(tokens)" in text.replace("−", "-")  # a = 1 − 0.25 ln 1e5
     assert f"{1e5 * math.exp(10) / 1e6:.3g}M trained tokens" in text
+    assert "taumax_held-out: τ = -1.378 + 0.250 · ln(tokens)" in text.replace("−", "-")  # the same line, 0.5 higher
     assert (out / "curve.png").stat().st_size > 0
 
 
