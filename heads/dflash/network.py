@@ -26,6 +26,8 @@ final norm where it computes the same (its lm_head reads normed states); everyth
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
@@ -59,7 +61,9 @@ def resolve_target_layers(ids, num_target_layers: int, count: int) -> tuple[int,
     n = int(num_target_layers)
     if ids is None:
         return default_target_layers(n, count)
-    if not isinstance(ids, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+    # a Sequence, not list/tuple only: a hydra override (drafter.target_layer_ids=[...]) arrives as a ListConfig
+    if isinstance(ids, str) or not isinstance(ids, Sequence) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                                  for i in ids):
         raise ValueError(f"DFlash target_layer_ids must be a list of decoder-layer ids (0..{n - 1}), got {ids!r}")
     ids = tuple(int(i) for i in ids)
     if not ids or any(not 0 <= i < n for i in ids):

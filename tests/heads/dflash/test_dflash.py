@@ -250,6 +250,19 @@ def test_bad_input_is_named(target, tmp_path):
                  max_new_tokens=4, temperature=1.0)
 
 
+def test_target_layer_ids_from_a_hydra_override_are_accepted():
+    # `drafter.target_layer_ids=[1,14,26]` on the command line arrives as an omegaconf ListConfig, not a list: it was
+    # refused as "not a list" before any model loaded
+    from omegaconf import OmegaConf
+
+    from treespec.heads.dflash.objective import target_layers
+
+    d = OmegaConf.create({"target_layer_ids": [1, 14, 26], "num_layers": 1})
+    assert target_layers(d, 30) == (2, 15, 27)  # hidden_states indices: what stored features must hold
+    with pytest.raises(ValueError, match=r"ids in 0..29"):
+        target_layers(OmegaConf.create({"target_layer_ids": [1, 30], "num_layers": 1}), 30)
+
+
 def test_a_checkpoint_config_or_argument_of_the_wrong_type_is_named(target, tmp_path):
     # each failed inside a check (a TypeError in fits, an AttributeError, int() of ','), or read a string's letters
     with pytest.raises(ValueError, match=r"target_layer_ids must be a list of decoder-layer ids \(0..3\), got '0,1'"):
