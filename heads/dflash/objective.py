@@ -148,9 +148,9 @@ def check_settings(d) -> None:
 def recipe(cfg, target, train_tokens=None) -> Recipe:
     """The recipe for ``drafter=dflash`` (conf/drafter/dflash.yaml)."""
     d = cfg.drafter
-    ids = None if d.target_layer_ids is None else [int(i) for i in d.target_layer_ids]
-    model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers), target_layer_ids=ids,
-                        mask_token_id=d.mask_token_id)
+    # target_layer_ids as given (a ListConfig from hydra): DFlashModel resolves and checks it (resolve_target_layers)
+    model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers),
+                        target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
 
     def loss(batch):
         return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss,
