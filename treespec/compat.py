@@ -12,7 +12,9 @@ call site goes through this module instead of testing versions itself; what diff
   attention forward, the class every supported architecture's layer follows.
 - **Cache layer types.** ``transformers.cache_utils.get_layer_types_and_kwargs`` (which cache layer each decoder
   layer gets, and its sliding window) appeared after 5.8; older releases classify inline in
-  ``DynamicCache.__init__``. ``layer_types_and_kwargs`` is the library's function where it exists, else the same
+  ``DynamicCache.__init__``; before 5.19 (5.17, a GPU machine's image, seen) the function returns one kwargs dict
+  for every layer, from 5.19 one dict per layer. ``layer_types_and_kwargs`` is the library's function where it
+  exists, its kwargs made one dict per layer, else the same
   classification written out from 5.8's ``DynamicCache``, with its layer-type names mapped to the newer ones
   (``mamba`` → ``linear_attention``; ``moe`` and KV-shared layers → ``dummy``, layers without a KV cache).
 - **Emptying a cache layer.** 5.24's ``DynamicLayer.reset`` drops the layer's tensors (the next update starts it
@@ -53,6 +55,7 @@ def output_cache(out):
     return getattr(out, CACHE_KEYWORD)
 
 
+_WINDOWED = ("sliding_attention", "chunked_attention", "hybrid_sliding")
 # 5.8 layer-type names → the names get_layer_types_and_kwargs uses (layer_types.UNSUPPORTED_LAYERS is keyed by them)
 _RENAMED_LAYER_TYPES = {"mamba": "linear_attention", "moe": "dummy", "mlp": "dummy"}
 
@@ -62,7 +65,11 @@ def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
     sliding and chunked layers) of a decoder ``config``, as this release's DynamicCache classifies them."""
     if _library_layer_types is not None:  # before 5.24 it left Nemotron-H's "mlp" and "moe" blocks as they are
         types, kwargs = _library_layer_types(config)
-        return [_RENAMED_LAYER_TYPES.get(t, t) for t in types], kwargs
+        types = [_RENAMED_LAYER_TYPES.get(t, t) for t in types]
+        if isinstance(kwargs, dict):  # before 5.19 (5.17 seen): one dict for all layers; windowed ones take its window
+            kwargs = [dict(kwargs) if t in _WINDOWED else {k: v for k, v in kwargs.items() if k != "sliding_window"}
+                      for t in types]
+        return types, kwargs
     window = getattr(config, "sliding_window", None)
     chunk = getattr(config, "attention_chunk_size", None)
     types = getattr(config, "layer_types", None)

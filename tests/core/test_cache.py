@@ -153,3 +153,25 @@ def test_row_slots_positions_and_masks():
     assert not dense.ragged and dense.positions(torch.tensor([0, 1])).tolist() == [[4, 5]]
     dense.append(2, [2, 1])  # a hole in row 1 makes it ragged
     assert dense.ragged and dense.counts == [6, 5] and dense.valid[1].tolist() == [True] * 5 + [False]
+
+
+@pytest.mark.parametrize("one_dict", [False, True], ids=["per-layer-kwargs", "one-kwargs-dict"])
+def test_layer_windows_from_either_library_kwargs_form(monkeypatch, one_dict):
+    """transformers' get_layer_types_and_kwargs returned one kwargs dict for all layers before 5.19 (5.17, the GPU
+    image's release, failed every tree pass on it) and one dict per layer since: both give the same windows."""
+    from transformers import LlamaConfig
+
+    from treespec import compat
+    from treespec.layer_types import attention_layers
+
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    config = LlamaConfig(num_hidden_layers=4, layer_types=types, sliding_window=6)
+
+    def library(cfg):  # the two shapes of the library's answer
+        kwargs = {"sliding_window": 6} if one_dict else [{"sliding_window": 6} if t.startswith("sliding") else {}
+                                                          for t in types]
+        return list(types), kwargs
+
+    monkeypatch.setattr(compat, "_library_layer_types", library)
+    assert compat.layer_types_and_kwargs(config)[1] == [{"sliding_window": 6}, {}, {"sliding_window": 6}, {}]
+    assert attention_layers(config) == [6, None, 6, None]

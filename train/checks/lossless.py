@@ -24,8 +24,8 @@ def perturbed(model, scale: float = 0.5, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     other = copy.deepcopy(model)
     with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std().nan_to_num(0.0) * scale)
+        for p in other.parameters():  # drawn on the CPU, then moved: the same copy on every device
+            p.add_(torch.randn(p.shape, generator=g).to(p) * p.std().nan_to_num(0.0) * scale)
     return other
 
 
