@@ -38,7 +38,7 @@ def test_rank_accuracies_that_cover_every_position_grow_trees():
 
 
 def test_tiny_lm_then_tiny_heads_then_a_comparison(tmp_path, monkeypatch, tiny_trained_target):
-    # the comparison measures accuracies on held-out stdlib windows: a few files of it, not all of it
+    # the comparison reads the stdlib corpus (FR-Spec's token counts, REST's index): a few files of it, not all of it
     monkeypatch.setattr(data, "STDLIB_CORPUS", {**data.STDLIB_CORPUS, "max_files": 12})
     target, cache = tiny_trained_target
 

@@ -64,7 +64,8 @@ def workload_prompts(result: dict, tokenizer) -> list[dict]:
     with open(reference.MODELS_DIR / "prompts.jsonl") as f:
         for line in filter(str.strip, f):
             row = json.loads(line)
-            texts[row["source"]] = row["text"]
+            if row["split"] == "test":  # the timed split (held_out: later lines of the same files)
+                texts[row["source"]] = row["text"]
     out = []
     for info in result["prompt_info"]:
         if info.get("turn", 1) != 1:

@@ -26,9 +26,10 @@ from treespec import linear_kernels, reference
 from treespec.drafter import SAMPLED_CANDIDATES
 from treespec.heads import registry
 from treespec.heads.drafting.vocab import DraftVocab
+from treespec.inputs import max_positions
 from treespec.io import single_run
 from treespec.planning.chain_tau import measure_chain_tau
-from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
+from treespec.planning.drafting_cost import CALIBRATION_TOKENS, NO_DRAFTING, measure_drafting_cost
 from treespec.sampling import Sampling
 from treespec.train.compare.configurations import DrafterSpec
 from treespec.train.compare.dry_runs import measure_dry_runs, prompts_of
@@ -51,17 +52,15 @@ from treespec.train.compare.templates import (
     HeldOutText,
     PromptTemplate,
     continuation_windows,
-    overlaps,
+    fitted,
     timed_prompts,
     token_counts,
 )
 from treespec.train.compare.workload import load_workload
-from treespec.train.training.data import STDLIB_CORPUS, held_out_windows, own_continuations, prepare_tokens
+from treespec.train.training.data import STDLIB_CORPUS, prepare_tokens
 from treespec.train.training.distributed import LOCK_FILE
 from treespec.train.training.log import RunLogger
 
-LEAD = 16  # corpus tokens kept before each held-out code continuation (train/training/data.py's own_continuations)
-CONTEXT = 128  # corpus tokens each held-out code continuation is decoded after (what a dry run decodes from)
 CHAIN_DEPTH = 8  # the deepest sampled chain whose τ is measured per rule (tree=auto chooses γ = 0..this)
 
 
@@ -88,11 +87,14 @@ def rank_accuracy_on(kind, target, module, held: HeldOutText, sampling: Sampling
     return out
 
 
-def calibration_prompts(held: HeldOutText, count: int = 2) -> list[torch.Tensor]:
+def calibration_prompts(held: HeldOutText, positions: int | None = None, count: int = 2) -> list[torch.Tensor]:
     """What drafting is timed on in the loop (treespec/planning/drafting_cost.py): the first ``count`` held-out
-    windows, whole (decoding goes on from the target's own text, so the drafter accepts as it will). A drafter is timed
-    only when it is predicted, which needs the held-out windows its accuracies or chain τ came from."""
-    return [w[i : i + 1] for w, _ in held.pairs() for i in range(w.shape[0])][:count]
+    prompts, decoded as a timed prompt is (the target writes the continuation the accuracies were measured on, so
+    the drafter accepts as it will; a whole window could leave no room in a small target's positions). A drafter is
+    timed only when it is predicted, which needs the held-out text its accuracies or chain τ came from. A prompt too
+    long for the target's ``positions`` keeps its last tokens (``fitted``)."""
+    return [fitted(p, CALIBRATION_TOKENS, positions, "calibration prompt", lambda _: None)
+            for p in prompts_of(held, count)]
 
 
 def rules_of(cfg) -> list[str]:
@@ -106,7 +108,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
     target's own continuations of the workload's held-out part, what verification will see; the accuracies
     shipped beside a drafter were measured on human-written text and underestimate τ.
     ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
-    drafter's drafting is timed in the loop on the first held-out windows (``calibration_prompts``); a drafter with
+    drafter's drafting is timed in the loop on the first held-out prompts (``calibration_prompts``); a drafter with
     neither accuracies nor chain τ (the model-free kinds) is measured by a dry run instead, decoding the held-out
     prompts as timed prompts are decoded (train/compare/dry_runs.py): τ per tree and its drafting, in one decoding."""
     specs = []
@@ -136,7 +138,7 @@ def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec
         # configurations are predicted (the others' predictions do not exist to use it)
         cost, measured = NO_DRAFTING, None
         if accuracy is not None or chain is not None:  # both came from windows(): they exist
-            cost = measure_drafting_cost(target, drafter, calibration_prompts(windows()))
+            cost = measure_drafting_cost(target, drafter, calibration_prompts(windows(), max_positions(target.config)))
         elif candidates == "topk" and windows() is not None:  # nothing else predicts it: τ per tree from a dry run
             measured, cost = measure_dry_runs(target, label, drafter, prompts_of(windows()),
                                               own_trees(cfg, label) or tree_specs_of(cfg), rules_of(cfg), sampling,
@@ -194,30 +196,20 @@ def workload_prompts(cfg, target, tokenizer, log=print):
 
     @functools.cache
     def windows():  # made once, only if a drafter needs them
-        if w.source == "reference":  # [held_out, 16 + new_tokens] windows of the stdlib corpus's validation split
-            held_out = held_out_windows(tokenizer, 256, int(w.held_out), cfg.paths.data)
-            shared = overlaps([p.ids.cpu() for p in prompts], [held_out])
-            if shared:
-                log(f"warning: {shared} timed prompts share text with the held-out stdlib windows")
-            return HeldOutText(own_continuations(target, held_out, new_tokens=new_tokens, temperature=cfg.temperature,
-                                                 top_p=cfg.top_p, seed=seed, lead=LEAD, context=CONTEXT), LEAD,
-                               [w[None, :CONTEXT] for w in held_out]).to(device)
         if not workload.held_out:
             log("no held-out prompt (workload.held_out=0, or every category has one prompt): no accuracies, so no "
                 "accuracy or auto trees and no predictions")
             return None
         made = continuation_windows(target, template, workload.held_out, new_tokens=new_tokens,
                                     temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                                    max_prompt_tokens=w.get("max_prompt_tokens"), log=log)
+                                    max_prompt_tokens=w.get("max_prompt_tokens"), cut_to_fit=w.source == "reference",
+                                    log=log)
         return made.to(device) if made.windows else None
 
-    if w.source == "reference":
-        note = (f"the target's own continuations of {w.held_out} held-out windows of the stdlib corpus's validation "
-                "split, disjoint from the timed prompts")
-    else:
-        note = (f"the target's own continuations of {len(workload.held_out)} held-out prompts of this workload "
-                f"({', '.join(sorted({i.category for i in workload.held_out})) or 'none'}), disjoint from the timed "
-                "prompts")
+    what = "later lines of the timed prompts' files" if w.source == "reference" else "this workload"
+    note = (f"the target's own continuations of {len(workload.held_out)} held-out prompts of {what} "
+            f"({', '.join(sorted({i.category for i in workload.held_out})) or 'none'}), disjoint from the timed "
+            "prompts")
     return prompts, workload, template, windows, note
 
 

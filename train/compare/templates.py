@@ -174,6 +174,16 @@ class PromptTemplate:
             self.tokenizer.decode(ids)
 
 
+def fitted(ids: torch.Tensor, budget: int, positions: int | None, name: str, log=print) -> torch.Tensor:
+    """[1, P'] ``ids``' last tokens that leave ``budget`` new ones inside the target's ``positions`` (raw code is cut
+    anywhere; a templated prompt never is); unchanged when they fit, or when the budget alone does not."""
+    if positions is not None and ids.shape[1] + budget > positions > budget:
+        log(f"{name}: keeps its last {positions - budget} of {ids.shape[1]} tokens (the target has {positions} "
+            f"positions, {budget} of them for new tokens)")
+        return ids[:, -(positions - budget):]
+    return ids
+
+
 def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_tokens_of, *,
                   max_prompt_tokens: int | None = None, skipped=None, cut_to_fit: bool = False,
                   log=print) -> list[TimedPrompt]:
@@ -190,10 +200,8 @@ def timed_prompts(target, template: PromptTemplate, items: list[Item], max_new_t
         budget = int(max_new_tokens_of(item.category))
         for turn in range(1, len(item.turns) + 1):
             ids = template.ids(template.messages(item, turn, answers))
-            if cut_to_fit and positions is not None and ids.shape[1] + budget > positions > budget:
-                log(f"{item.id}: keeps its last {positions - budget} of {ids.shape[1]} tokens (the target has "
-                    f"{positions} positions, {budget} of them for new tokens)")
-                ids = ids[:, -(positions - budget):]
+            if cut_to_fit:
+                ids = fitted(ids, budget, positions, item.id, log)
             reason = ("over max_prompt_tokens" if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens
                       else "past the target's positions" if positions is not None and ids.shape[1] + budget > positions
                       else None)
@@ -244,16 +252,20 @@ class HeldOutText:
 
 def continuation_windows(target, template: PromptTemplate, items: list[Item], *, new_tokens: int = 128,
                          temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                         max_prompt_tokens: int | None = None, log=print) -> HeldOutText:
+                         max_prompt_tokens: int | None = None, cut_to_fit: bool = False, log=print) -> HeldOutText:
     """[1, P_i + n] windows: each held-out item's whole first-turn prompt (P_i tokens, its lead: the context decoding
     drafts in) and the target's own continuation (up to ``new_tokens``, stopping at an end token; sampled at
     ``temperature``/``top_p``). Windows whose continuation has fewer than 2 tokens, and over-long prompts, are left
     out. The whole prompt, not its last few tokens: the target's features and choices along its answer depend on
-    the question, and a drafter is scored on the states decoding gives it."""
+    the question, and a drafter is scored on the states decoding gives it. ``cut_to_fit``: as the timed prompts are
+    (``fitted``)."""
     windows, leads = [], []
+    positions = max_positions(target.config)
     progress = Countdown("the target's continuations of the held-out prompts (for accuracies)", len(items), log)
     for i, item in enumerate(items):
         ids = template.ids(template.messages(item, 1, []))
+        if cut_to_fit:
+            ids = fitted(ids, new_tokens, positions, item.id, lambda _: None)
         if max_prompt_tokens is not None and ids.shape[1] > max_prompt_tokens:
             progress(f"{item.id}: skipped (over max_prompt_tokens)")
             continue
@@ -272,18 +284,3 @@ def token_counts(held: HeldOutText, vocab: int) -> torch.Tensor:
     tokens = [row[lead:] for w, lead in held.pairs() for row in w.cpu() if row.shape[0] > lead]
     flat = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long)
     return torch.bincount(flat.long(), minlength=vocab)
-
-
-def overlaps(timed: list[torch.Tensor], held_out: list[torch.Tensor], n: int = 16) -> int:
-    """How many timed prompts share a run of ``n`` tokens with the held-out text: the check behind "disjoint
-    from the timed prompts" for the reference workload, whose held-out text is corpus windows (a file
-    workload's held-out items are other items by construction, and share template boilerplate anyway)."""
-    seen = set()
-    for w in held_out:
-        row = w.reshape(-1).tolist()
-        seen.update(tuple(row[i:i + n]) for i in range(len(row) - n + 1))
-    count = 0
-    for p in timed:
-        row = p.reshape(-1).tolist()
-        count += any(tuple(row[i:i + n]) in seen for i in range(len(row) - n + 1))
-    return count

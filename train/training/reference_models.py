@@ -18,21 +18,36 @@ from treespec.sampling import Sampling, probs
 from treespec.timing import forward_time
 from treespec.train.training.data import STDLIB_CORPUS, eval_windows, load_corpus, prepare_tokens
 
+PROMPT_LINES = 25  # lines per prompt
 
-def write_prompts(n: int = 24, max_chars: int = 1000) -> None:
-    """Prompts from validation-split stdlib files: ~25 lines starting a third of the way into each file."""
+
+def cut(text: str, held_out: bool = False, max_chars: int = 1000) -> str | None:
+    """A prompt of ``text``: PROMPT_LINES lines a third of the way in (a timed prompt), or, ``held_out``, lines
+    two thirds in, past the timed cut (what the comparison measures accuracies on: like the timed prompts, not
+    them). None for a file under 60 lines."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) < 60:
+        return None
+    start = len(lines) // 3
+    if held_out:
+        start = max(2 * len(lines) // 3, start + PROMPT_LINES)
+    return "".join(lines[start : start + PROMPT_LINES])[:max_chars]
+
+
+def write_prompts(n: int = 24) -> None:
+    """Prompts from validation-split stdlib files: split ``test`` (timed) and split ``held_out`` (the same files'
+    later lines, for the comparison's accuracies: train/compare/workload.py)."""
     rows = []
     for name, text in sorted(load_corpus("stdlib").val):
-        lines = text.splitlines(keepends=True)
-        if len(lines) < 60:
+        if cut(text) is None:
             continue
-        start = len(lines) // 3
-        prompt = "".join(lines[start : start + 25])[:max_chars]
-        rows.append({"split": "test", "source": name, "text": prompt})
+        rows.append({"split": "test", "source": name, "text": cut(text)})
         if len(rows) == n:
             break
+    held = [{"split": "held_out", "source": name, "text": cut(text, held_out=True)}
+            for name, text in sorted(load_corpus("stdlib").val) if name in {r["source"] for r in rows}]
     with open(reference.MODELS_DIR / "prompts.jsonl", "w") as f:
-        for r in rows:
+        for r in rows + held:
             f.write(json.dumps(r) + "\n")
 
 

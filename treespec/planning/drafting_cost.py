@@ -210,8 +210,11 @@ def dry_run(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAF
     return DryRun(runs, statistics.median(passes))
 
 
+CALIBRATION_TOKENS = 32  # new tokens each calibration prompt is decoded for, per tree
+
+
 def measure_drafting_cost(target, drafter: Drafter, prompts: list[torch.Tensor], *, trees=DRAFTING_TREES,
-                          max_new_tokens: int = 32, batch: int = 1) -> DraftingCost:
+                          max_new_tokens: int = CALIBRATION_TOKENS, batch: int = 1) -> DraftingCost:
     """``drafter``'s DraftingCost (module docstring) on ``target``: a greedy ``dry_run`` over the calibration trees
     (cut to the drafter's depth), each tree's drafting fraction fitted by depth and nodes verified."""
     if not prompts:

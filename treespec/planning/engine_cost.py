@@ -144,6 +144,19 @@ def implausible(cost: EngineCost) -> str | None:
     return None
 
 
+def consistent(cost: EngineCost) -> EngineCost:
+    """The nearest terms that can both be right, when timing again did not make them so. A vanilla step above a
+    speculative step over one node: both become their mean (the least-squares fit under vanilla <= step(1), isotonic
+    regression's pooling: nothing says which of the two the slow spell hit, and keeping the vanilla term as measured
+    put every prediction of one idle rerun 8-24 % high). First a term below 0 is 0, as a cost record keeps it
+    (planning/cost_records.py): below 0, every speculative step would look cheaper than its own pass."""
+    vanilla, fixed, per_node = max(0.0, cost.vanilla), max(0.0, cost.fixed), cost.per_node
+    if vanilla > fixed + per_node:
+        pooled = (vanilla + fixed + per_node) / 2
+        vanilla, fixed = pooled, max(0.0, pooled - per_node)
+    return EngineCost(vanilla, fixed, per_node)
+
+
 def engine_from(vanilla: list[float], by_tree: dict[Tree, list[float]], bounds: dict | None = None) -> EngineCost:
     """The EngineCost of the rounds' samples: each term the robust median of its rounds (robust.py), a line through
     the trees' (``fit_engine``). ``bounds`` gets ``engine_vanilla`` and ``engine_fixed`` as (lo, hi): the same fit
@@ -163,8 +176,8 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
                         log=print) -> EngineCost:
     """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
     beyond the target's pass as ``autotree.measure_cost_curve`` times it. When it is ``implausible``, ``repeats``
-    rounds more are timed and pooled with the first, up to ``retries`` times (then it is kept, a term below 0 at 0,
-    with a warning).
+    rounds more are timed and pooled with the first, up to ``retries`` times (then ``consistent`` makes its terms
+    agree, with a warning).
     ``bounds``: filled with each term's (lo, hi) over its kept rounds (``engine_from``)."""
     if steps < 2 or repeats < 1 or not trees:
         raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
@@ -177,11 +190,10 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
         if why is None:
             break
         if attempt == retries:
-            # a term below 0 would make every speculative step look cheaper than its own pass: 0, as a cost record
-            # keeps it (planning/cost_records.py); the rest is kept as measured
-            kept = EngineCost(max(0.0, cost.vanilla), max(0.0, cost.fixed), cost.per_node)
-            log(f"warning: the engine's cost is still implausible after {retries} re-measures ({why}); kept as "
-                f"measured{' with its terms below 0 at 0' if kept != cost else ''}: measure again on an idle machine")
+            kept = consistent(cost)
+            log(f"warning: the engine's cost is still implausible after {retries} re-measures ({why}); kept as the "
+                f"nearest terms that can both be right ({1e3 * kept.vanilla:.2f} ms per vanilla step, "
+                f"{1e3 * kept.fixed:.2f} ms fixed per speculative step): measure again on an idle machine")
             return kept
         log(f"the engine's cost looks implausible ({why}): timing {repeats} more rounds")
         more_vanilla, more = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,

@@ -259,6 +259,22 @@ def test_load_workload_called_directly_names_a_bad_seed(tmp_path):
 def test_reference_workload_has_code_categories():
     cfg = compose_cfg("compare", [])
     w = load_workload(cfg.workload, prompts=cfg.prompts)
-    assert w.categories == ["library", "repetitive", "tests"] and len(w.timed) == 8 and not w.held_out
+    assert w.categories == ["library", "repetitive", "tests"] and len(w.timed) == 8 and len(w.held_out) == 24
     assert [i.category for i in w.timed].count("tests") == 2
     assert len(load_workload(cfg.workload, prompts=24).timed) == 24
+
+
+def test_reference_held_out_prompts_are_later_lines_of_the_timed_files_in_their_category():
+    """The accuracies' text is prompts.jsonl's held_out split: each timed file's later lines, never its timed ones,
+    in that file's category; the category filter and held_out=0 apply to it as to any workload."""
+    cfg = compose_cfg("compare", [])
+    w = load_workload(cfg.workload, prompts=24)
+    timed = {i.id: i for i in w.timed}
+    for item in w.held_out:
+        source = item.id.removesuffix(" (later lines)")
+        assert source in timed and item.category == timed[source].category
+        text, timed_text = item.turns[0], timed[source].turns[0]
+        assert text.strip() and text not in timed_text and timed_text not in text
+    tests_only = load_workload(OmegaConf.merge(cfg.workload, {"categories": ["tests"], "held_out": 3}), prompts=24)
+    assert len(tests_only.held_out) == 3 and {i.category for i in tests_only.held_out} == {"tests"}
+    assert not load_workload(OmegaConf.merge(cfg.workload, {"held_out": 0})).held_out
