@@ -4,7 +4,8 @@
 #   1. the GPU-marked tests: greedy equality and chi-square sampling on CUDA, fp32 and bf16, sdpa, eager and
 #      flex_attention (tests/core/test_gpu.py), and cascade attention (tests/core/test_cascade_attention.py: the flash
 #      kernel against the pure-torch one, greedy equality through flash-attn, run again once flash-attn installs);
-#   2. the cost curve of the reference target and of a random-weight Llama-3-8B-shaped model (bf16);
+#   2. where a decoding step's time goes under sdpa and flex_attention (scripts/decode_profile.py), and the cost
+#      curve of the reference target and of a random-weight Llama-3-8B-shaped model (bf16);
 #   3. the tree comparison on the reference models, on the device;
 #   4. flash-attn, installed when a wheel is available (tolerated when not: the cascade then runs its pure-torch
 #      kernel, and the log says so), and the attention implementations side by side (scripts/attention_timing.py:
@@ -70,6 +71,7 @@ if [ "$DEVICE" = cpu ]; then  # dry run: every step at toy sizes, so CI proves t
     | tee "$OUT/tests_cascade.log"
   "$PY" scripts/attention_timing.py --dry-run --out "$OUT/attention" 2>&1 | tee "$OUT/attention_timing.log"
   [ "$CASCADE_ONLY" = 1 ] && exit 0
+  "$PY" scripts/decode_profile.py --device cpu --attn sdpa --tokens 8 --out "$OUT" 2>&1 | tee "$OUT/decode_profile.log"
   "$PY" scripts/cost_curve.py --device cpu --model tiny --sizes 1 2 4 --repeats 2 --out "$OUT" 2>&1 | tee "$OUT/cost_curve.log"
   exit 0
 fi
@@ -81,6 +83,9 @@ if [ "$CASCADE_ONLY" = 0 ]; then
 fi
 "$PY" -m pytest -q -rs tests/core/test_cascade_attention.py 2>&1 | tee "$OUT/tests_cascade.log" || true
 if [ "$CASCADE_ONLY" = 0 ]; then
+  # where an sdpa decoding step's time goes (the first check found it at 8x the pass) beside flex_attention's
+  "$PY" scripts/decode_profile.py --device cuda --attn sdpa --attn flex_attention --out "$OUT" 2>&1 \
+    | tee "$OUT/decode_profile.log" || true
   "$PY" scripts/cost_curve.py --device cuda --dtype bfloat16 --model reference --model llama3-8b --out "$OUT" 2>&1 \
     | tee "$OUT/cost_curve.log" || true
   "$PY" scripts/compare_trees.py device=cuda "run_dir=$OUT/compare" logger=none peers=true 2>&1 \

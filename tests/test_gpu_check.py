@@ -22,6 +22,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert "passed" in (tmp_path / "tests_cascade.log").read_text()
     assert (tmp_path / "cost_curve_tiny.csv").read_text().startswith("tree_tokens,seconds")
     assert "device=cpu" in (tmp_path / "environment.txt").read_text()
+    assert "ms per step" in (tmp_path / "decode_profile.md").read_text()
     timing = json.loads((tmp_path / "attention" / "attention_timing.json").read_text())
     for model in ("tiny", "reference"):  # sdpa beside cascade attention (its pure-torch kernel: no flash-attn here)
         by_attn = timing["results"][model]
