@@ -1,8 +1,8 @@
 """Where a decoding step's time goes, per attention implementation: torch.profiler over plain (vanilla) decoding of the
 reference target, the ops ranked by their own time, beside the bare one-token pass.
 
-Why: the first GPU check (results/gpu_check_2026-12-04) found an sdpa decoding step on CUDA costing ~44 ms a token
-against a 5.5 ms pass, where flex_attention decoded 4x faster; this says which ops take the difference.
+Why: the first GPU check found an sdpa decoding step on CUDA far slower than its pass, where flex_attention's was
+not (results/gpu_check_2026-12-04/); this says which ops take the difference.
 
     python scripts/decode_profile.py --device cuda --attn sdpa --attn flex_attention --out DIR
     python scripts/decode_profile.py --device cpu --attn sdpa --tokens 8 --out DIR    # the dry run (CPU)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, one prepared script, everything under one output folder, in this order (measured on one H200 on
-# 2026-12-04: part 1 took 2 minutes; part 4's 8B-shaped flex_attention timing alone ran past 4 minutes):
+# The GPU check, one prepared script, everything under one output folder, in this order: correctness first, the
+# longest part last (its times on one H200: results/gpu_check_2026-12-04/):
 #   1. the GPU-marked tests: greedy equality and chi-square sampling on CUDA, fp32 and bf16, sdpa, eager and
 #      flex_attention (tests/core/test_gpu.py), and cascade attention (tests/core/test_cascade_attention.py: the flash
 #      kernel against the pure-torch one, greedy equality through flash-attn, run again once flash-attn installs);
@@ -77,13 +77,13 @@ if [ "$DEVICE" = cpu ]; then  # dry run: every step at toy sizes, so CI proves t
 fi
 
 # correctness first, then the cheap measurements, the long attention timing last: a device session cut short still
-# answers whether the engine is lossless on CUDA (the 2026-12-04 run spent its last 4 minutes in part 4)
+# answers whether the engine is lossless on CUDA
 if [ "$CASCADE_ONLY" = 0 ]; then
   "$PY" -m pytest -q -rs tests/core/test_gpu.py 2>&1 | tee "$OUT/tests.log" || true
 fi
 "$PY" -m pytest -q -rs tests/core/test_cascade_attention.py 2>&1 | tee "$OUT/tests_cascade.log" || true
 if [ "$CASCADE_ONLY" = 0 ]; then
-  # where an sdpa decoding step's time goes (the first check found it at 8x the pass) beside flex_attention's
+  # where an sdpa decoding step's time goes (the first check found it far above its pass) beside flex_attention's
   "$PY" scripts/decode_profile.py --device cuda --attn sdpa --attn flex_attention --out "$OUT" 2>&1 \
     | tee "$OUT/decode_profile.log" || true
   "$PY" scripts/cost_curve.py --device cuda --dtype bfloat16 --model reference --model llama3-8b --out "$OUT" 2>&1 \

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from treespec import Tree, generate, reference
+from treespec import Tree, generate
 from treespec.heads import registry
 from treespec.train.compare.estimates import analyse
 from treespec.train.compare.results_file import load_result
 from treespec.train.compare.serving import run_settings
+from treespec.train.compare.workload import read_reference
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the printed commands name scripts/ relative to it
 # the comparison the check runs when no run is given: EAGLE-3 chains on three reference prompts (~2 min)
@@ -60,12 +61,7 @@ def workload_prompts(result: dict, tokenizer) -> list[dict]:
     if set(workload.get("formats") or {}) != {"reference"} or workload.get("template") != "none":
         raise ValueError("the serving check rebuilds the prompts of the reference workload only; this run used "
                          f"{workload.get('source')!r}")
-    texts = {}
-    with open(reference.MODELS_DIR / "prompts.jsonl") as f:
-        for line in filter(str.strip, f):
-            row = json.loads(line)
-            if row["split"] == "test":  # the timed split (held_out: later lines of the same files)
-                texts[row["source"]] = row["text"]
+    texts = {item.id: item.turns[0] for item in read_reference()[0]}  # the timed split, as the comparison reads it
     out = []
     for info in result["prompt_info"]:
         if info.get("turn", 1) != 1:

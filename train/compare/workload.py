@@ -190,6 +190,7 @@ def reference_category(source: str, text: str) -> str:
 
 
 def reference_rows() -> list[dict]:
+    """Every row of treespec/models/prompts.jsonl (``split``: test, the timed prompts, or held_out)."""
     with open(reference.MODELS_DIR / "prompts.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -202,9 +203,9 @@ def read_reference() -> tuple[list[Item], Counter, Counter]:
 
 
 def reference_held_out() -> list[Item]:
-    """prompts.jsonl's split held_out: later lines of the timed prompts' files, each in its file's timed category.
-    Accuracies measured on them predict τ on the timed prompts within 2 % on EAGLE's chains; the stdlib corpus's
-    validation windows they replaced predicted it 5-8 % high (docs/results.md, predictions)."""
+    """prompts.jsonl's split held_out: later lines of the timed prompts' files, each in its file's timed category:
+    text like the timed prompts, not them, for the comparison's accuracies (docs/results.md, "How well predictions
+    match", measures how well τ predicted from them holds)."""
     rows = reference_rows()
     category = {r["source"]: reference_category(r["source"], r["text"]) for r in rows if r["split"] == "test"}
     return [Item(f"{r['source']} (later lines)", category[r["source"]], (r["text"],)) for r in rows

@@ -37,15 +37,9 @@ def cut(text: str, held_out: bool = False, max_chars: int = 1000) -> str | None:
 def write_prompts(n: int = 24) -> None:
     """Prompts from validation-split stdlib files: split ``test`` (timed) and split ``held_out`` (the same files'
     later lines, for the comparison's accuracies: train/compare/workload.py)."""
-    rows = []
-    for name, text in sorted(load_corpus("stdlib").val):
-        if cut(text) is None:
-            continue
-        rows.append({"split": "test", "source": name, "text": cut(text)})
-        if len(rows) == n:
-            break
-    held = [{"split": "held_out", "source": name, "text": cut(text, held_out=True)}
-            for name, text in sorted(load_corpus("stdlib").val) if name in {r["source"] for r in rows}]
+    files = [(name, text) for name, text in sorted(load_corpus("stdlib").val) if cut(text) is not None][:n]
+    rows = [{"split": "test", "source": name, "text": cut(text)} for name, text in files]
+    held = [{"split": "held_out", "source": name, "text": cut(text, held_out=True)} for name, text in files]
     with open(reference.MODELS_DIR / "prompts.jsonl", "w") as f:
         for r in rows + held:
             f.write(json.dumps(r) + "\n")

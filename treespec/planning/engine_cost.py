@@ -147,9 +147,9 @@ def implausible(cost: EngineCost) -> str | None:
 def consistent(cost: EngineCost) -> EngineCost:
     """The nearest terms that can both be right, when timing again did not make them so. A vanilla step above a
     speculative step over one node: both become their mean (the least-squares fit under vanilla <= step(1), isotonic
-    regression's pooling: nothing says which of the two the slow spell hit, and keeping the vanilla term as measured
-    put every prediction of one idle rerun 8-24 % high). First a term below 0 is 0, as a cost record keeps it
-    (planning/cost_records.py): below 0, every speculative step would look cheaper than its own pass."""
+    regression's pooling: nothing says which of the two the slow spell hit, and keeping a vanilla term as measured
+    moves every prediction: docs/results.md, "How well predictions match"). First a term below 0 is 0, as a cost
+    record keeps it (planning/cost_records.py): below 0, every speculative step would look cheaper than its own pass."""
     vanilla, fixed, per_node = max(0.0, cost.vanilla), max(0.0, cost.fixed), cost.per_node
     if vanilla > fixed + per_node:
         pooled = (vanilla + fixed + per_node) / 2
