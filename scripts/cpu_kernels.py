@@ -1,11 +1,12 @@
 """Where a few-token pass spends its time on this CPU, by kernel: the linear layers' (treespec/linear_kernels.py)
 and, for a grouped-query target, attention's (treespec/gqa_attention.py).
 
-For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; oneDNN's with
-treespec's in-place GQA attention: treespec's default on CPUs): the target's cost curve T(N) (one forward over N
-new tokens after 256 cached ones) and T(N)/T(1); then the matrix products of its shapes alone per linear kernel
-(each weight read from memory: enough distinct copies to overflow the caches). Settings alternate round by round,
-so a slow spell of a shared machine falls on all; every number is a median over rounds.
+For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; the few-row
+kernel; each with treespec's in-place GQA attention on a grouped-query target: treespec's default on CPUs is the
+few-row kernel with it): the target's cost curve T(N) (one forward over N new tokens after 256 cached ones) and
+T(N)/T(1); then the matrix products of its shapes alone per linear kernel (each weight read from memory: enough
+distinct copies to overflow the caches). Settings alternate round by round, so a slow spell of a shared machine
+falls on all; every number is a median over rounds.
 
     python scripts/cpu_kernels.py --model smollm2 --threads 2 --out results/linear_kernels/smollm2.json
     python scripts/cpu_kernels.py --model target            # the code reference
@@ -25,9 +26,10 @@ from treespec.gqa_attention import NAME as GQA_SDPA
 from treespec.linear_kernels import use_linear_kernel
 from treespec.planning.autotree import measure_cost_curve
 
-KERNELS = ("onednn", "torch")
-SETTINGS = {"torch + sdpa": ("torch", "sdpa"), "onednn + sdpa": ("onednn", "sdpa"),
-            f"onednn + {GQA_SDPA}": ("onednn", GQA_SDPA)}  # name: (linear kernel, attention)
+KERNELS = ("fewrow", "onednn", "torch")
+# name: (linear kernel, attention)
+SETTINGS = {"torch + sdpa": ("torch", "sdpa"), "onednn + sdpa": ("onednn", "sdpa"), "fewrow + sdpa": ("fewrow", "sdpa"),
+            f"onednn + {GQA_SDPA}": ("onednn", GQA_SDPA), f"fewrow + {GQA_SDPA}": ("fewrow", GQA_SDPA)}
 
 
 def matmul_times(shape: tuple[int, int], sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
@@ -41,6 +43,7 @@ def matmul_times(shape: tuple[int, int], sizes: list[int], repeats: int) -> dict
             for kernel in KERNELS:
                 for layer in layers:
                     use_linear_kernel(layer, kernel)
+                    layer(inputs[sizes[-1]])  # untimed: the few-row kernel reorders a weight on first use
                 for n in sizes:
                     start = time.perf_counter()
                     for layer in layers:

@@ -46,7 +46,7 @@ def test_eos_in_every_reasonable_form_stops_decoding(target, form):
     ({"generator": 0}, r"generator must be a torch.Generator or None, got 0"),
     ({"temperature": float("nan")}, r"temperature must be a finite number"),
     ({"temperature": float("inf")}, r"temperature must be a finite number"),
-    ({"tree": [(0,), (1,)], "drafter": PromptLookup()}, r"tree must be a Tree, a DynamicTree or a tree-spec dict"),
+    ({"tree": [(0,), (1,)], "drafter": PromptLookup()}, r"tree must be a Tree, a DynamicTree, a TreesByBatch or a"),
     ({"tree": {"kind": "chain", "depht": 3}, "drafter": PromptLookup()}, r"lacks depth"),
     ({"tree": Tree.from_paths([(0,), (70,)]), "drafter": PromptLookup()}, r"rank 70 but the vocabulary has 64"),
     ({"acceptance": "greedy"}, r"unknown acceptance mode 'greedy'"),

@@ -6,6 +6,7 @@
     out.sequences, out.mean_accept_length
 """
 
+from .batch_trees import TreesByBatch
 from .generate import GenerationResult
 
 # the public generate() plans (a tree spec resolved, measured if need be), then runs the loop: the one place outside
@@ -14,4 +15,4 @@ from .planning.resolve import generate  # noqa: TID251
 from .sampling import Sampling
 from .tree import Tree
 
-__all__ = ["Tree", "generate", "GenerationResult", "Sampling"]
+__all__ = ["Tree", "TreesByBatch", "generate", "GenerationResult", "Sampling"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treespec.batch_trees import TreesByBatch
 from treespec.cache import decoding_cache
 from treespec.compat import prefill_kwargs
 from treespec.drafter import Drafter, Proposals, in_use
@@ -40,7 +41,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.inputs import Inputs, check_inputs
 from treespec.layer_types import check_filled
 from treespec.result import GenerationResult, RowResult
-from treespec.rows import BatchRows, RowSlots
+from treespec.rows import BatchRows, RowSlots, left_aligned
 from treespec.sampling import Sampling, argmax, probs, sample
 from treespec.static_pass import StaticPass, compiled_steps, static_capacity, target_body
 from treespec.target_passes import TargetPasses, target_passes
@@ -58,7 +59,7 @@ class Run:
 
     target: torch.nn.Module
     drafter: Drafter | None             # None: plain decoding (no drafter, or an empty tree)
-    tree: Tree | DynamicTree            # the tree every step verifies, truncated near the end
+    tree: Tree | DynamicTree | TreesByBatch  # what every step verifies (a table: per rows left), truncated near the end
     sampling: Sampling
     acceptance: str
     generator: torch.Generator | None
@@ -75,7 +76,7 @@ def decode(
     *,
     attention_mask: torch.Tensor | None = None,
     drafter=None,
-    tree: Tree | DynamicTree | None = None,
+    tree: Tree | DynamicTree | TreesByBatch | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -86,8 +87,9 @@ def decode(
     observer: StepTimer | None = None,
     compile: bool | dict = False,
 ) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after each prompt with tree speculation, verifying ``tree``: a Tree or a
-    DynamicTree, resolved already (None: the drafter's ``default_tree``). The public ``treespec.generate`` takes
+    """Decode up to ``max_new_tokens`` after each prompt with tree speculation, verifying ``tree``: a Tree, a
+    DynamicTree or a TreesByBatch (treespec/batch_trees.py: a tree per number of rows left), resolved already (None:
+    the drafter's ``default_tree``). The public ``treespec.generate`` takes
     the same arguments, also a tree-spec dict and a ``profile``: it resolves the spec first
     (treespec/planning/resolve.py, which documents every argument) and then calls this. Nothing here plans or
     measures, so a measurement that decodes (a chain τ, a cost) calls this directly and no decoding ever runs inside
@@ -112,6 +114,7 @@ def decode(
     # one generation at a time per drafter (it holds the rows' state); with compile, its depth steps compiled too
     with in_use(run.drafter), compiled_steps(run.drafter, inputs.compile, capacity):
         rows = prefill(run, inputs)
+        drafter_behind = False  # a table's plain steps leave the drafter behind (resume_drafter)
         prefill_parts = {} if observer is None else dict(observer.seconds)  # kept out of the per-pass split
         prefill_time = clock(observer) - start
         retire(run, rows)
@@ -119,7 +122,11 @@ def decode(
             step_tree = step_tree_of(run, rows)
             if run.drafter is None or len(step_tree) == 0:
                 plain_step(run, rows, step_tree)
+                drafter_behind = run.drafter is not None
             else:
+                if drafter_behind:
+                    resume_drafter(run, rows)
+                    drafter_behind = False
                 speculative_step(run, rows, step_tree)
             retire(run, rows)
     sequences, results = outputs(inputs, rows)
@@ -154,17 +161,34 @@ def prefill(run: Run, inputs: Inputs) -> BatchRows:
         with timed(run.observer, DRAFT):
             run.drafter.reset()
             run.drafter.prefill(input_ids, features, mask)
-    # the prompts' last features produced the roots (left padding)
-    return BatchRows(input_ids, inputs.prompt_lengths, roots, inputs.max_new_tokens, slots, features)
+    # the prompts' last features produced the roots (left padding); a table that pauses drafting keeps every
+    # committed token's features, from which the drafter starts again (resume_drafter)
+    keeps_history = isinstance(run.tree, TreesByBatch) and run.tree.pauses and features is not None
+    return BatchRows(input_ids, inputs.prompt_lengths, roots, inputs.max_new_tokens, slots, features,
+                     history=inputs.tree.depth + 1 if keeps_history else None)
 
 
 def step_tree_of(run: Run, rows: BatchRows) -> Tree | DynamicTree:
-    """The tree a step verifies: without nodes deeper than any row can still commit (a shallower row's commit stops
-    at its end), or under a static pass the whole tree, which keeps its graph (the commit stops at the end all the
-    same, and inputs.py checks that the deepest positions stay in range)."""
+    """The tree a step verifies (a TreesByBatch's for the rows left): without nodes deeper than any row can still
+    commit (a shallower row's commit stops at its end), or under a static pass the whole tree, which keeps its graph
+    (the commit stops at the end all the same, and inputs.py checks that the deepest positions stay in range)."""
+    tree = run.tree.at(len(rows)) if isinstance(run.tree, TreesByBatch) else run.tree
     if run.whole_trees:
-        return run.tree
-    return run.tree.truncate(rows.headroom() - 1)
+        return tree
+    return tree.truncate(rows.headroom() - 1)
+
+
+def resume_drafter(run: Run, rows: BatchRows) -> None:
+    """After plain steps of a TreesByBatch (no tree at a larger batch), the drafter has not seen the tokens they
+    committed: it starts again as after a prefill whose prompts are each row's committed tokens before its root,
+    with the target's features at each of them (kept by ``BatchRows`` since the prefill). Its proposals change
+    nothing the walk accepts but how many (the loop is lossless whatever is proposed)."""
+    lengths = [row.length - 1 for row in rows.rows]  # committed tokens before each root
+    ids, mask = left_aligned(rows.tokens, lengths)  # [b, m], [b, m]
+    features = None if rows.history is None else left_aligned(rows.history, lengths)[0]  # [b, m, L·h]
+    with timed(run.observer, DRAFT):
+        run.drafter.reset()
+        run.drafter.prefill(ids, features, None if bool(mask.all()) else mask.long())
 
 
 def plain_step(run: Run, rows: BatchRows, tree: Tree) -> None:

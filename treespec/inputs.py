@@ -6,19 +6,17 @@ tree spec, and ``check_inputs`` calls it again with the resolved tree.
 
 Normalised: ``input_ids`` as a list of ints, a [P] or [1, P] tensor or numpy array, a [b, P] tensor (with an
 ``attention_mask`` [b, P] when its prompts are left-padded, transformers' convention) or a list of 1-D prompts,
-left-padded here with the pad id (``pad_token_id``, else the target's generation config's or config's, else the
-first eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer tensor or any iterable of ints
-(list, tuple, set); ``tree`` as a Tree or a DynamicTree (a tree-spec dict is resolved before the loop, by
-treespec.planning.resolve). Refused: a
-target that is not a causal LM with an LM head, a target in training mode (dropout would make its output
-random), ALiBi models (their position biases cannot follow a tree), an attention implementation that cannot
-take a tree mask, flex_attention on CPU, cascade attention where it cannot run (treespec/cascade.py: flash-attn
-missing or no CUDA for "treespec_cascade"; sliding windows, soft-capped logits, hybrid targets), a target whose
-cache layers cannot be rolled back to an accepted path (recurrent state: linear attention, state-space and
-convolution layers; see treespec/layer_types.py), named with the layer types, right padding, and a batch of rows
-on a target with sliding-window layers (their windows count slots, which differ per row), and ``compile`` on a
-target whose passes cannot be static graphs (treespec/static_pass.py).
-"""
+left-padded here with the pad id (``pad_token_id``, else the target's generation config's or config's, else the first
+eos id, else 0); ``eos_token_id`` as an int, a numpy integer, an integer tensor or any iterable of ints (list, tuple,
+set); ``tree`` as a Tree, a DynamicTree or a TreesByBatch (a tree-spec dict is resolved before the loop, by
+treespec.planning.resolve). Refused: a target that is not a causal LM with an LM head, a target in training mode
+(dropout would make its output random), ALiBi models (their position biases cannot follow a tree), an attention
+implementation that cannot take a tree mask, flex_attention on CPU, cascade attention where it cannot run
+(treespec/cascade.py: flash-attn missing or no CUDA for "treespec_cascade"; sliding windows, soft-capped logits,
+hybrid targets), a target whose cache layers cannot be rolled back to an accepted path (recurrent state: linear
+attention, state-space and convolution layers; see treespec/layer_types.py), named with the layer types, right
+padding, and a batch of rows on a target with sliding-window layers (their windows count slots, which differ per row),
+and ``compile`` on a target whose passes cannot be static graphs (treespec/static_pass.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treespec.batch_trees import TreesByBatch
 from treespec.cascade import CASCADE_ATTENTION, check_cascade_target
 from treespec.drafter import Drafter
 from treespec.dynamic_tree import DynamicTree
@@ -67,7 +66,7 @@ class Arguments:
 
 @dataclass
 class Inputs(Arguments):
-    tree: Tree | DynamicTree         # the tree every step verifies (Tree.chain(0) without a drafter)
+    tree: Tree | DynamicTree | TreesByBatch  # what every step verifies (Tree.chain(0) without a drafter)
     whole_trees: bool                # the last steps verify the whole tree (generate's step_tree_of)
 
 
@@ -256,7 +255,18 @@ def check_target(target) -> None:
                              f"{window}: load the target with attn_implementation='sdpa'")
 
 
-def check_tree(tree, drafter) -> Tree | DynamicTree:
+def check_tree(tree, drafter) -> Tree | DynamicTree | TreesByBatch:
+    if isinstance(tree, TreesByBatch):  # each size's tree as if it were the only one
+        if drafter is None and tree.speculates:
+            raise ValueError(f"{tree!r} has candidates but no drafter was given to propose them")
+        if drafter is None or not tree.speculates:
+            return Tree.chain(0)
+        for size, each in tree.trees.items():
+            try:
+                check_tree(each, drafter)
+            except ValueError as err:
+                raise ValueError(f"{tree!r} at batch size {size}: {err}") from None
+        return tree
     if drafter is None and tree is None:
         return Tree.chain(0)
     # a drafter's own default is named as such: "tree must be ..." once blamed a tree= nobody gave
@@ -266,8 +276,8 @@ def check_tree(tree, drafter) -> Tree | DynamicTree:
         raise ValueError(f"the decoding loop takes a resolved tree, got the tree spec {tree}: treespec.generate "
                          "resolves specs before decoding (treespec.planning.resolve.plan_tree)")
     if not isinstance(tree, (Tree, DynamicTree)):
-        raise ValueError(f"{what} must be a Tree, a DynamicTree or a tree-spec dict, got {type(tree).__name__}: "
-                         f"{tree!r}")
+        raise ValueError(f"{what} must be a Tree, a DynamicTree, a TreesByBatch or a tree-spec dict, got "
+                         f"{type(tree).__name__}: {tree!r}")
     if drafter is None:
         if len(tree) > 0:
             raise ValueError(f"tree {tree!r} has candidates but no drafter was given to propose them")
@@ -348,8 +358,9 @@ def check_inputs(target, input_ids, *, tree, **arguments) -> Inputs:
     checked = check_arguments(target, input_ids, **arguments)
     tree = check_tree(tree, checked.drafter)
     vocab = vocab_size(target)
-    if isinstance(tree, Tree) and len(tree) and int(tree.ranks.max()) >= vocab:
-        raise ValueError(f"{tree!r} asks for rank {int(tree.ranks.max())} but the vocabulary has {vocab} tokens")
+    for each in tree.trees.values() if isinstance(tree, TreesByBatch) else (tree,):
+        if isinstance(each, Tree) and len(each) and int(each.ranks.max()) >= vocab:
+            raise ValueError(f"{each!r} asks for rank {int(each.ranks.max())} but the vocabulary has {vocab} tokens")
     # nothing to draft (e.g. tree=auto chose not to speculate): decode as vanilla, without the drafter
     speculates = not (isinstance(tree, Tree) and len(tree) == 0)
     # a static pass verifies the whole tree up to the end, keeping its graph, where its positions stay in range

@@ -1,4 +1,5 @@
-"""The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``) or oneDNN's.
+"""The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``), oneDNN's, or the few-row
+kernel built from both.
 
 Decoding a small model on a CPU is a stream of few-token matrix products against weights read from memory once
 per pass. torch's CPU wheel sends ``F.linear`` to MKL, which on AMD CPUs reads a large projection well below the
@@ -10,11 +11,23 @@ own features (AVX-512 where there is one) and read the same weights faster at ev
 ``mkldnn::_linear_pointwise`` (the op torch's own CPU compiler fuses linear layers into), in place: no module is
 replaced and no model file is forked, as attention kernels are chosen by ``attn_implementation``. A call that
 needs gradients, a tensor off the CPU or a dtype other than float32 takes ``F.linear`` as before, so training
-and GPUs are untouched. ``"torch"`` puts the modules' own forward back. ``"auto"`` is oneDNN's where torch
-has it, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call has a fixed cost above ``F.linear``'s,
-several times a tiny layer's whole time and nothing beside a memory-bound read of a large one. Every layer of the
-reference target and SmolLM2 is above it; a tiny test model's are below.
-``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off).
+and GPUs are untouched. ``"torch"`` puts the modules' own forward back.
+
+``"fewrow"`` reads the weights at the memory's speed at every row count a decoding pass has (measured on this
+AMD CPU, 2 threads: docs/results.md, "A tree pass on CPU"): oneDNN's plain kernel streams a large weight at ~23 GB/s
+for one row and falls to 14-17 GB/s at 2-8 rows. Two other paths do better: MKL's gemm with the weight as the long
+side, ``W @ xᵀ`` ([out, in] × [in, n]), streams it at ~35-39 GB/s for one or two rows (one row is sent as two: MKL's
+one-row path is its slow gemv), and oneDNN's kernel on a weight reordered once into its blocked layout
+(``mkldnn._reorder_linear_weight``) at ~30-39 GB/s from 3 to 8 rows. So a layer keeps a reordered copy beside its
+weight, **twice the linear layers' memory**, re-made when the weight changes (its version counter), and takes the
+first path up to ``MKL_ROWS`` rows, the second above.
+
+``"auto"`` is ``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN
+call has a fixed cost above ``F.linear``'s, several times a tiny layer's whole time and nothing beside a memory-bound
+read of a large one. Every layer of the reference target and SmolLM2 is above it; a tiny test model's are below.
+``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off,
+``"onednn"`` keeps the plain oneDNN kernel and the memory). Inside a compiled graph (``compile=True``) the few-row
+kernel is oneDNN's plain one: the reordered copy and its version check are not something a graph can hold.
 
 Results differ from MKL's in the last bits (summation order), as any two BLAS do; greedy decoding stays equal
 to transformers' on the same loaded model, since both then run the same kernel.
@@ -26,11 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNELS = ("auto", "onednn", "torch")
+KERNELS = ("auto", "fewrow", "onednn", "torch")
 DEFAULT = "auto"  # the loader's (module docstring)
 # "auto" keeps torch's kernel below this many weights (256 x 256): where the two kernels' times per token met
 # (results/linear_kernels/*.json, products_ms; docs/usage.md, "CPU kernels for few-token passes")
 AUTO_MIN_WEIGHTS = 1 << 16
+#: "fewrow" sends products over at most this many rows through MKL's gemm as W @ xᵀ, more through reordered oneDNN
+MKL_ROWS = 2
 
 
 def onednn_available() -> bool:
@@ -38,14 +53,52 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def _takes_f_linear(layer: nn.Linear, x: torch.Tensor) -> bool:
+    """Whether a call stays on ``F.linear``: it needs gradients, or a tensor is off the CPU or not float32."""
+    weight = layer.weight
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    return (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or needs_grad)
+
+
 def _onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear's forward through oneDNN where that applies (module docstring), else ``F.linear``."""
+    if _takes_f_linear(self, x):
+        return F.linear(x, self.weight, self.bias)
+    return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def _fewrow_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's forward through the few-row kernel (module docstring), else ``F.linear``."""
     weight = self.weight
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or needs_grad):
+    if _takes_f_linear(self, x):
         return F.linear(x, weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+    if torch.compiler.is_compiling():  # a compiled static pass (treespec/static_pass.py): one op the graph can hold
+        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+    rows = x.numel() // x.shape[-1]
+    if rows <= MKL_ROWS:
+        flat = x.reshape(rows, x.shape[-1]).contiguous()  # [n, in]: rows whose features are adjacent, as MKL wants
+        if rows == 1:  # MKL's one-row product is its slow gemv: two rows stream the weight at full speed
+            flat = torch.cat([flat, flat])
+        # [out, n] → [n, out], made contiguous: a transposed output fed on (the MLP's gate into its down projection)
+        # once took MKL's slow path, 4-5x
+        out = torch.mm(weight, flat.T).T[:rows].contiguous()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(x, _reordered(self), self.bias, "none", [], "")
+
+
+def _reordered(layer: nn.Linear) -> torch.Tensor:
+    """The layer's weight in oneDNN's blocked layout, made on first use and again whenever the weight was replaced or
+    changed in place (``load_state_dict`` copies into it: its version counter moves)."""
+    weight = layer.weight
+    held = layer.__dict__.get("_treespec_reordered")
+    if held is None or held[0] is not weight or held[1] != weight._version:
+        with torch.no_grad():
+            held = (weight, weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8))
+        layer.__dict__["_treespec_reordered"] = held
+    return held[2]
 
 
 def check_kernel(kernel) -> None:
@@ -56,23 +109,25 @@ def check_kernel(kernel) -> None:
 
 def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     """Run every ``nn.Linear`` in ``model`` through ``kernel`` (``KERNELS``); returns how many modules it set.
-    "auto" is "onednn" where this torch has it for layers of at least ``AUTO_MIN_WEIGHTS`` weights, else "torch";
-    "onednn" on a torch without it is an error naming the way back ("torch")."""
+    "auto" is "fewrow" where this torch has oneDNN for layers of at least ``AUTO_MIN_WEIGHTS`` weights, else
+    "torch"; "onednn" or "fewrow" on a torch without it is an error naming the way back ("torch")."""
     check_kernel(kernel)
     if not isinstance(model, nn.Module):
         raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
     min_weights = 0
     if kernel == "auto":
-        kernel, min_weights = ("onednn", AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0)
-    if kernel == "onednn" and not onednn_available():
-        raise ValueError("linear_kernel='onednn' needs a torch built with oneDNN (torch.backends.mkldnn); this one "
-                         "has none: use linear_kernel='torch'")
+        kernel, min_weights = ("fewrow", AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0)
+    if kernel in FORWARDS and not onednn_available():
+        raise ValueError(f"linear_kernel={kernel!r} needs a torch built with oneDNN (torch.backends.mkldnn); this "
+                         "one has none: use linear_kernel='torch'")
     count = 0
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        if kernel == "onednn" and module.weight.numel() >= min_weights:
-            module.forward = _onednn_forward.__get__(module)  # an instance attribute: the class stays stock
+        if kernel != "fewrow":  # its reordered copy frees its memory (kept otherwise: checked against the weight)
+            module.__dict__.pop("_treespec_reordered", None)
+        if kernel in FORWARDS and module.weight.numel() >= min_weights:
+            module.forward = FORWARDS[kernel].__get__(module)  # an instance attribute: the class stays stock
         else:
             module.__dict__.pop("forward", None)
         count += 1
@@ -80,7 +135,11 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
 
 
 def linear_kernel_of(model: nn.Module) -> str | None:
-    """The kernel ``model``'s linear layers run ("onednn", "torch"), "mixed", or None where it has none."""
-    kinds = {"onednn" if getattr(m.__dict__.get("forward"), "__func__", None) is _onednn_forward else "torch"
+    """The kernel ``model``'s linear layers run ("fewrow", "onednn", "torch"), "mixed", or None where it has none."""
+    by_forward = {f: name for name, f in FORWARDS.items()}
+    kinds = {by_forward.get(getattr(m.__dict__.get("forward"), "__func__", None), "torch")
              for m in model.modules() if isinstance(m, nn.Linear)}
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+FORWARDS = {"fewrow": _fewrow_forward, "onednn": _onednn_forward}  # the kernels that replace a layer's forward

@@ -131,9 +131,12 @@ class BatchRows:
     to ``done``; ``accept_lengths`` and ``passes`` count the verification passes."""
 
     def __init__(self, prompts: torch.Tensor, lengths: list[int], roots: torch.Tensor, max_new_tokens: int,
-                 slots: RowSlots, features: torch.Tensor | None):
+                 slots: RowSlots, features: torch.Tensor | None, history: int | None = None):
         """After the prefill: the prompts [b, P] (left-padded: row b's last ``lengths[b]`` entries), each row's first
-        root [b] (on the device) and the prompts' features [b, P, L·h], whose last one produced it."""
+        root [b] (on the device) and the prompts' features [b, P, L·h], whose last one produced it. ``history``
+        (the deepest tree + 1): keep every committed token's features too, in ``history`` [b, L, L·h] (row b's first
+        ``rows[b].length − 1``: each of its tokens before its root), for a drafter that starts again mid-generation
+        (treespec/generate.py, ``resume_drafter``); None: keep only the last ones."""
         batch, width = prompts.shape
         device = prompts.device
         self.tokens = torch.zeros(batch, max(lengths) + max_new_tokens, dtype=torch.long, device=device)  # [b, L]
@@ -142,6 +145,10 @@ class BatchRows:
         self.rows = [Row(b, n + 1, n + max_new_tokens, root, width)
                      for b, (n, root) in enumerate(zip(lengths, roots.tolist(), strict=True))]
         self.features, self.slots = features, slots
+        self.history = None
+        if history is not None and features is not None:
+            self.history = features.new_zeros(batch, self.tokens.shape[1] + history, features.shape[-1])
+            self.history[:, : max(lengths)] = right_aligned(features, lengths)
         self.accept_lengths: list[list[int]] = [[] for _ in range(batch)]  # per prompt: tokens committed per pass
         self.done: dict[int, torch.Tensor] = {}  # prompt → its committed tokens, once finished
         self.passes = 0  # batched verification passes
@@ -178,15 +185,19 @@ class BatchRows:
         read on the host, copied from the device), and keep the hidden states (``features`` [b, N, L·h]) of each
         row's root and accepted nodes → the tree-node offsets each row's cache keeps, root first (the caller
         compacts the target's cache to them: treespec/target_passes.py)."""
-        keeps = []
+        keeps, starts = [], []
         for b, (row, accepted) in enumerate(zip(self.rows, walked.rows, strict=True)):
             keeps.append([0, *accepted.path])
+            starts.append(row.length - 1)  # the root's position: its feature and its accepted nodes' follow
             new = until_eos(accepted.tokens, eos)[: row.end - row.length]
             self.tokens[b, row.length : row.length + len(new)] = walked.tokens[b, : len(new)]  # device to device
             row.length += len(new)
             row.root, row.fed = new[-1], len(keeps[-1])
             self.accept_lengths[row.prompt].append(len(new))
         self.features = kept_entries(features, keeps)  # [b, 1 + k_max, L·h]: each row's root's, then its accepted
+        if self.history is not None:
+            for b, (start, keep) in enumerate(zip(starts, keeps, strict=True)):
+                self.history[b, start : start + len(keep)] = self.features[b, : len(keep)]
         self.passes += 1
         return keeps
 
@@ -213,6 +224,8 @@ class BatchRows:
         self.tokens = self.tokens.index_select(0, rows.to(self.tokens.device))
         if self.features is not None:
             self.features = self.features.index_select(0, rows.to(self.features.device))
+        if self.history is not None:
+            self.history = self.history.index_select(0, rows.to(self.history.device))
         self.rows = [self.rows[b] for b in rows.tolist()]
 
 
@@ -225,6 +238,17 @@ def right_aligned(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     start = torch.tensor([padded - n for n in lengths], device=x.device)[:, None]  # [b, 1]
     index = (start + torch.arange(width, device=x.device)[None]).clamp(max=padded - 1)  # [b, w]
     return gather_positions(x, index)
+
+
+def left_aligned(x: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, n, ...] with row b's entries first, ``lengths[b]`` of them (right padding) → ([b, max(lengths), ...] with
+    them last, left-padded with row b's first entry; BoolTensor [b, max(lengths)], True on them): the layout
+    a prefill takes."""
+    width = max(lengths)
+    pad = torch.tensor([width - n for n in lengths], device=x.device)[:, None]  # [b, 1]
+    offsets = torch.arange(width, device=x.device)[None]  # [1, w]
+    index = (offsets - pad).clamp(min=0)  # [b, w]
+    return gather_positions(x, index), offsets >= pad
 
 
 def gather_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -5,47 +5,39 @@ lossless per row; finished rows leave the batch; a batch of one is the single-pr
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
 from treespec import Tree, generate, reference
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import DraftModel, PromptLookup, registry
-from treespec.heads.drafting.vocab import DraftVocab
+from treespec.heads import DraftModel, registry
 from treespec.heads.eagle import Eagle
 from treespec.heads.eagle3 import Eagle3
-from treespec.heads.medusa import Medusa
-from treespec.inputs import left_padded
-from treespec.sampling import Sampling, probs
+from treespec.sampling import Sampling
 from treespec.train.checks.architectures import build, full_attention
 from treespec.walker import row_by_row
 
 from tests.helpers import (
+    BATCH_DRAFTERS,
+    BATCH_LENGTHS,
+    ROW_PROMPTS,
+    ROW_VOCAB,
+    STATIC_ONLY,
     accept_everything,
+    batch,
     chi2_pvalue,
+    exact_row_distribution,
+    hf_batch_greedy,
     perturbed,
     random_eagle,
     random_eagle3,
-    random_heads,
+    sampled_rows,
     scratch_logits,
     scratch_proposal,
     tiny_llama,
 )
 
-LENGTHS = (3, 17, 9, 1)  # very different prompt lengths, one of a single token
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 3, 2)}
-
-
-def batch(lengths=LENGTHS, seed=3, vocab=64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return left_padded([torch.randint(0, vocab, (n,), generator=g) for n in lengths], 0)
-
-
-def hf_batch_greedy(model, ids, mask, new, eos=None) -> torch.Tensor:
-    """transformers' batched greedy decoding of the same left-padded batch: the reference."""
-    return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0,
-                          eos_token_id=eos)
 
 
 @pytest.fixture(scope="module")
@@ -53,30 +45,17 @@ def target():
     return tiny_llama(layers=4, seed=0)  # 4 layers: EAGLE-3's distinct aux layers
 
 
-DRAFTERS = {
-    "draft": lambda t: DraftModel(perturbed(t, 0.1)),  # agrees often, not always: rows accept different lengths
-    "draft-fr": lambda t: DraftModel(perturbed(t, 0.1), draft_vocab=DraftVocab.most_frequent(
-        torch.randint(0, 100, (64,), generator=torch.Generator().manual_seed(0)), 24)),
-    "prompt-lookup": lambda t: PromptLookup(max_ngram=2),
-    "medusa": lambda t: Medusa(random_heads(t)),
-    "eagle": lambda t: Eagle(random_eagle(t)),
-    "eagle-fused": lambda t: Eagle(random_eagle(t, (1, 2, -1))),
-    "eagle3-fr": lambda t: Eagle3(random_eagle3(t, draft_vocab=24)),
-}
-STATIC_ONLY = {"prompt-lookup", "medusa"}
-
-
 @pytest.mark.parametrize("tree_name", list(TREES))
-@pytest.mark.parametrize("drafter_name", list(DRAFTERS))
+@pytest.mark.parametrize("drafter_name", list(BATCH_DRAFTERS))
 def test_every_row_equals_transformers_batched_greedy(target, drafter_name, tree_name):
     if drafter_name in STATIC_ONLY and tree_name == "dynamic":
         pytest.skip("grows no dynamic trees")
     ids, mask = batch()
     expected = hf_batch_greedy(target, ids, mask, 24)
-    out = generate(target, ids, attention_mask=mask, drafter=DRAFTERS[drafter_name](target), tree=TREES[tree_name],
-                   max_new_tokens=24)
+    out = generate(target, ids, attention_mask=mask, drafter=BATCH_DRAFTERS[drafter_name](target),
+                   tree=TREES[tree_name], max_new_tokens=24)
     assert torch.equal(out.sequences, expected)
-    assert [row.new_tokens for row in out.rows] == [24] * len(LENGTHS)
+    assert [row.new_tokens for row in out.rows] == [24] * len(BATCH_LENGTHS)
     assert all(sum(row.accept_lengths) == 24 - 1 for row in out.rows)  # each row's prefill commits its first token
 
 
@@ -188,7 +167,7 @@ def test_finished_rows_leave_the_batch(target):
     out = generate(target, ids, attention_mask=mask, drafter=drafter, tree=Tree.chain(3), max_new_tokens=24,
                    eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out.sequences, hf_batch_greedy(target, ids, mask, 24, eos=eos))
-    assert kept and sizes[0] == len(LENGTHS) and sizes[-1] < sizes[0] and sizes == sorted(sizes, reverse=True)
+    assert kept and sizes[0] == len(BATCH_LENGTHS) and sizes[-1] < sizes[0] and sizes == sorted(sizes, reverse=True)
 
 
 def test_inputs_list_of_prompts_and_refusals(target):
@@ -196,13 +175,13 @@ def test_inputs_list_of_prompts_and_refusals(target):
     prompts = [row[m.bool()] for row, m in zip(ids, mask, strict=True)]
     explicit = generate(target, ids, attention_mask=mask, max_new_tokens=8)
     listed = generate(target, prompts, max_new_tokens=8, pad_token_id=0)
-    assert torch.equal(listed.sequences, explicit.sequences) and listed.batch_size == len(LENGTHS)
-    assert explicit.target_passes == 7 and explicit.new_tokens == 8 * len(LENGTHS)
+    assert torch.equal(listed.sequences, explicit.sequences) and listed.batch_size == len(BATCH_LENGTHS)
+    assert explicit.target_passes == 7 and explicit.new_tokens == 8 * len(BATCH_LENGTHS)
     # one prompt given as a batch of one (or with padding) is the single-prompt path
     single = generate(target, prompts[1][None], max_new_tokens=8)
     padded = generate(target, ids[1:2], attention_mask=mask[1:2], max_new_tokens=8)
     assert torch.equal(padded.sequences[:, -9:], single.sequences[:, -9:])
-    assert torch.equal(single.sequences[0], explicit.sequences[1, ids.shape[1] - LENGTHS[1] :])
+    assert torch.equal(single.sequences[0], explicit.sequences[1, ids.shape[1] - BATCH_LENGTHS[1] :])
     assert single.rows[0].accept_lengths == single.accept_lengths
     with pytest.raises(ValueError, match="pads on the right"):
         generate(target, ids, attention_mask=mask.flip(-1), max_new_tokens=4)
@@ -213,39 +192,9 @@ def test_inputs_list_of_prompts_and_refusals(target):
 
 
 # -- sampling: each row's continuation is distributed as the target's alone --------------------------------
-VOCAB, NEW = 4, 3
-ROWS = [[1, 3, 0, 1, 3], [2], [0, 0, 1, 2, 3, 1, 0]]
-RUNS = 1500  # as FR-Spec's cases: the negative control still fails by a wide margin
-COPIES = 10  # copies of ROWS per generate() call: 30 ragged rows, 150 calls
-
-
 @pytest.fixture(scope="module")
 def small():
-    return tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
-
-
-def exact_row_distribution(model, prompt: list[int], sampling: Sampling) -> np.ndarray:
-    """P(x1, x2, x3 | prompt) by enumeration: array [V, V, V]."""
-    dist = np.zeros((VOCAB,) * NEW)
-    with torch.no_grad():
-        for prefix in np.ndindex(*(VOCAB,) * (NEW - 1)):
-            ids = torch.tensor([prompt + list(prefix)])
-            p = probs(model(input_ids=ids).logits[0, -NEW:], sampling).double().numpy()
-            dist[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
-    return dist
-
-
-def sampled_rows(model, drafter, tree, sampling, runs=RUNS, copies=COPIES) -> list[np.ndarray]:
-    """Counts of each prompt of ROWS's continuations over ``runs`` samples, drawn as batches of ``copies`` copies of
-    ROWS: every row of a batch is an independent sample (the rows draw in turn from one generator)."""
-    gen = torch.Generator().manual_seed(0)
-    counts = [np.zeros((VOCAB,) * NEW) for _ in ROWS]
-    for _ in range(runs // copies):
-        out = generate(model, ROWS * copies, drafter=drafter, tree=tree, max_new_tokens=NEW,
-                       temperature=sampling.temperature, generator=gen)
-        for r, row in enumerate(out.sequences[:, -NEW:].tolist()):
-            counts[r % len(ROWS)][tuple(row)] += 1
-    return counts
+    return tiny_llama(vocab=ROW_VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
 
 
 CASES = {
@@ -260,7 +209,7 @@ CASES = {
 def test_sampling_is_lossless_per_row(small, case):
     make, tree = CASES[case]
     sampling = Sampling(1.0)
-    for prompt, counts in zip(ROWS, sampled_rows(small, make(small), tree, sampling), strict=True):
+    for prompt, counts in zip(ROW_PROMPTS, sampled_rows(small, make(small), tree, sampling), strict=True):
         assert chi2_pvalue(counts, exact_row_distribution(small, prompt, sampling)) > 1e-3
 
 
@@ -271,5 +220,5 @@ def test_wrong_acceptance_is_detected_per_row(small, monkeypatch):
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
     counts = sampled_rows(small, DraftModel(perturbed(small, 1.0)), Tree.chain(2), sampling)
-    assert all(chi2_pvalue(c, exact_row_distribution(small, p, sampling)) < 1e-3 for p, c in zip(ROWS, counts,
+    assert all(chi2_pvalue(c, exact_row_distribution(small, p, sampling)) < 1e-3 for p, c in zip(ROW_PROMPTS, counts,
                                                                                                    strict=True))

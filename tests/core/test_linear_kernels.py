@@ -1,6 +1,7 @@
-"""The CPU linear kernel (treespec/linear_kernels.py): oneDNN's forward agrees with F.linear, steps aside for
-gradients and other dtypes, is what the loader applies (and switches off), and keeps greedy decoding equal to
-transformers' on every family of the architecture matrix."""
+"""The CPU linear kernels (treespec/linear_kernels.py): oneDNN's and the few-row kernel's forwards agree with F.linear
+at every row count (the few-row kernel's two paths, and its reordered weight made again when the weight changes),
+step aside for gradients and other dtypes, are what the loader applies (and switches off), and keep greedy decoding
+equal to transformers' on every family of the architecture matrix."""
 
 from __future__ import annotations
 
@@ -18,34 +19,54 @@ needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has
 
 
 @needs_onednn
-@pytest.mark.parametrize("shape", [(3,), (2, 5), (2, 3, 4)])
+@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 1), (1, 2), (2, 5), (2, 3, 4), (1, 16)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_onednn_forward_agrees_with_f_linear(shape, bias):
+def test_forward_agrees_with_f_linear(kernel, shape, bias):
+    """Rows 1 and 2 take the few-row kernel's MKL path, 3 and more its reordered oneDNN one."""
     torch.manual_seed(0)
     layer = nn.Linear(24, 40, bias=bias)
     x = torch.randn(*shape, 24)
     expected = F.linear(x, layer.weight, layer.bias)
-    assert use_linear_kernel(layer, "onednn") == 1 and linear_kernel_of(layer) == "onednn"
+    assert use_linear_kernel(layer, kernel) == 1 and linear_kernel_of(layer) == kernel
     with torch.no_grad():
         got = layer(x)
         strided = layer(torch.randn(24, *shape).movedim(0, -1))  # a non-contiguous input
     assert got.shape == expected.shape and strided.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert got.is_contiguous()  # a transposed output fed to the next layer once took MKL's slow path
     assert not torch.equal(got, torch.zeros_like(got))
 
 
 @needs_onednn
-def test_gradients_and_other_dtypes_take_f_linear():
+def test_the_reordered_weight_follows_the_weight():
+    """The few-row kernel's reordered copy is made again after the weight changes in place (load_state_dict) or is
+    replaced: never a stale product."""
+    torch.manual_seed(0)
+    layer, other = nn.Linear(24, 40), nn.Linear(24, 40)
+    use_linear_kernel(layer, "fewrow")
+    x = torch.randn(5, 24)
+    with torch.no_grad():
+        layer(x)
+        layer.load_state_dict(other.state_dict())
+        torch.testing.assert_close(layer(x), F.linear(x, other.weight, other.bias), rtol=1e-5, atol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(40, 24))
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
+def test_gradients_and_other_dtypes_take_f_linear(kernel):
     torch.manual_seed(0)
     plain, fast = nn.Linear(8, 6), nn.Linear(8, 6)
     fast.load_state_dict(plain.state_dict())
-    use_linear_kernel(fast, "onednn")
+    use_linear_kernel(fast, kernel)
     x = torch.randn(4, 8)
     plain(x).square().sum().backward()
     fast(x).square().sum().backward()  # under autograd: F.linear itself, so the gradients are the same bits
     assert torch.equal(plain.weight.grad, fast.weight.grad) and torch.equal(plain.bias.grad, fast.bias.grad)
     half = nn.Linear(8, 6).to(torch.bfloat16)
-    use_linear_kernel(half, "onednn")
+    use_linear_kernel(half, kernel)
     xb = torch.randn(4, 8, dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(half(xb), F.linear(xb, half.weight, half.bias))
@@ -53,7 +74,7 @@ def test_gradients_and_other_dtypes_take_f_linear():
 
 def test_the_loader_applies_the_kernel_and_torch_switches_it_off():
     model, _ = load("target")
-    assert linear_kernel_of(model) == ("onednn" if onednn_available() else "torch")
+    assert linear_kernel_of(model) == ("fewrow" if onednn_available() else "torch")
     assert use_linear_kernel(model, "torch") == sum(isinstance(m, nn.Linear) for m in model.modules())
     assert linear_kernel_of(model) == "torch"
     assert linear_kernel_of(load("target", linear_kernel="torch")[0]) == "torch"
@@ -66,7 +87,7 @@ def test_auto_keeps_torch_below_the_size_where_onednn_pays():
     small, large = nn.Linear(16, 64), nn.Linear(256, AUTO_MIN_WEIGHTS // 256)
     model = nn.Sequential(small, large)
     assert use_linear_kernel(model, "auto") == 2
-    assert (linear_kernel_of(small), linear_kernel_of(large), linear_kernel_of(model)) == ("torch", "onednn", "mixed")
+    assert (linear_kernel_of(small), linear_kernel_of(large), linear_kernel_of(model)) == ("torch", "fewrow", "mixed")
     use_linear_kernel(model, "onednn")
     assert linear_kernel_of(model) == "onednn"
 
@@ -83,9 +104,10 @@ def test_an_unknown_kernel_is_refused_before_loading():
 
 
 @needs_onednn
+@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
 @pytest.mark.parametrize("name", [f.name for f in FAMILIES])
-def test_greedy_stays_equal_to_transformers_on_the_onednn_kernel(name):
+def test_greedy_stays_equal_to_transformers_on_the_cpu_kernels(name, kernel):
     target = build(name)
-    assert use_linear_kernel(target, "onednn") > 0
+    assert use_linear_kernel(target, kernel) > 0
     tree = TREES[next(iter(TREES))]
     expect_greedy(target, prompt(), DraftModel(draft_of(name)), tree)  # transformers' greedy on the same model

@@ -1,6 +1,20 @@
 """Every helper that more than one test module uses. Test modules import helpers from here (``from .helpers
 import ...``), never from one another (tests/test_layering.py checks it)."""
 
+from .batch_rows import (
+    BATCH_DRAFTERS,
+    BATCH_LENGTHS,
+    ROW_COPIES,
+    ROW_NEW,
+    ROW_PROMPTS,
+    ROW_RUNS,
+    ROW_VOCAB,
+    STATIC_ONLY,
+    batch,
+    exact_row_distribution,
+    hf_batch_greedy,
+    sampled_rows,
+)
 from .chat_data import (
     BAD_ROWS,
     SPEC_BENCH_ROWS,
@@ -68,6 +82,18 @@ from .walker_world import ALPHA, GREEDY, T07, T1, UNEVEN, WALKS, World, first_tw
 from .wandb_logs import wandb_run_contains
 
 __all__ = [
+    "BATCH_DRAFTERS",
+    "BATCH_LENGTHS",
+    "ROW_COPIES",
+    "ROW_NEW",
+    "ROW_PROMPTS",
+    "ROW_RUNS",
+    "ROW_VOCAB",
+    "STATIC_ONLY",
+    "batch",
+    "exact_row_distribution",
+    "hf_batch_greedy",
+    "sampled_rows",
     "accept_deepest", "accept_everything", "accept_random_prefix", "ALPHA", "assert_ok", "BAD_ROWS",
     "block_proposal", "chat_tokenizer", "check_proposal", "chi2_pvalue", "compose_cfg", "CONF", "conversations",
     "dflash_prompt", "dflash_target", "eagle1_official", "eagle3_layer", "expect_batched_greedy", "GREEDY",

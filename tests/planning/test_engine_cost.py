@@ -55,7 +55,7 @@ def test_calibration_from_fake_timers(monkeypatch):
         calls.append(("pass", nodes))
         return alone
 
-    def fake_steps(target, prompt, steps, tree=None, drafter=None):
+    def fake_steps(target, prompt, steps, tree=None, drafter=None, attention_mask=None, max_new_tokens=None):
         if tree is None:
             times = [speed() * (cost_at(CURVE, 1) + 0.4e-3)] * (steps - 1)
         else:

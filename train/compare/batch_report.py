@@ -6,6 +6,7 @@ speedup_vs_batch.png (train/compare/plots.py). Rendered from results.json's "bat
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from treespec.train.compare.plots import level_text, plot_batch_sizes
@@ -85,18 +86,56 @@ def batch_table(b: dict) -> tuple[list[str], list[list]]:
 def batch_markdown(section: dict, b: dict) -> list[str]:
     """results.md's section (and batch.md's body): the table, how to read it, where speculation stops paying."""
     lines = ["## Batch sizes", ""] + md_table(*batch_table(b))
-    lines += ["", f"{section['batches']} batches of B held-out prompts per batch size, {section['max_new_tokens']} "
+    counts = section.get("batches_by_size") or {str(size): section["batches"] for size in b["sizes"]}
+    batches = ", ".join(f"{n} at B = {size}" for size, n in counts.items())
+    lines += ["", f"Batches of B held-out prompts ({batches}: every prompt at least once), {section['max_new_tokens']} "
               "new tokens per row, every configuration interleaved batch by batch. tokens/s: every row's new tokens ÷ "
               "the batch's wall time. Speedup: median over batches of the per-batch ratio to treespec's batched "
               "vanilla decoding at the same B (\"vs transformers batched\": to transformers' batched greedy "
               "generate on the same left-padded batch); intervals resample batches. \"best tree\": the drafter's "
               "fastest measured tree at that B; \"auto\": the tree predicted best at that B from its cost curve over "
-              "B × N tokens (0: the empty tree, vanilla decoding)."]
+              "B × N tokens (0: the empty tree, vanilla decoding); \"auto per B\": the table of its choices at every "
+              "size up to B, which generate() follows as rows end (treespec/batch_trees.py)."]
+    lines += prediction_lines(b)
     stops = [f"{d}: from B = {s}" if s is not None else f"{d}: still pays at B = {b['sizes'][-1]}"
              for d, s in b["stops"].items()]
     if stops:
         lines += ["", "Where speculation stops paying (the best configuration no longer surely faster than batched "
                   "vanilla decoding): " + "; ".join(stops) + "."]
+    return lines
+
+
+def prediction_errors(b: dict) -> dict[int, list[tuple[str, float, float]]]:
+    """{B: [(config, predicted, measured speedup)]} for every configuration predicted at B (vanilla excluded)."""
+    out = {}
+    for size in b["sizes"]:
+        out[size] = [(c["config"], c["predicted_speedup"], c["speedup_est"].value)
+                     for c in b["configs"][size].values()
+                     if c.get("predicted_speedup") is not None and c["config"] != "vanilla" and c["speedup_est"].value]
+    return out
+
+
+def prediction_lines(b: dict) -> list[str]:
+    """How well whole-generation predictions matched at each B: every predicted configuration, and the median error."""
+    errors = prediction_errors(b)
+    if not any(errors.values()):
+        return []
+    lines = ["", "### Predicted against measured", "",
+             "Predicted: whole generations of each batch (treespec/planning/batch_generation.py: rows drawing accept "
+             "lengths from the tree's predicted distribution, the batch thinning out as rows end, each step at the "
+             "cost of the rows left, the prefill in both), the median over batches; \"per step\": the per-step "
+             "prediction at the full batch, as before whole generations were predicted.", ""]
+    header = ["B", "configuration", "predicted", "per step", "measured", "predicted ÷ measured"]
+    rows = []
+    for size, entries in errors.items():
+        for name, pred, meas in entries:
+            step = b["configs"][size][name].get("predicted_step_speedup")
+            rows.append([size, name, f"{pred:.2f}×", DASH if step is None else f"{step:.2f}×", f"{meas:.2f}×",
+                         f"{pred / meas:.2f}"])
+    lines += md_table(header, rows)
+    summary = [f"B = {size}: {100 * statistics.median(abs(p / m - 1) for _, p, m in entries):.1f} % over "
+               f"{len(entries)}" for size, entries in errors.items() if entries]
+    lines += ["", "Median |predicted ÷ measured − 1|: " + "; ".join(summary) + "."]
     return lines
 
 
@@ -109,7 +148,8 @@ def batch_csv(b: dict) -> list[dict]:
                         "nodes": c["nodes"], "tau": tau.value, "tokens_per_s": c["tokens_per_s"],
                         "speedup": sp.value, "speedup_lo": sp.lo, "speedup_hi": sp.hi,
                         "vs_transformers": peer.value, "vs_transformers_lo": peer.lo, "vs_transformers_hi": peer.hi,
-                        "predicted_speedup": c.get("predicted_speedup")})
+                        "predicted_speedup": c.get("predicted_speedup"),
+                        "predicted_step_speedup": c.get("predicted_step_speedup")})
     return out
 
 

@@ -122,6 +122,15 @@ def expected_tree_tokens_from_rank_accuracy(tree: Tree, acc: Sequence[Sequence[f
     return expected_tree_tokens(tree, table[depth, rank])
 
 
+def reach_by_depth(tree: Tree, acc: Sequence[Sequence[float]]) -> list[float]:
+    """P(a step's accepted path reaches depth d), d = 0 .. tree.depth, from Medusa's estimate (as
+    ``expected_tree_tokens_from_rank_accuracy``): the sum of the depth-d nodes' path probabilities, siblings being
+    exclusive. Its sum is that estimate of τ; its differences, the distribution of accepted lengths."""
+    table = _rank_table(acc)  # [D, R]
+    reach = path_probabilities(tree, table[tree.depths[1:] - 1, tree.ranks[1:]])  # [N]
+    return [float(reach[tree.depths == d].sum()) for d in range(tree.depth + 1)]
+
+
 def grow_tree(acc: Sequence[Sequence[float]], budget: int) -> Tree:
     """Medusa's sparse tree: the ``budget`` candidate paths with the largest P(path accepted), greedily.
 

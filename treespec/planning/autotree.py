@@ -70,10 +70,12 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
     return {n: s.value for n, s in spreads.items()}
 
 
-def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:
-    """Median seconds of generate()'s prefill over a prompt of ``n_tokens`` (a fresh cache, the last logits)."""
+def prefill_time(model, n_tokens: int, repeats: int = 5, batch: int = 1) -> float:
+    """Median seconds of generate()'s prefill over ``batch`` prompts of ``n_tokens`` (a fresh cache, the last
+    logits)."""
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (1, max(1, n_tokens)), generator=torch.Generator().manual_seed(0)).to(model.device)
+    ids = torch.randint(0, vocab, (batch, max(1, n_tokens)), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
     kwargs = prefill_kwargs(model)
 
     @torch.no_grad()
@@ -83,9 +85,10 @@ def prefill_time(model, n_tokens: int, repeats: int = 5) -> float:
     return median_time(run, repeats, warmup=1)
 
 
-def measure_prefill_curve(model, lengths, repeats: int = 5) -> dict[int, float]:
-    """{prompt tokens: seconds} of the prefill at each length (``cost_at`` interpolates between them)."""
-    return {int(n): prefill_time(model, int(n), repeats) for n in sorted(set(lengths))}
+def measure_prefill_curve(model, lengths, repeats: int = 5, batch: int = 1) -> dict[int, float]:
+    """{prompt tokens: seconds} of the prefill of ``batch`` prompts at each length (``cost_at`` interpolates between
+    them)."""
+    return {int(n): prefill_time(model, int(n), repeats, batch) for n in sorted(set(lengths))}
 
 
 def cost_at(curve: dict[int, float], n: int) -> float:

@@ -73,14 +73,43 @@ class PlaceholderDrafter(Drafter):
         return Proposals.shared(tree, self._tokens[key])
 
 
-def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = None, drafter: Drafter | None = None
-               ) -> list[float]:
-    """Seconds of each of the first ``steps`` − 1 whole steps of generate() on ``prompt`` [b, P] with ``drafter``
-    verifying ``tree`` (None: vanilla): the budget leaves the tree whole for every one of them (without
-    acceptance; with it, the same steps commit more)."""
+class ReplayDrafter(Drafter):
+    """Rows that accept different lengths, as real rows do, with no model: row b proposes its known continuation
+    (the target's own greedy tokens, ``continuation`` [b, T] after prompts of ``prompt_lengths``) on the tree's
+    first-rank path down to depth k and a wrong token everywhere else, k cycling over 0 .. depth by row and step. A
+    ragged batch's step: holes on the slot axis, explicit masks, per-row compaction."""
+
+    per_row = ("continuation", "prompt_lengths", "row_ids")
+
+    def __init__(self, tree: Tree, continuation: torch.Tensor, prompt_lengths: list[int]):
+        self.default_tree, self.continuation, self.prompt_lengths = tree, continuation, list(prompt_lengths)
+        self.row_ids = list(range(len(self.prompt_lengths)))
+        self.steps = 0
+
+    def propose(self, committed, feature, tree, sampling, generator=None) -> Proposals:
+        device = self.continuation.device
+        self.steps += 1
+        depths = tree.depths[1:].to(device)  # [n]
+        spine = torch.tensor([all(r == 0 for r in path) for path in tree.paths], dtype=torch.bool, device=device)
+        made = torch.tensor([n - p for n, p in zip(committed.lengths, self.prompt_lengths, strict=True)],
+                            device=device)  # [b]: tokens generated, the root the last
+        accepts = torch.tensor([(row + self.steps) % (tree.depth + 1) for row in self.row_ids], device=device)  # [b]
+        index = (made[:, None] - 1 + depths[None]).clamp(max=self.continuation.shape[1] - 1)  # [b, n]
+        right = self.continuation.gather(1, index)  # [b, n]
+        vocab = int(self.continuation.max()) + 2
+        chosen = spine[None] & (depths[None] <= accepts[:, None])
+        return Proposals.shared(tree, torch.where(chosen, right, (right + 1) % vocab).to(committed.tokens.device))
+
+
+def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = None, drafter: Drafter | None = None,
+               attention_mask: torch.Tensor | None = None, max_new_tokens: int | None = None) -> list[float]:
+    """Seconds of each of the first ``steps`` − 1 whole steps of generate() on ``prompt`` [b, P] (left-padded where
+    ``attention_mask`` says) with ``drafter`` verifying ``tree`` (None: vanilla): the budget (default: the tree whole
+    for every one of them without acceptance) leaves the tree whole for every one of them."""
     clock = StepClock(synchronize=True, device=target.device)
     depth = tree.depth if tree is not None else 0
-    decode(target, prompt, drafter=drafter, tree=tree, max_new_tokens=steps + depth + 1, observer=clock)
+    decode(target, prompt, attention_mask=attention_mask, drafter=drafter, tree=tree,
+           max_new_tokens=max_new_tokens or steps + depth + 1, observer=clock)
     return clock.step_seconds()[: steps - 1]
 
 
@@ -106,25 +135,38 @@ def pass_time(target, nodes: int, past_len: int, batch: int = 1, repeats: int = 
 
 
 def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
-                   batch: int = 1, seed: int = 0) -> tuple[list[float], dict[Tree, list[float]]]:
+                   batch: int = 1, seed: int = 0, ragged: bool = False) -> tuple[list[float], dict[Tree, list[float]]]:
     """(vanilla's engine seconds per step, {tree: its engine seconds per step}), one value per round: the median
     step minus the pass alone timed right before it (module docstring). ``repeats`` rounds, vanilla and every
     tree interleaved in each, after one untimed round (lazy initialisation), on a random [batch, past_len]
-    prompt."""
+    prompt. ``ragged`` (batch > 1): rows as a real batch has them, prompts of different lengths (left padding) and
+    different lengths accepted every step (``ReplayDrafter``), so masks, holes and per-row compaction are paid."""
     vocab = target.get_output_embeddings().weight.shape[0]
+    deepest = max((t.depth for t in trees), default=0)
+    ragged = ragged and batch > 1
+    budget = (steps + 1) * (deepest + 1) + 2 if ragged else steps + deepest + 1
     limit = max_positions(target.config)  # the prompt, the budget and the deepest tree must fit
     if limit is not None:
-        past_len = max(1, min(past_len, limit - steps - max((t.depth for t in trees), default=0) - 2))
+        past_len = max(2, min(past_len, limit - budget - deepest - 2))
     prompt = torch.randint(0, vocab, (batch, past_len), generator=torch.Generator().manual_seed(seed))
-    prompt = prompt.to(target.device)
-    token = int(prompt[0, 0])  # a placeholder the target rarely continues with after itself
-    configs = [(None, None)] + [(tree, PlaceholderDrafter(tree, token)) for tree in trees]
+    prompt, mask = prompt.to(target.device), None
+    if ragged:  # row b's prompt a quarter shorter than the longest at most, left-padded
+        lengths = [past_len - (b * past_len) // (4 * batch) for b in range(batch)]
+        mask = (torch.arange(past_len)[None] >= torch.tensor([past_len - n for n in lengths])[:, None]).long()
+        mask = mask.to(target.device)
+        continuation = decode(target, prompt, attention_mask=mask, max_new_tokens=budget).sequences[:, past_len:]
+        configs = [(None, None)] + [(tree, lambda tree=tree: ReplayDrafter(tree, continuation, lengths))
+                                    for tree in trees]
+    else:
+        token = int(prompt[0, 0])  # a placeholder the target rarely continues with after itself
+        configs = [(None, None)] + [(tree, lambda tree=tree: PlaceholderDrafter(tree, token)) for tree in trees]
     samples = {tree: [] for tree, _ in configs}
     for round_ in range(repeats + 1):
         for tree, drafter in configs:
             nodes = 1 if tree is None else tree.num_nodes
             alone = pass_time(target, nodes, past_len, batch)
-            times = step_times(target, prompt, steps if round_ else 3, tree, drafter)
+            times = step_times(target, prompt, steps if round_ else 3, tree, drafter and drafter(), mask,
+                               budget if ragged and tree is not None else None)
             if round_ and times:
                 samples[tree].append(statistics.median(times) - alone)
     vanilla = samples.pop(None)
@@ -173,9 +215,10 @@ def engine_from(vanilla: list[float], by_tree: dict[Tree, list[float]], bounds: 
 
 def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES, steps: int = 16, repeats: int = 3,
                         batch: int = 1, seed: int = 0, retries: int = 2, bounds: dict | None = None,
-                        log=print) -> EngineCost:
+                        ragged: bool = False, log=print) -> EngineCost:
     """The engine's cost per step on ``target`` (module docstring), at ``past_len`` cached tokens over ``batch`` rows,
-    beyond the target's pass as ``autotree.measure_cost_curve`` times it. When it is ``implausible``, ``repeats``
+    beyond the target's pass as ``autotree.measure_cost_curve`` times it (``ragged``: over rows of different
+    prompt lengths accepting different lengths, ``engine_samples``). When it is ``implausible``, ``repeats``
     rounds more are timed and pooled with the first, up to ``retries`` times (then ``consistent`` makes its terms
     agree, with a warning).
     ``bounds``: filled with each term's (lo, hi) over its kept rounds (``engine_from``)."""
@@ -183,7 +226,7 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
         raise ValueError(f"measure_engine_cost times steps >= 2 in repeats >= 1 rounds over at least one tree, got "
                          f"steps={steps}, repeats={repeats}, {len(trees)} trees")
     vanilla, by_tree = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
-                                      batch=batch, seed=seed)
+                                      batch=batch, seed=seed, ragged=ragged)
     cost = engine_from(vanilla, by_tree, bounds)
     for attempt in range(retries + 1):
         why = implausible(cost)
@@ -197,7 +240,7 @@ def measure_engine_cost(target, *, past_len: int = 256, trees=CALIBRATION_TREES,
             return kept
         log(f"the engine's cost looks implausible ({why}): timing {repeats} more rounds")
         more_vanilla, more = engine_samples(target, past_len=past_len, trees=trees, steps=steps, repeats=repeats,
-                                            batch=batch, seed=seed)
+                                            batch=batch, seed=seed, ragged=ragged)
         vanilla += more_vanilla
         for tree, values in more.items():
             by_tree[tree] += values

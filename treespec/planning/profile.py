@@ -42,6 +42,8 @@ class DrafterProfile:
     measured: object | None = None             # planning.measured_tau.MeasuredTrees, or a list of them (one per
     #                                            sampling and rule): τ per tree from a dry run, for a drafter
     #                                            without rank accuracies (the model-free kinds)
+    batch_costs: dict | None = None            # {B: CostModel} at B rows, measured on first use of a tree per batch
+    #                                            size (planning/batch_table.py) and kept for the next calls
 
     @classmethod
     def from_cost_curve(cls, accuracy=None, cost_curve: dict | None = None, chain_tau=None,

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from treespec.dynamic_tree import DynamicTree
 from treespec.generate import decode
 from treespec.inputs import check_arguments
+from treespec.planning.autotree import chains_only
+from treespec.planning.batch_table import plan_batch_table
 from treespec.planning.profile import DrafterProfile
-from treespec.planning.tree_spec import build_tree
+from treespec.planning.tree_spec import CHAIN_RULES, build_tree, check_tree_spec
 from treespec.result import GenerationResult
 from treespec.tree import Tree
 
@@ -46,11 +48,33 @@ def plan_tree(target, input_ids, *, tree=None, profile: DrafterProfile | None = 
     del arguments["tree"]
     checked = check_arguments(**arguments)
     drafter = checked.drafter
+    spec = check_tree_spec(tree)
+    if spec["kind"] == "auto" and spec.get("batch_sizes") is not None:  # a tree per batch size, measured here
+        return per_batch_size(spec, target, checked, profile, arguments["acceptance"])
     # accuracy kinds use the drafter's measured profile (for "auto", under this rule and sampling; a chain τ it
     # lacks is measured on the first prompt where it can)
     return build_tree(tree, profile=profile, candidates=getattr(drafter, "candidates", "topk"),
                       acceptance=arguments["acceptance"], sampling=checked.sampling,
                       default=getattr(drafter, "default_tree", None), drafter=drafter, prompt=checked.first_prompt)
+
+
+def per_batch_size(spec: dict, target, checked, profile: DrafterProfile | None, acceptance: str):
+    """``{"kind": "auto", "batch_sizes": [...]}``: a TreesByBatch chosen from costs measured at each size
+    (treespec/planning/batch_table.py), from what the profile predicts the drafter's τ with."""
+    if checked.drafter is None:
+        raise ValueError(f"tree spec {spec} chooses a drafter's trees per batch size, and no drafter was given")
+    if profile is None:
+        raise ValueError(f"tree spec {spec} needs the drafter's measured profile: "
+                         "profile=treespec.heads.load_profile(source, target)")
+    source = profile.tau_source("auto", getattr(checked.drafter, "candidates", "topk"), acceptance, checked.sampling,
+                                checked.drafter, checked.first_prompt)
+    if source is None:
+        raise ValueError(f"tree spec {spec}: the profile holds nothing to predict this drafter's τ from (no rank "
+                         "accuracies, no dry run)")
+    if acceptance in CHAIN_RULES:
+        source = chains_only(source)
+    return plan_batch_table(target, checked.drafter, profile, source, spec["batch_sizes"], checked.first_prompt,
+                            max_nodes=spec["max_nodes"])
 
 
 def generate(target, input_ids, *, profile: DrafterProfile | None = None, **options) -> GenerationResult:

@@ -8,6 +8,9 @@ Static kinds (one Tree for every step):
                                                      top-k accuracies (Medusa's sparse trees; analysis.grow_tree)
     {"kind": "auto", "max_nodes": n}                 the accuracy-grown tree with the best predicted tokens/s
                                                      on this device's cost curve (treespec.planning.autotree)
+    {"kind": "auto", "batch_sizes": [1, 2, 4, 8]}    one per batch size, from costs measured at each, followed
+                                                     as rows finish: a TreesByBatch (planning/batch_table.py;
+                                                     generate() resolves it, since it measures on the target)
     {"kind": "default"}                              the drafter's own ``default_tree`` (Token Recycling's
                                                      template, SuffixDecoding's budget, ...)
 Dynamic kind (grown by the drafter every step; EAGLE-2):
@@ -31,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from treespec.batch_trees import check_batch_sizes
 from treespec.dynamic_tree import DynamicTree
 from treespec.planning.analysis import grow_tree
 from treespec.planning.autotree import chains_only, is_tau_source
@@ -46,6 +50,8 @@ KINDS: dict[str, tuple[tuple[str, ...], dict]] = {
     "dynamic": (("total_tokens", "depth", "top_k"), {}),
     "default": ((), {}),
 }
+#: keys a kind takes that stay absent unless given (no default filled in: a spec without one is unchanged)
+UNFILLED = {"auto": ("batch_sizes",)}
 NEEDS_ACCURACY = ("accuracy", "auto")  # kinds grown from a drafter's measured per-depth top-k accuracies
 CHAIN_RULES = ("block",)  # acceptance rules that verify chains only (treespec/walker_traversal.py)
 
@@ -59,6 +65,8 @@ def check_tree_spec(spec) -> dict | Tree | DynamicTree:
     if spec["kind"] not in (*NEEDS_ACCURACY, "default"):  # build it once to check it; the others need a drafter
         build_tree(spec)
     else:
+        if spec.get("batch_sizes") is not None:
+            spec["batch_sizes"] = check_batch_sizes(spec["batch_sizes"])
         for key in ("nodes", "max_nodes"):
             if key in spec and not (isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] >= 1):
                 raise ValueError(f"tree spec {spec}: {key} must be an integer >= 1")
@@ -108,6 +116,9 @@ def build_tree(spec, accuracy=None, choose=None, profile=None, candidates: str =
                 raise ValueError(f"grows a tree from rank accuracies, and this drafter is predicted from {accuracy!r}: "
                                  "ask for {'kind': 'auto'}, which chooses among what was measured")
             return grow_tree(accuracy, _int(spec["nodes"]))
+        if spec.get("batch_sizes") is not None:
+            raise ValueError("a tree per batch size is chosen from costs measured on the target at each size: "
+                             "treespec.generate(..., tree=spec, profile=...) measures and resolves it (plan_tree)")
         if choose is None:
             raise ValueError("needs this device's cost curve to choose from: load the profile with its target, "
                              "treespec.heads.load_profile(source, target), which measures one on first use, or give "
@@ -136,10 +147,11 @@ def _normalized(spec) -> dict:
     missing = [k for k in required if k not in spec]
     if missing:
         raise ValueError(f"tree spec {spec} lacks {', '.join(missing)} (kind {kind!r} needs {', '.join(required)})")
-    unknown = sorted(set(spec) - {"kind", *required, *optional})
+    unfilled = UNFILLED.get(kind, ())
+    unknown = sorted(set(spec) - {"kind", *required, *optional, *unfilled})
     if unknown:
         raise ValueError(f"tree spec {spec}: unknown key(s) {', '.join(unknown)} for kind {kind!r} "
-                         f"(it takes {', '.join((*required, *optional))})")
+                         f"(it takes {', '.join((*required, *optional, *unfilled))})")
     return {**optional, **spec}
 
 

@@ -191,7 +191,10 @@ def test_tiny_comparison_across_batch_sizes(tmp_path):
     for size in (1, 2):
         assert {(size, "vanilla"), (size, "transformers batched"), (size, "draft | chain γ=2"),
                 (size, "draft | auto"), (size, "prompt_lookup | chain γ=2")} <= names
-    assert all(len(r["runs"]["speedup"]) == 2 and len(r["runs"]["speedup_vs_transformers"]) == 2
+    # batches=2, or as many as hold every one of the 3 prompts once: 3 at B = 1
+    assert section["batches_by_size"] == {"1": 3, "2": 2}
+    assert all(len(r["runs"]["speedup"]) == len(r["runs"]["speedup_vs_transformers"]) == (3 if r["batch_size"] == 1
+                                                                                          else 2)
                for r in section["records"])
     auto = [r for r in section["records"] if r["config"] == "draft | auto"]
     assert all(0 <= r["nodes"] <= 4 for r in auto)  # chosen per batch size; 0 is the empty tree (vanilla)
@@ -204,8 +207,15 @@ def test_tiny_comparison_across_batch_sizes(tmp_path):
                           engine=EngineCost.from_record(section["engines"][size]), draft_cost_per_node=per_node)
         assert len(choose_tree(drafters[0].accuracy, costs, max_nodes=4)[0].tree) == r["nodes"]
     assert {s["config"] for s in section["skipped"]} == {"prompt_lookup | auto"}  # no accuracies to grow from
+    # whole generations predicted at each B (per step beside), and the table of "auto" choices followed at B = 2
+    chain = {r["batch_size"]: r for r in section["records"] if r["config"] == "draft | chain γ=2"}
+    assert all(r["predicted_speedup"] > 0 and r["predicted_step_speedup"] > 0 for r in chain.values())
+    per_b = [r for r in section["records"] if r["config"] == "draft | auto per B"]
+    assert [r["batch_size"] for r in per_b] == [2] and set(per_b[0]["table"]) == {"1", "2"}
+    assert set(section["prefill_curves"]) == {"1", "2"}
     md = (tmp_path / "batch.md").read_text()
     assert "| B | drafter | best tree |" in md and "Where speculation stops paying" in md and "nan" not in md.lower()
+    assert "### Predicted against measured" in md and "Median |predicted ÷ measured − 1|: B = 1:" in md
     assert "## Batch sizes" in (tmp_path / "results.md").read_text()
     rows = list(csv.DictReader(open(tmp_path / "batch.csv")))
     assert {r["batch_size"] for r in rows} == {"1", "2"} and (tmp_path / "speedup_vs_batch.png").stat().st_size > 0
