@@ -35,6 +35,8 @@ to transformers' on the same loaded model, since both then run the same kernel.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -91,14 +93,19 @@ def _fewrow_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _reordered(layer: nn.Linear) -> torch.Tensor:
     """The layer's weight in oneDNN's blocked layout, made on first use and again whenever the weight was replaced or
-    changed in place (``load_state_dict`` copies into it: its version counter moves)."""
+    changed in place (``load_state_dict`` copies into it: its version counter moves). Held beside the layer, not in
+    it: an opaque oneDNN tensor cannot be deep-copied or saved, and a copy of the layer makes its own on first use."""
     weight = layer.weight
-    held = layer.__dict__.get("_treespec_reordered")
+    held = _REORDERED.get(layer)
     if held is None or held[0] is not weight or held[1] != weight._version:
         with torch.no_grad():
             held = (weight, weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8))
-        layer.__dict__["_treespec_reordered"] = held
+        _REORDERED[layer] = held
     return held[2]
+
+
+#: each few-row layer's reordered weight: (the weight it was made from, its version then, the reordered tensor)
+_REORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_kernel(kernel) -> None:
@@ -125,7 +132,7 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
         if not isinstance(module, nn.Linear):
             continue
         if kernel != "fewrow":  # its reordered copy frees its memory (kept otherwise: checked against the weight)
-            module.__dict__.pop("_treespec_reordered", None)
+            _REORDERED.pop(module, None)
         if kernel in FORWARDS and module.weight.numel() >= min_weights:
             module.forward = FORWARDS[kernel].__get__(module)  # an instance attribute: the class stays stock
         else:

@@ -5,6 +5,8 @@ equal to transformers' on every family of the architecture matrix."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,13 +43,15 @@ def test_forward_agrees_with_f_linear(kernel, shape, bias):
 @needs_onednn
 def test_the_reordered_weight_follows_the_weight():
     """The few-row kernel's reordered copy is made again after the weight changes in place (load_state_dict) or is
-    replaced: never a stale product."""
+    replaced: never a stale product; the layer deep-copies (an opaque oneDNN tensor would not)."""
     torch.manual_seed(0)
     layer, other = nn.Linear(24, 40), nn.Linear(24, 40)
     use_linear_kernel(layer, "fewrow")
     x = torch.randn(5, 24)
     with torch.no_grad():
         layer(x)
+        twin = copy.deepcopy(layer)  # the reordered copy is held beside the layer: a deep copy makes its own
+        torch.testing.assert_close(twin(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         layer.load_state_dict(other.state_dict())
         torch.testing.assert_close(layer(x), F.linear(x, other.weight, other.bias), rtol=1e-5, atol=1e-5)
         layer.weight = nn.Parameter(torch.randn(40, 24))
@@ -110,4 +114,7 @@ def test_greedy_stays_equal_to_transformers_on_the_cpu_kernels(name, kernel):
     target = build(name)
     assert use_linear_kernel(target, kernel) > 0
     tree = TREES[next(iter(TREES))]
-    expect_greedy(target, prompt(), DraftModel(draft_of(name)), tree)  # transformers' greedy on the same model
+    try:
+        expect_greedy(target, prompt(), DraftModel(draft_of(name)), tree)  # transformers' greedy on the same model
+    finally:
+        use_linear_kernel(target, "torch")  # build() may hand the same model to other tests
