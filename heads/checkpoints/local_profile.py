@@ -24,7 +24,16 @@ from treespec.planning.autotree import DEFAULT_SIZES, CostModel, cost_at, measur
 from treespec.planning.cost_records import check_cost_record
 from treespec.planning.drafting_cost import measure_drafting_cost, own_text_prompts
 from treespec.planning.engine_cost import measure_engine_cost
-from treespec.planning.profile_cache import cached, cost_key, entry, fingerprint, key, machine, measured_here
+from treespec.planning.profile_cache import (
+    cached,
+    cost_key,
+    entry,
+    fingerprint,
+    kernels,
+    key,
+    machine,
+    measured_here,
+)
 from treespec.timing import busy_cores, usable_cores
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -48,9 +57,10 @@ def files_fingerprint(folder) -> str:
 
 
 def about(target, drafter_key: str, past_len: int = PAST_LEN) -> dict:
-    """What a cost record says it was measured for: the device and machine, the target, the drafter's weights."""
-    return {"device": str(target.device), "machine": machine(target.device), "target": fingerprint(target),
-            "drafter": drafter_key, "past_len": past_len, "cost_format": COST_FORMAT}
+    """What a cost record says it was measured for: the device and machine, the target's kernels, the target, the
+    drafter's weights."""
+    return {"device": str(target.device), "machine": machine(target.device), "kernels": kernels(target),
+            "target": fingerprint(target), "drafter": drafter_key, "past_len": past_len, "cost_format": COST_FORMAT}
 
 
 def measure_cost_model(target, drafter, *, past_len: int = PAST_LEN, sizes=DEFAULT_SIZES,

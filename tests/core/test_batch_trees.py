@@ -12,7 +12,7 @@ import torch
 from treespec import Tree, generate, reference
 from treespec.batch_trees import TreesByBatch
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import DraftModel, registry
+from treespec.heads import Combined, DFlash, DraftModel, PromptLookup, registry
 from treespec.sampling import Sampling
 from treespec.walker import row_by_row
 
@@ -27,6 +27,7 @@ from tests.helpers import (
     exact_row_distribution,
     hf_batch_greedy,
     perturbed,
+    random_dflash,
     sampled_rows,
     tiny_llama,
 )
@@ -97,13 +98,18 @@ def tables(dynamic: bool) -> dict[str, TreesByBatch]:
     }
 
 
+# beside the batch tests' drafters: a block drafter and a Combined (their own state, started over on a resume)
+DRAFTERS = {**BATCH_DRAFTERS, "dflash": lambda t: DFlash(random_dflash(t)),
+            "combined": lambda t: Combined([PromptLookup(max_ngram=2), DraftModel(perturbed(t, 0.1))])}
+
+
 @pytest.mark.parametrize("table", ["draft-pause-draft", "vanilla-then-draft"])
-@pytest.mark.parametrize("drafter_name", list(BATCH_DRAFTERS))
+@pytest.mark.parametrize("drafter_name", list(DRAFTERS))
 def test_rows_equal_transformers_batched_greedy_as_the_table_changes(target, drafter_name, table, monkeypatch):
     resumes = counting_resumes(monkeypatch)
     ids, mask, eos, expected = ending_batch(target, 20)
-    trees = tables(drafter_name not in STATIC_ONLY)[table]
-    out = generate(target, ids, attention_mask=mask, drafter=BATCH_DRAFTERS[drafter_name](target), tree=trees,
+    trees = tables(drafter_name not in STATIC_ONLY | {"combined"})[table]
+    out = generate(target, ids, attention_mask=mask, drafter=DRAFTERS[drafter_name](target), tree=trees,
                    max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out.sequences, expected)
     ends = [row.new_tokens for row in out.rows]
@@ -122,7 +128,7 @@ def reference_rows():
     return target, encoded.input_ids, encoded.attention_mask, tokenizer.pad_token_id
 
 
-KINDS = ["eagle", "eagle3", "draft", "medusa", "hydra", "prompt_lookup", "recycling", "suffix", "lookahead"]
+KINDS = ["eagle", "eagle3", "draft", "medusa", "hydra", "prompt_lookup", "recycling", "suffix", "lookahead", "rest"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -15,6 +15,7 @@ from treespec.heads import load, load_profile
 from treespec.heads.checkpoints import local_profile
 from treespec.heads.eagle import EagleModel
 from treespec.heads.training.accuracy import write_accuracy
+from treespec.linear_kernels import use_linear_kernel
 from treespec.planning import chain_tau
 from treespec.planning.autotree import CostModel, EngineCost, auto_chooser, read_cost_curve, save_cost_curve
 from treespec.planning.profile import DrafterProfile
@@ -73,8 +74,9 @@ def test_a_missing_cost_curve_is_measured_once_and_auto_uses_it(eagle_folder, mo
 
 
 def test_a_folders_own_curve_is_used_only_when_measured_here(eagle_folder, monkeypatch):
-    """Training writes the curve beside the drafter with the machine, the target and the drafter's weights: such a
-    file is used as it is; one without them (measured elsewhere, or before they were written) is measured again."""
+    """Training writes the curve beside the drafter with the machine, the target's kernels, the target and the
+    drafter's weights: such a file is used as it is; one without them (measured elsewhere, on other kernels, or before
+    they were written) is measured again."""
     target, folder = eagle_folder
     calls = counting(monkeypatch, local_profile, "measure_cost_model", FAKE)
     mine = CostModel({1: 2e-3, 64: 9e-3}, 0.0, 1e-4, None, EngineCost(1e-4, 1e-4, 0.0))
@@ -85,12 +87,19 @@ def test_a_folders_own_curve_is_used_only_when_measured_here(eagle_folder, monke
                     **local_profile.about(target, local_profile.files_fingerprint(folder)))
     assert measured_here(read_cost_curve(folder), target)
     assert load_profile(folder, target, log=lambda *_: None).costs == mine and len(calls) == 1
+    # the same target on another linear kernel runs other passes: not measured here, and another cache entry
+    use_linear_kernel(target, "onednn")
+    try:
+        assert not measured_here(read_cost_curve(folder), target)
+        assert load_profile(folder, target, log=lambda *_: None).costs == FAKE and len(calls) == 2
+    finally:
+        use_linear_kernel(target, "torch")
     # written before drafting was timed in the decoding loop (an older cost_format, or none): not used; this
     # machine's measurement (cached when the first file was refused above) is
     older = read_cost_curve(folder)
     del older["cost_format"]
     (folder / "cost_curve.json").write_text(json.dumps(older))
-    assert load_profile(folder, target, log=lambda *_: None).costs == FAKE and len(calls) == 1
+    assert load_profile(folder, target, log=lambda *_: None).costs == FAKE and len(calls) == 2
 
 
 def test_measuring_a_cost_model_fills_every_field(eagle_folder):

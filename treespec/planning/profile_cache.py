@@ -5,7 +5,8 @@ machine, target and drafter, and its chain τ (treespec/planning/chain_tau.py) p
 They live in treespec's cache folder (``treespec.gguf_models.cache_root``: ``$TREESPEC_CACHE``, else
 ``~/.cache/treespec``), under ``profiles/``, one JSON file per key. Keys are made of fingerprints, never of
 paths: a target or drafter is known by its weights (``fingerprint``), a machine by its device, its processor
-and the threads torch runs with (``machine``), since a cost curve timed with 2 threads is not one timed with 1.
+and the threads torch runs with (``machine``), since a cost curve timed with 2 threads is not one timed with 1, and
+a target also by the kernels its passes run (``kernels``).
 Chain τ does not depend on the machine. Delete the folder to measure again.
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from treespec.gguf_models import cache_root
 from treespec.io import atomic_write_json, read_json
+from treespec.linear_kernels import linear_kernel_of
 
 # bump when what a cached record means changes: older entries are then measured again (2: drafting timed in the
 # decoding loop, with a per-node term)
@@ -65,6 +67,12 @@ def machine(device) -> dict:
     return out
 
 
+def kernels(target) -> dict:
+    """The kernels a target's passes run (its linear layers': treespec/linear_kernels.py; its attention
+    implementation): a cost curve timed on one is not one timed on another."""
+    return {"linear": linear_kernel_of(target), "attention": getattr(target.config, "_attn_implementation", None)}
+
+
 def key(**parts) -> str:
     """A cache entry's name: sha1 of ``parts`` (JSON, sorted) and FORMAT."""
     return hashlib.sha1(json.dumps({"format": FORMAT, **parts}, sort_keys=True).encode()).hexdigest()[:20]
@@ -87,12 +95,13 @@ def cached(kind: str, name: str, measure: Callable[[], dict], log=print) -> dict
 
 
 def cost_key(target, drafter_fingerprint: str) -> str:
-    """The cost model's key: this machine (the target's device), the target, the drafter."""
-    return key(machine=machine(target.device), target=fingerprint(target), drafter=drafter_fingerprint)
+    """The cost model's key: this machine (the target's device), the target and its kernels, the drafter."""
+    return key(machine=machine(target.device), kernels=kernels(target), target=fingerprint(target),
+               drafter=drafter_fingerprint)
 
 
 def measured_here(record: dict | None, target) -> bool:
-    """Whether a saved cost record (a folder's cost_curve.json) was measured on this machine for this target:
-    written with ``machine`` and ``target`` fields that match (older files have neither)."""
+    """Whether a saved cost record (a folder's cost_curve.json) was measured on this machine for this target on its
+    kernels: written with ``machine``, ``kernels`` and ``target`` fields that match (older files lack them)."""
     return bool(record) and record.get("machine") == machine(target.device) and \
-        record.get("target") == fingerprint(target)
+        record.get("kernels") == kernels(target) and record.get("target") == fingerprint(target)
