@@ -188,7 +188,7 @@ def resume_drafter(run: Run, rows: BatchRows) -> None:
     features = None if rows.history is None else left_aligned(rows.history, lengths)[0]  # [b, m, L·h]
     with timed(run.observer, DRAFT):
         run.drafter.reset()
-        run.drafter.prefill(ids, features, None if bool(mask.all()) else mask.long())
+        run.drafter.prefill(ids, features, None if len(set(lengths)) == 1 else mask.long())  # no read back
 
 
 def plain_step(run: Run, rows: BatchRows, tree: Tree) -> None:

@@ -13,14 +13,14 @@ replaced and no model file is forked, as attention kernels are chosen by ``attn_
 needs gradients, a tensor off the CPU or a dtype other than float32 takes ``F.linear`` as before, so training
 and GPUs are untouched. ``"torch"`` puts the modules' own forward back.
 
-``"fewrow"`` reads the weights at the memory's speed at every row count a decoding pass has (measured on this
-AMD CPU, 2 threads: docs/results.md, "A tree pass on CPU"): oneDNN's plain kernel streams a large weight at ~23 GB/s
-for one row and falls to 14-17 GB/s at 2-8 rows. Two other paths do better: MKL's gemm with the weight as the long
-side, ``W @ xᵀ`` ([out, in] × [in, n]), streams it at ~35-39 GB/s for one or two rows (one row is sent as two: MKL's
+``"fewrow"`` takes, by the number of rows in a call, the path that reads the weights fastest on a CPU (measured per
+shape and row count: docs/results.md, "A tree pass on CPU"). oneDNN's plain kernel reads a large weight well below
+the memory's bandwidth, and slower still at 2-8 rows than at one. MKL's gemm with the weight as the long side,
+``W @ xᵀ`` ([out, in] × [in, n]), reads it near the bandwidth for one or two rows (one row is sent as two: MKL's
 one-row path is its slow gemv), and oneDNN's kernel on a weight reordered once into its blocked layout
-(``mkldnn._reorder_linear_weight``) at ~30-39 GB/s from 3 to 8 rows. So a layer keeps a reordered copy beside its
-weight, **twice the linear layers' memory**, re-made when the weight changes (its version counter), and takes the
-first path up to ``MKL_ROWS`` rows, the second above.
+(``mkldnn._reorder_linear_weight``) from 3 rows on. So a layer keeps a reordered copy beside its weight, **twice the
+linear layers' memory**, re-made when the weight changes (its version counter), and takes the first path up to
+``MKL_ROWS`` rows, the second above.
 
 ``"auto"`` is ``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN
 call has a fixed cost above ``F.linear``'s, several times a tiny layer's whole time and nothing beside a memory-bound
@@ -72,18 +72,18 @@ def _onednn_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _fewrow_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear's forward through the few-row kernel (module docstring), else ``F.linear``."""
+    # F.linear where that applies, and inside a compiled static pass (treespec/static_pass.py) oneDNN's plain op,
+    # which a graph can hold
+    if _takes_f_linear(self, x) or torch.compiler.is_compiling():
+        return _onednn_forward(self, x)
     weight = self.weight
-    if _takes_f_linear(self, x):
-        return F.linear(x, weight, self.bias)
-    if torch.compiler.is_compiling():  # a compiled static pass (treespec/static_pass.py): one op the graph can hold
-        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
     rows = x.numel() // x.shape[-1]
     if rows <= MKL_ROWS:
         flat = x.reshape(rows, x.shape[-1]).contiguous()  # [n, in]: rows whose features are adjacent, as MKL wants
         if rows == 1:  # MKL's one-row product is its slow gemv: two rows stream the weight at full speed
             flat = torch.cat([flat, flat])
         # [out, n] → [n, out], made contiguous: a transposed output fed on (the MLP's gate into its down projection)
-        # once took MKL's slow path, 4-5x
+        # sent the next product down MKL's slow path
         out = torch.mm(weight, flat.T).T[:rows].contiguous()
         if self.bias is not None:
             out = out + self.bias

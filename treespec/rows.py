@@ -195,9 +195,12 @@ class BatchRows:
             row.root, row.fed = new[-1], len(keeps[-1])
             self.accept_lengths[row.prompt].append(len(new))
         self.features = kept_entries(features, keeps)  # [b, 1 + k_max, L·h]: each row's root's, then its accepted
-        if self.history is not None:
-            for b, (start, keep) in enumerate(zip(starts, keeps, strict=True)):
-                self.history[b, start : start + len(keep)] = self.features[b, : len(keep)]
+        if self.history is not None:  # each row's entries from its root's position on, one scatter for the batch;
+            # a shorter row's repeated tail lands at or past its new root, which no prefill reads and later commits
+            # overwrite
+            width, device = self.features.shape[1], self.features.device
+            at = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)[None]  # [b, w]
+            self.history.scatter_(1, repeat(at, "b w -> b w f", f=self.features.shape[-1]), self.features)
         self.passes += 1
         return keeps
 

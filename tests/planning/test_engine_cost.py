@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from treespec import generate
+from treespec.inputs import left_padded
 from treespec.planning import engine_cost
 from treespec.planning.autotree import (
     CostModel,
@@ -91,6 +92,23 @@ def test_step_clock_times_every_step_and_the_placeholder_is_lossless():
     assert len(clock.walk_starts) == out.target_passes and all(s >= 0 for s in clock.step_seconds())
     assert len(step_times(target, prompt, 5, tree, PlaceholderDrafter(tree))) == 4
     assert len(step_times(target, prompt.expand(2, -1), 5)) == 4  # a batch of rows too
+
+
+def test_replayed_rows_accept_the_lengths_they_are_given():
+    """The ragged calibration's drafter: row b's step s accepts (b + s) mod (depth + 1) tokens of the target's own
+    continuation, so rows keep different paths; the output is still the target's greedy one."""
+    target = tiny_llama(seed=0)
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (12, 9, 7)]
+    vanilla = generate(target, prompts, max_new_tokens=20)
+    ids, mask = left_padded(prompts, 0)
+    tree = Tree.chain(3)
+    replay = engine_cost.ReplayDrafter(tree, vanilla.sequences[:, ids.shape[1]:], [12, 9, 7], vocab=64)
+    out = generate(target, ids, attention_mask=mask, drafter=replay, tree=tree, max_new_tokens=20)
+    assert torch.equal(out.sequences, vanilla.sequences)
+    for row, result in enumerate(out.rows):  # each pass commits the accepted ones and one more (until the end)
+        assert result.accept_lengths[:3] == [(row + step) % 4 + 1 for step in (1, 2, 3)]
+    cost = measure_engine_cost(target, past_len=16, batch=3, steps=4, repeats=1, ragged=True, log=lambda *_: None)
+    assert cost.vanilla >= 0 and cost.fixed >= 0
 
 
 def test_the_engine_changes_predictions_and_the_choice():

@@ -102,20 +102,12 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
     by_drafter: dict[str, dict[int, object]] = {d.name: {} for d in drafters}  # {drafter: {B: CostModel}}
     autos: dict[str, dict[int, object]] = {d.name: {} for d in drafters}  # {drafter: {B: its tree=auto}}
     for size in sorted(batch_sizes):
-        log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
-        curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
-        out["cost_curves"][str(size)] = curve
-        # rows of different prompts accepting different lengths: the ragged overhead is part of a step's cost
-        engine = measure_engine_cost(target, past_len=past_len, batch=size, steps=8, repeats=2, ragged=True)
-        out["engines"][str(size)] = engine.record()
         # every prompt at least once at every size, so τ is measured over the whole workload the prediction is for
         count = max(batches, math.ceil(len(prompts) / size))
         out["batches_by_size"][str(size)] = count
         sets = prompt_batches(prompts, size, count)
         widths = [max(len(p) for p in rows) for rows in sets]  # each batch's prompts, left-padded to its longest
-        prefill = measure_prefill_curve(target, {min(widths), int(statistics.median(widths)), max(widths)},
-                                        batch=size)
-        out["prefill_curves"][str(size)] = prefill
+        curve, engine, prefill = target_costs(target, size, cost_sizes, past_len, widths, out, log)
         configs, meta = [], {"vanilla": {"drafter": "none", "tree": "vanilla", "nodes": 0, "predicted_speedup": 1.0}}
         for d in drafters:
             source = d.tau_source()
@@ -155,16 +147,37 @@ def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], promp
         rows = measure(target, configs, sets, max_new_tokens=max_new_tokens,
                        temperature=temperature, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
                        progress=lambda name, i, size=size, n=count: log(f"  [B={size}, batch {i + 1}/{n}] {name}"))
-        peer = next(r for r in rows if r.name == TRANSFORMERS).prompt_tokens_per_s
-        for row in rows:
-            vs_peer = [a / b for a, b in zip(row.prompt_tokens_per_s, peer, strict=True)]
-            out["records"].append({
-                "batch_size": size, "config": row.name, **meta[row.name], "tau": _finite(row.tau),
-                "tokens_per_s": row.tokens_per_s, "speedup": row.speedup,
-                "speedup_vs_transformers": statistics.median(vs_peer),
-                "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
-                         "speedup_vs_transformers": vs_peer, "accept_lengths": row.prompt_accept_lengths}})
+        out["records"] += size_records(size, rows, meta)
     return out
+
+
+def size_records(size: int, rows: list, meta: dict) -> list[dict]:
+    """One batch size's measured rows (bench.measure's) as records: each with its ``meta`` (tree, prediction), τ,
+    tokens/s and the speedups against batched vanilla and transformers' batched generate, per batch and overall."""
+    peer = next(r for r in rows if r.name == TRANSFORMERS).prompt_tokens_per_s
+    records = []
+    for row in rows:
+        vs_peer = [a / b for a, b in zip(row.prompt_tokens_per_s, peer, strict=True)]
+        records.append({
+            "batch_size": size, "config": row.name, **meta[row.name], "tau": _finite(row.tau),
+            "tokens_per_s": row.tokens_per_s, "speedup": row.speedup,
+            "speedup_vs_transformers": statistics.median(vs_peer),
+            "runs": {"tokens_per_s": row.prompt_tokens_per_s, "speedup": row.prompt_speedups,
+                     "speedup_vs_transformers": vs_peer, "accept_lengths": row.prompt_accept_lengths}})
+    return records
+
+
+def target_costs(target, size: int, cost_sizes, past_len: int, widths: list[int], out: dict, log=print) -> tuple:
+    """(the cost curve over ``size`` × N tokens, the engine's cost per step over ``size`` ragged rows, the prefill of
+    ``size`` prompts at the batches' padded ``widths``), each also kept in ``out`` (results.json's batch section)."""
+    log(f"batch size {size}: cost curve over {size} × N tree tokens, N in {list(cost_sizes)}")
+    curve = measure_cost_curve(target, cost_sizes, past_len=past_len, batch=size, repeats=5)
+    # rows of different prompts accepting different lengths: the ragged overhead is part of a step's cost
+    engine = measure_engine_cost(target, past_len=past_len, batch=size, steps=8, repeats=2, ragged=True)
+    prefill = measure_prefill_curve(target, {min(widths), int(statistics.median(widths)), max(widths)}, batch=size)
+    out["cost_curves"][str(size)], out["engines"][str(size)] = curve, engine.record()
+    out["prefill_curves"][str(size)] = prefill
+    return curve, engine, prefill
 
 
 def whole_generations(source, costs: BatchCosts, size: int, widths: list[int], prefill: dict[int, float],

@@ -4,8 +4,8 @@ A per-step prediction (``autotree.predict``: τ ÷ a step's cost, against a vani
 gains less, for reasons a step does not show:
 
 - **The slowest row sets the time.** Rows accept different lengths every step, so they need different numbers of
-  passes; the batch runs until its last row ends. With four rows at τ ≈ 3, the last one needs about a fifth more
-  passes than the mean. Vanilla decoding ends every row at the same step (no eos).
+  passes; the batch runs until its last row ends, which takes more passes than the mean row needs. Vanilla decoding
+  ends every row at the same step (no eos).
 - **The batch thins out.** A row that ends leaves the batch (treespec/generate.py, ``retire``): the last passes run
   fewer rows, at the cost of fewer rows, and with a ``TreesByBatch`` (treespec/batch_trees.py) another tree.
 - **The prefill** of the B prompts is paid by both, once (``autotree.predict_generation`` at B = 1).

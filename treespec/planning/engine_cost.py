@@ -76,29 +76,35 @@ class PlaceholderDrafter(Drafter):
 class ReplayDrafter(Drafter):
     """Rows that accept different lengths, as real rows do, with no model: row b proposes its known continuation
     (the target's own greedy tokens, ``continuation`` [b, T] after prompts of ``prompt_lengths``) on the tree's
-    first-rank path down to depth k and a wrong token everywhere else, k cycling over 0 .. depth by row and step. A
-    ragged batch's step: holes on the slot axis, explicit masks, per-row compaction."""
+    first-rank path down to depth k and another token everywhere else, k cycling over 0 .. depth by row and step. A
+    ragged batch's step: holes on the slot axis, explicit masks, per-row compaction. Its own work, which the step's
+    time includes, is a few tensor ops: the tree's layout is made once."""
 
     per_row = ("continuation", "prompt_lengths", "row_ids")
 
-    def __init__(self, tree: Tree, continuation: torch.Tensor, prompt_lengths: list[int]):
+    def __init__(self, tree: Tree, continuation: torch.Tensor, prompt_lengths: list[int], vocab: int):
         self.default_tree, self.continuation, self.prompt_lengths = tree, continuation, list(prompt_lengths)
-        self.row_ids = list(range(len(self.prompt_lengths)))
-        self.steps = 0
+        self.row_ids = torch.arange(len(self.prompt_lengths), device=continuation.device)  # [b]
+        self.vocab, self.steps, self._layouts = vocab, 0, {}
+
+    def _layout(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each node's depth [n], whether its path takes rank 0 at every depth [n]), made once per tree."""
+        if tree not in self._layouts:
+            device = self.continuation.device
+            self._layouts[tree] = (tree.depths[1:].to(device), torch.tensor(
+                [all(r == 0 for r in path) for path in tree.paths], dtype=torch.bool, device=device))
+        return self._layouts[tree]
 
     def propose(self, committed, feature, tree, sampling, generator=None) -> Proposals:
-        device = self.continuation.device
         self.steps += 1
-        depths = tree.depths[1:].to(device)  # [n]
-        spine = torch.tensor([all(r == 0 for r in path) for path in tree.paths], dtype=torch.bool, device=device)
+        depths, spine = self._layout(tree)  # [n], [n]
         made = torch.tensor([n - p for n, p in zip(committed.lengths, self.prompt_lengths, strict=True)],
-                            device=device)  # [b]: tokens generated, the root the last
-        accepts = torch.tensor([(row + self.steps) % (tree.depth + 1) for row in self.row_ids], device=device)  # [b]
+                            device=depths.device)  # [b]: tokens generated, the root the last
+        accepts = (self.row_ids + self.steps) % (tree.depth + 1)  # [b]
         index = (made[:, None] - 1 + depths[None]).clamp(max=self.continuation.shape[1] - 1)  # [b, n]
         right = self.continuation.gather(1, index)  # [b, n]
-        vocab = int(self.continuation.max()) + 2
         chosen = spine[None] & (depths[None] <= accepts[:, None])
-        return Proposals.shared(tree, torch.where(chosen, right, (right + 1) % vocab).to(committed.tokens.device))
+        return Proposals.shared(tree, torch.where(chosen, right, (right + 1) % self.vocab).to(committed.tokens.device))
 
 
 def step_times(target, prompt: torch.Tensor, steps: int, tree: Tree | None = None, drafter: Drafter | None = None,
@@ -155,7 +161,7 @@ def engine_samples(target, *, past_len: int, trees=CALIBRATION_TREES, steps: int
         mask = (torch.arange(past_len)[None] >= torch.tensor([past_len - n for n in lengths])[:, None]).long()
         mask = mask.to(target.device)
         continuation = decode(target, prompt, attention_mask=mask, max_new_tokens=budget).sequences[:, past_len:]
-        configs = [(None, None)] + [(tree, lambda tree=tree: ReplayDrafter(tree, continuation, lengths))
+        configs = [(None, None)] + [(tree, lambda tree=tree: ReplayDrafter(tree, continuation, lengths, vocab))
                                     for tree in trees]
     else:
         token = int(prompt[0, 0])  # a placeholder the target rarely continues with after itself
