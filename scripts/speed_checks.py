@@ -7,10 +7,13 @@
    with treespec's preallocated one (treespec/cache.py), in ms.
 2. One drafting step of each drafter, plain and lean (heads/drafting/lean.py): a depth over 4 frontier nodes after 256
    cached entries (Medusa: a whole proposal), in ms and as c = that time ÷ one target forward over one token.
-3. The walker per verification rule at temperature 1 on a 64-node tree (the first 64 nodes of a full 4-ary
+3. A DFlash block of 8 (one layer, a freshly initialised network: the time does not depend on the weights) against
+   one EAGLE-3 depth of 1 and of 4 nodes, full vocabulary and EAGLE-3's 2,048-token draft vocabulary (FR-Spec),
+   each timed right after a target pass as in decoding, in interleaved rounds: ms and block ÷ depth.
+4. The walker per verification rule at temperature 1 on a 64-node tree (the first 64 nodes of a full 4-ary
    tree) over the target's vocabulary, with random drafts (nothing accepted early: the traversal's worst case)
    and with the target's own top-k: ms and % of one target forward over the 65 tree tokens.
-4. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
+5. treespec's vanilla decoding against transformers' greedy generate(), interleaved prompt by prompt
    (treespec.planning.bench.measure): the median of per-prompt ratios.
 
 Medians of repeated timings in one process; on a shared machine compare the ratios, not the milliseconds.
@@ -18,13 +21,14 @@ Medians of repeated timings in one process; on a shared machine compare the rati
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import torch
 
 from treespec import reference
 from treespec.drafter import Proposal
-from treespec.heads import registry
+from treespec.heads import DFlash, DFlashModel, registry
 from treespec.heads.kind import fills_tree_at_once
 from treespec.planning.bench import Config, measure
 from treespec.sampling import Sampling
@@ -36,8 +40,33 @@ from treespec.walker import walk
 DRAFTERS = ("draft", "medusa", "eagle", "eagle3")
 
 
+def block_costs(target, rounds: int = 3) -> dict:
+    """Section 3: {"block": {vocab: ms}, "depth": {nodes: ms}, "ratio": {vocab: block ÷ 1-node depth}}."""
+    eagle3 = registry.make("eagle3", registry.load_module("eagle3", target, "reference:eagle3"))
+    torch.manual_seed(0)
+    block = DFlashModel(target, block_size=8, num_layers=1).eval()
+    steps = {("depth", n): eagle3.drafting_step(past_len=256, n_tokens=n) for n in (1, 4)}
+    for vocab, draft_vocab in (("full", None), ("fr2048", eagle3.model.draft_vocab)):
+        steps[("block", vocab)] = DFlash(block, draft_vocab=draft_vocab).drafting_step(past_len=256)
+    tokens = torch.zeros(1, 1, dtype=torch.long)
+    target_pass = torch.no_grad()(lambda: target(tokens))  # evicts the drafter from the caches, as decoding does
+    times = {key: [] for key in steps}
+    for _ in range(rounds):  # interleaved: no term rests on one spell of a shared machine
+        for key, step in steps.items():
+            times[key].append(median_time(step, repeats=20, before=target_pass))
+    ms = {key: 1e3 * statistics.median(t) for key, t in times.items()}
+    out = {"block": {v: ms[("block", v)] for v in ("full", "fr2048")}, "depth": {n: ms[("depth", n)] for n in (1, 4)}}
+    out["ratio"] = {v: out["block"][v] / out["depth"][1] for v in out["block"]}
+    print("\n| one drafting pass, after 256 context entries | ms | ÷ an EAGLE-3 depth of 1 node |\n|---|---|---|")
+    for n in (1, 4):
+        print(f"| EAGLE-3, a depth of {n} node(s) | {out['depth'][n]:.2f} | {out['depth'][n] / out['depth'][1]:.2f} |")
+    for v, what in (("full", "the full vocabulary"), ("fr2048", "EAGLE-3's 2,048 draft tokens")):
+        print(f"| DFlash, a block of 8, {what} | {out['block'][v]:.2f} | {out['ratio'][v]:.2f} |")
+    return out
+
+
 def walker_costs(target) -> dict:
-    """Section 3: {drafts: {rule: ms}}, printed as a table against a 65-token forward."""
+    """Section 4: {drafts: {rule: ms}}, printed as a table against a 65-token forward."""
     tree = Tree(Tree.full(4, 3).paths[:64])
     n, vocab = tree.num_nodes, target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -93,6 +122,7 @@ def main() -> None:
         print(f"| {name} ({out['drafting'][name]['unit']}) | {ms[False]:.2f} ms | {ms[True]:.2f} ms | "
               f"{ms[True] / ms[False]:.2f} | {ms[False] / one_token:.2f} | {ms[True] / one_token:.2f} |")
 
+    out["block_against_depth"] = block_costs(target)
     out["walk"] = walker_costs(target)
 
     prompts = [tokenizer(t, return_tensors="pt").input_ids for t in reference.prompts()[: args.prompts]]

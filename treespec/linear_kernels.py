@@ -88,23 +88,35 @@ def _fewrow_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], weight.shape[0])
-    return torch.ops.mkldnn._linear_pointwise(x, _reordered(self), self.bias, "none", [], "")
+    return blocked_linear(x, reordered_weight(self), self.bias)
 
 
-def _reordered(layer: nn.Linear) -> torch.Tensor:
-    """The layer's weight in oneDNN's blocked layout, made on first use and again whenever the weight was replaced or
-    changed in place (``load_state_dict`` copies into it: its version counter moves). Held beside the layer, not in
-    it: an opaque oneDNN tensor cannot be deep-copied or saved, and a copy of the layer makes its own on first use."""
+def reorder_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 CPU weight [out, in] in oneDNN's blocked layout (an opaque tensor for ``blocked_linear``)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
+
+
+def blocked_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] through a ``reorder_weight`` weight → [..., out], as ``F.linear`` (float32, CPU, no gradients)."""
+    return torch.ops.mkldnn._linear_pointwise(x, blocked, bias, "none", [], "")
+
+
+def reordered_weight(layer: nn.Module) -> torch.Tensor:
+    """The ``weight`` of ``layer`` (an nn.Linear, or any module holding a float32 CPU ``weight`` [out, in]) in oneDNN's
+    blocked layout, made on first use and again whenever the weight was replaced or changed in place
+    (``load_state_dict`` copies into it: its version counter moves). Held beside the layer, not in it: an opaque
+    oneDNN tensor cannot be deep-copied or saved, and a copy of the layer makes its own on first use."""
     weight = layer.weight
     held = _REORDERED.get(layer)
     if held is None or held[0] is not weight or held[1] != weight._version:
         with torch.no_grad():
-            held = (weight, weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8))
+            held = (weight, weight._version, reorder_weight(weight))
         _REORDERED[layer] = held
     return held[2]
 
 
-#: each few-row layer's reordered weight: (the weight it was made from, its version then, the reordered tensor)
+#: each few-row layer's (or lean projection's) reordered weight: (the weight it was made from, its version then, the
+#: reordered tensor)
 _REORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -14,11 +14,15 @@ scripts/speed_checks.py`` measures both paths on the shipped reference models.
   rotary frequencies do not depend on the sequence length (not "dynamic" or "longrope" scaling, which a table
   over every position would change); any other model runs through its plain forward (``lean_decoder``
   returns None).
-* ``LeanProjection``: a vocabulary projection whose weight is stored transposed ([h, V], contiguous) on
-  CPUs, where MKL's gemm against nn.Linear's [V, h] layout is slower for the few rows of a draft depth. It
-  is a snapshot of the weight taken at construction (drafters are built for inference). Its results differ
-  from nn.Linear's in the last bits (summation order), which can reorder near-tied draft candidates;
-  verification keeps the output exact either way.
+* ``LeanProjection``: a vocabulary projection for the few rows of a draft depth or block on CPUs, where MKL's
+  gemm against nn.Linear's [V, h] layout is slow and erratic over 1-16 rows. With oneDNN (float32, as torch's CPU
+  builds have) it runs on the weight reordered into oneDNN's blocked layout (treespec/linear_kernels.py,
+  ``reordered_weight``: shared with a target layer on the few-row kernel, remade when the weight changes). That
+  read the reference target's 8,192-row head 2-5× faster than MKL on a transposed copy at 1-16 rows, and
+  SmolLM2's 49,152-row head 1.3× at one row and 4-7× at 2-16 (2 threads, ``scripts/speed_checks.py``). Without
+  oneDNN the weight is a transposed snapshot ([h, V], contiguous), which MKL's gemm reads faster than [V, h] for
+  a row or two. Its results differ from nn.Linear's in the last bits (summation order), which can reorder
+  near-tied draft candidates; verification keeps the output exact either way.
 
 Both are behind the drafters' ``lean`` switch (default on); ``lean=False`` is the plain path.
 """
@@ -26,11 +30,13 @@ Both are behind the drafters' ``lean`` switch (default on); ``lean=False`` is th
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 from torch import nn
 
 from treespec.compat import cache_arg
+from treespec.linear_kernels import blocked_linear, onednn_available, reordered_weight
 from treespec.static_pass import StaticKV
 from treespec.visibility import causal_mask
 
@@ -112,21 +118,35 @@ def lean_decoder(decoder: nn.Module, config) -> LeanDecoder | None:
 
 
 class LeanProjection(nn.Module):
-    """x [..., h] @ weight.T (+ bias) → [..., V] with the weight kept as [h, V] on a CPU (module docstring);
-    on other devices the plain ``F.linear``."""
+    """x [..., h] @ weight.T (+ bias) → [..., V] through oneDNN's blocked layout on CPUs that have it, else a
+    transposed copy on CPUs (module docstring); on other devices the plain ``F.linear``."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, source: nn.Module | None = None):
+        """source: the layer ``weight`` belongs to, whose reordered copy a few-row target layer already holds."""
         super().__init__()
-        weight = weight.detach()
-        self.transposed = weight.device.type == "cpu"
+        weight = weight.detach()  # shares the weight's storage and version counter: no copy
+        cpu = weight.device.type == "cpu"
+        self.blocked = cpu and weight.dtype == torch.float32 and onednn_available()
+        self.transposed = cpu and not self.blocked
         self.register_buffer("weight", weight.t().contiguous() if self.transposed else weight, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
+        # a weak reference: not a submodule, and a deep copy of the projection does not copy the layer
+        self._source = None if source is None else weakref.ref(source)
 
     @classmethod
     def of(cls, linear: nn.Module) -> LeanProjection:
-        return cls(linear.weight, getattr(linear, "bias", None))
+        return cls(linear.weight, getattr(linear, "bias", None), source=linear)
+
+    def _holder(self) -> nn.Module:
+        """The source layer while it still holds this weight (its reordered copy is shared), else this module."""
+        source = None if self._source is None else self._source()
+        same = source is not None and getattr(source, "weight", None) is not None and \
+            source.weight.data_ptr() == self.weight.data_ptr()
+        return source if same else self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad:
+            return blocked_linear(x, reordered_weight(self._holder()), self.bias)  # [..., V]
         if not self.transposed:
             return nn.functional.linear(x, self.weight, self.bias)
         y = x @ self.weight  # [..., V]

@@ -108,7 +108,7 @@ class ReducedHead(nn.Module):
                              f"{vocab.vocab_size}-token vocabulary")
         self.vocab = vocab
         self.register_buffer("rows", vocab.projection(lm_head.weight.detach()), persistent=False)  # [N, h]
-        # lean: the kept rows stored transposed for a CPU's small-batch gemm (heads/drafting/lean.py)
+        # lean: the kept rows through a few-row projection on CPUs (heads/drafting/lean.py)
         self.lean = LeanProjection(self.rows) if lean else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

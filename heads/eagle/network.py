@@ -163,7 +163,7 @@ class EagleModel(nn.Module):
         return self.lm_head(features)
 
     def head(self, lean: bool = False):
-        """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a transposed copy of the same
+        """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a lean projection of the same
         lm_head (heads/drafting/lean.py) for drafting."""
         return LeanProjection.of(self.lm_head) if lean else self.logits
 

@@ -187,7 +187,7 @@ class Eagle3Model(nn.Module):
         return self.draft_vocab.scatter(self.draft_logits(out))
 
     def head(self, lean: bool = False):
-        """``logits``, or with ``lean`` the same through a transposed copy of lm_head (heads/drafting/lean.py)."""
+        """``logits``, or with ``lean`` the same through a lean projection of lm_head (heads/drafting/lean.py)."""
         if not lean:
             return self.logits
         projection = LeanProjection.of(self.lm_head)

@@ -44,7 +44,7 @@ class Hydra(Drafter):
     def __init__(self, heads: HydraHeads, *, default_tree: Tree | None = None, candidates: str = "topk",
                  lean: bool = True):
         """candidates: "topk", "sample" or "without_replacement" (module docstring). lean: heads sharing the target's
-        lm_head project through a transposed copy of it (heads/drafting/lean.py)."""
+        lm_head project through a lean projection of it (heads/drafting/lean.py)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
         if default_tree is not None and not isinstance(default_tree, Tree):

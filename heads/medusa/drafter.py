@@ -26,7 +26,7 @@ class Medusa(Drafter):
     def __init__(self, heads: MedusaHeads, *, default_tree: Tree | None = None, draft_vocab: DraftVocab | None = None,
                  lean: bool = True):
         """draft_vocab: project onto these target ids only (FR-Spec, heads/drafting/vocab.py; still lossless).
-        lean: heads sharing the target's lm_head project all depths in one product through a transposed copy of
+        lean: heads sharing the target's lm_head project all depths in one product through a lean projection of
         it (heads/drafting/lean.py) instead of one matrix-vector product per head."""
         self.heads = heads.eval()
         self.max_tree_depth = heads.num_heads  # head k fills depth k + 1

@@ -17,6 +17,7 @@ from treespec.heads.drafting.lean import LeanProjection, lean_decoder
 from treespec.heads.eagle import Eagle, EagleModel
 from treespec.heads.eagle3 import Eagle3, Eagle3Model
 from treespec.heads.medusa import Medusa, MedusaHeads
+from treespec.linear_kernels import onednn_available, reordered_weight, use_linear_kernel
 from treespec.train.checks.architectures import build, full_attention
 from treespec.visibility import dense_mask
 
@@ -79,6 +80,31 @@ def test_lean_projection_equals_linear():
     torch.testing.assert_close(LeanProjection.of(linear)(x), linear(x))
     linear.bias = None
     torch.testing.assert_close(LeanProjection.of(linear)(x), linear(x))
+    # a block's positions after its root: a strided slice, as DFlash projects them
+    torch.testing.assert_close(LeanProjection.of(linear)(x[:, 1:]), linear(x[:, 1:]))
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+def test_lean_projection_shares_and_follows_the_reordered_weight():
+    """On oneDNN the projection reads the layer's blocked copy (one copy with a few-row target layer), follows the
+    weight when it changes in place, and a copy of the projection does not copy the layer."""
+    linear = torch.nn.Linear(16, 40, bias=False)
+    use_linear_kernel(linear, "fewrow")
+    lean = LeanProjection.of(linear)
+    assert lean.blocked
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(lean(x), linear(x))
+        held = reordered_weight(linear)
+        lean(x)
+        assert reordered_weight(linear) is held  # the layer's copy, not a second one
+        linear.weight.mul_(2.0)  # in place: the version counter moves
+        torch.testing.assert_close(lean(x), linear(x))
+        assert reordered_weight(linear) is not held
+    twin = copy.deepcopy(lean)
+    assert twin._holder() is twin  # its weight is its own now: it does not read the layer's copy
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), linear(x))
 
 
 # -- the switch: the same proposals and tokens on and off -------------------------------------------------
