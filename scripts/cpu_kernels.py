@@ -2,8 +2,9 @@
 and, for a grouped-query target, attention's (treespec/gqa_attention.py).
 
 For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; the few-row
-kernel; each with treespec's in-place GQA attention on a grouped-query target: treespec's default on CPUs is the
-few-row kernel with it): the target's cost curve T(N) (one forward over N new tokens after 256 cached ones) and
+kernel; the native kernel where it builds (treespec/native_linear.py); each with treespec's in-place GQA attention on
+a grouped-query target: treespec's default on CPUs is the native kernel, else the few-row one, with it): the
+target's cost curve T(N) (one forward over N new tokens after 256 cached ones) and
 T(N)/T(1); then the matrix products of its shapes alone per linear kernel (each weight read from memory: enough
 distinct copies to overflow the caches). Settings alternate round by round, so a slow spell of a shared machine
 falls on all; every number is a median over rounds.
@@ -21,15 +22,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from treespec import reference
+from treespec import native_linear, reference
 from treespec.gqa_attention import NAME as GQA_SDPA
 from treespec.linear_kernels import use_linear_kernel
 from treespec.planning.autotree import measure_cost_curve
 
-KERNELS = ("fewrow", "onednn", "torch")
+KERNELS = ("native", "fewrow", "onednn", "torch") if native_linear.available() else ("fewrow", "onednn", "torch")
 # name: (linear kernel, attention)
-SETTINGS = {"torch + sdpa": ("torch", "sdpa"), "onednn + sdpa": ("onednn", "sdpa"), "fewrow + sdpa": ("fewrow", "sdpa"),
-            f"onednn + {GQA_SDPA}": ("onednn", GQA_SDPA), f"fewrow + {GQA_SDPA}": ("fewrow", GQA_SDPA)}
+SETTINGS = {f"{kernel} + {attention}": (kernel, attention) for attention in ("sdpa", GQA_SDPA)
+            for kernel in ("torch", *KERNELS[:-1][::-1]) if attention == "sdpa" or kernel != "torch"}
 
 
 def matmul_times(shape: tuple[int, int], sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:

@@ -1,5 +1,5 @@
-"""The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``), oneDNN's, or the few-row
-kernel built from both.
+"""The kernel a model's linear layers run on a CPU: torch's (MKL, through ``F.linear``), oneDNN's, the few-row
+kernel built from both, or the native kernel compiled on this machine.
 
 Decoding a small model on a CPU is a stream of few-token matrix products against weights read from memory once
 per pass. torch's CPU wheel sends ``F.linear`` to MKL, which on AMD CPUs reads a large projection well below the
@@ -22,12 +22,19 @@ one-row path is its slow gemv), and oneDNN's kernel on a weight reordered once i
 linear layers' memory**, re-made when the weight changes (its version counter), and takes the first path up to
 ``MKL_ROWS`` rows, the second above.
 
-``"auto"`` is ``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN
-call has a fixed cost above ``F.linear``'s, several times a tiny layer's whole time and nothing beside a memory-bound
-read of a large one. Every layer of the reference target and SmolLM2 is above it; a tiny test model's are below.
-``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off,
-``"onednn"`` keeps the plain oneDNN kernel and the memory). Inside a compiled graph (``compile=True``) the few-row
-kernel is oneDNN's plain one: the reordered copy and its version check are not something a graph can hold.
+``"native"`` sends calls of up to 16 float32 rows whose width is a multiple of 8 to treespec's own AVX2 kernel
+(treespec/native_linear.py: compiled on first use, each weight row streamed once against up to six input rows held in
+registers, at a fixed cost per call near ``F.linear``'s), and every other call down the few-row path (prefill, more
+rows, other widths: the reordered copy stays). On SmolLM2 at 2 threads it brought T(4)/T(1) and T(8)/T(1) from
+1.2 and 1.37 to about 1.1 and 1.2, with the one-row pass no slower (docs/results.md, "A tree pass on CPU").
+
+``"auto"`` is ``"native"`` where it builds and torch has oneDNN, else ``"fewrow"`` where torch has oneDNN, for layers
+of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call has a fixed cost above ``F.linear``'s, several times a tiny
+layer's whole time and nothing beside a memory-bound read of a large one. Every layer of the reference target and
+SmolLM2 is above it; a tiny test model's are below. ``treespec.reference.load_model`` applies ``DEFAULT`` ("auto";
+``linear_kernel="torch"`` there switches it off, ``"fewrow"`` leaves the native kernel out, ``"onednn"`` keeps the
+plain oneDNN kernel and the memory). Inside a compiled graph (``compile=True``) the few-row and native kernels are
+oneDNN's plain one: the reordered copy, its version check and a ctypes call are not something a graph can hold.
 
 Results differ from MKL's in the last bits (summation order), as any two BLAS do; greedy decoding stays equal
 to transformers' on the same loaded model, since both then run the same kernel.
@@ -41,11 +48,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNELS = ("auto", "fewrow", "onednn", "torch")
+from treespec import native_linear
+
+KERNELS = ("auto", "native", "fewrow", "onednn", "torch")
 DEFAULT = "auto"  # the loader's (module docstring)
 # "auto" keeps torch's kernel below this many weights (256 x 256): where the two kernels' times per token met
 # (results/linear_kernels/*.json, products_ms; docs/usage.md, "CPU kernels for few-token passes")
 AUTO_MIN_WEIGHTS = 1 << 16
+# "auto" keeps layers above this many weights (64 MB: a vocabulary projection) on "fewrow", not "native": MKL streamed
+# SmolLM2's 49,152 x 576 head at one row in 3.5 ms against the native kernel's 4.5, and oneDNN at 16 rows in 5.6
+# against 7.2 (results/linear_kernels/2026-12-04-native/); every other layer measured was as fast or faster native
+AUTO_NATIVE_MAX_WEIGHTS = 1 << 24
 #: "fewrow" sends products over at most this many rows through MKL's gemm as W @ xᵀ, more through reordered oneDNN
 MKL_ROWS = 2
 
@@ -91,6 +104,16 @@ def _fewrow_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return blocked_linear(x, reordered_weight(self), self.bias)
 
 
+def _native_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's forward through the native kernel for the calls it takes (module docstring), else the few-row
+    kernel's path."""
+    # gradients first: the cheapest test, and training never reaches the kernel
+    weight, bias = self.weight, self.bias
+    if torch.is_grad_enabled() or not native_linear.takes(x, weight, bias) or torch.compiler.is_compiling():
+        return _fewrow_forward(self, x)
+    return native_linear.linear(x, weight, bias)
+
+
 def reorder_weight(weight: torch.Tensor) -> torch.Tensor:
     """A float32 CPU weight [out, in] in oneDNN's blocked layout (an opaque tensor for ``blocked_linear``)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
@@ -128,25 +151,34 @@ def check_kernel(kernel) -> None:
 
 def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     """Run every ``nn.Linear`` in ``model`` through ``kernel`` (``KERNELS``); returns how many modules it set.
-    "auto" is "fewrow" where this torch has oneDNN for layers of at least ``AUTO_MIN_WEIGHTS`` weights, else
-    "torch"; "onednn" or "fewrow" on a torch without it is an error naming the way back ("torch")."""
+    "auto" is "native" where it builds, else "fewrow", where this torch has oneDNN, for layers of at least
+    ``AUTO_MIN_WEIGHTS`` weights (above ``AUTO_NATIVE_MAX_WEIGHTS``: "fewrow"), else "torch"; "onednn", "fewrow" or
+    "native" on a torch without oneDNN, or "native" where it does not build, is an error naming the way back."""
     check_kernel(kernel)
     if not isinstance(model, nn.Module):
         raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
-    min_weights = 0
+    min_weights, max_native = 0, None
     if kernel == "auto":
-        kernel, min_weights = ("fewrow", AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0)
+        kernel, min_weights = (("native" if native_linear.available() else "fewrow", AUTO_MIN_WEIGHTS)
+                               if onednn_available() else ("torch", 0))
+        max_native = AUTO_NATIVE_MAX_WEIGHTS
     if kernel in FORWARDS and not onednn_available():
         raise ValueError(f"linear_kernel={kernel!r} needs a torch built with oneDNN (torch.backends.mkldnn); this "
                          "one has none: use linear_kernel='torch'")
+    if kernel == "native" and not native_linear.available():
+        raise ValueError(f"linear_kernel='native' is not available here: {native_linear.why_unavailable()}; use "
+                         "linear_kernel='fewrow'")
     count = 0
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        if kernel != "fewrow":  # its reordered copy frees its memory (kept otherwise: checked against the weight)
+        # a reordered copy frees its memory, kept by the kernels that use it (checked against the weight)
+        if kernel not in ("fewrow", "native"):
             _REORDERED.pop(module, None)
-        if kernel in FORWARDS and module.weight.numel() >= min_weights:
-            module.forward = FORWARDS[kernel].__get__(module)  # an instance attribute: the class stays stock
+        size = module.weight.numel()
+        if kernel in FORWARDS and size >= min_weights:
+            own = "fewrow" if kernel == "native" and max_native is not None and size > max_native else kernel
+            module.forward = FORWARDS[own].__get__(module)  # an instance attribute: the class stays stock
         else:
             module.__dict__.pop("forward", None)
         count += 1
@@ -154,11 +186,13 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
 
 
 def linear_kernel_of(model: nn.Module) -> str | None:
-    """The kernel ``model``'s linear layers run ("fewrow", "onednn", "torch"), "mixed", or None where it has none."""
+    """The kernel ``model``'s linear layers run ("native", "fewrow", "onednn", "torch"), "mixed", or None where it has
+    none."""
     by_forward = {f: name for name, f in FORWARDS.items()}
     kinds = {by_forward.get(getattr(m.__dict__.get("forward"), "__func__", None), "torch")
              for m in model.modules() if isinstance(m, nn.Linear)}
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
 
 
-FORWARDS = {"fewrow": _fewrow_forward, "onednn": _onednn_forward}  # the kernels that replace a layer's forward
+# the kernels that replace a layer's forward
+FORWARDS = {"native": _native_forward, "fewrow": _fewrow_forward, "onednn": _onednn_forward}

@@ -145,7 +145,8 @@ class LeanProjection(nn.Module):
         return source if same else self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad:
+        if self.blocked and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad and \
+                not torch.compiler.is_compiling():  # a compiled static pass holds F.linear, not the opaque copy
             return blocked_linear(x, reordered_weight(self._holder()), self.bias)  # [..., V]
         if not self.transposed:
             return nn.functional.linear(x, self.weight, self.bias)

@@ -1,7 +1,8 @@
-"""The CPU linear kernels (treespec/linear_kernels.py): oneDNN's and the few-row kernel's forwards agree with F.linear
-at every row count (the few-row kernel's two paths, and its reordered weight made again when the weight changes),
-step aside for gradients and other dtypes, are what the loader applies (and switches off), and keep greedy decoding
-equal to transformers' on every family of the architecture matrix."""
+"""The CPU linear kernels (treespec/linear_kernels.py): oneDNN's, the few-row kernel's and the native kernel's forwards
+agree with F.linear at every row count (the few-row kernel's two paths, the native kernel's passes of up to six rows
+and what it hands on: more than 16 rows, widths not a multiple of 8; the reordered weight made again when the weight
+changes), step aside for gradients and other dtypes, are what the loader applies (and switches off), and keep greedy
+decoding equal to transformers' on every family of the architecture matrix."""
 
 from __future__ import annotations
 
@@ -12,20 +13,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treespec import linear_kernels, native_linear
 from treespec.heads import DraftModel
 from treespec.linear_kernels import AUTO_MIN_WEIGHTS, linear_kernel_of, onednn_available, use_linear_kernel
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of, expect_greedy, prompt
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+needs_native = pytest.mark.skipif(not (onednn_available() and native_linear.available()),
+                                  reason=f"no native kernel here: {native_linear.why_unavailable()}")
+KERNELS = ["onednn", "fewrow", pytest.param("native", marks=needs_native)]
+# what "auto" gives a large layer here
+AUTO = "native" if onednn_available() and native_linear.available() else "fewrow" if onednn_available() else "torch"
 
 
 @needs_onednn
-@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
-@pytest.mark.parametrize("shape", [(3,), (1,), (2, 1), (1, 2), (2, 5), (2, 3, 4), (1, 16)])
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 1), (1, 2), (2, 5), (2, 3, 4), (1, 16), (2, 9)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_forward_agrees_with_f_linear(kernel, shape, bias):
-    """Rows 1 and 2 take the few-row kernel's MKL path, 3 and more its reordered oneDNN one."""
+    """Rows 1 and 2 take the few-row kernel's MKL path, 3 and more its reordered oneDNN one; the native kernel takes
+    up to 16 rows in passes of six (1, 2, 5, 6 + 6 + 4) and hands 18 to the few-row kernel."""
     torch.manual_seed(0)
     layer = nn.Linear(24, 40, bias=bias)
     x = torch.randn(*shape, 24)
@@ -38,6 +46,38 @@ def test_forward_agrees_with_f_linear(kernel, shape, bias):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert got.is_contiguous()  # a transposed output fed to the next layer once took MKL's slow path
     assert not torch.equal(got, torch.zeros_like(got))
+
+
+@needs_native
+@pytest.mark.parametrize("width", [20, 13])
+def test_the_native_kernel_hands_on_widths_it_does_not_take(width):
+    """Input widths that are not a multiple of 8 go to the few-row kernel, with the same result as F.linear."""
+    torch.manual_seed(0)
+    layer = nn.Linear(width, 33)
+    x = torch.randn(3, width)
+    assert not native_linear.takes(x, layer.weight, layer.bias)
+    # a large weight's products of more than LARGE_ROWS rows go on too (the few-row kernel was faster there)
+    large = torch.empty(native_linear.LARGE_WEIGHTS // 64, 64)
+    rows = native_linear.LARGE_ROWS
+    assert native_linear.takes(torch.randn(rows, 64), large)
+    assert not native_linear.takes(torch.randn(rows + 1, 64), large)
+    use_linear_kernel(layer, "native")
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_native_refused_by_name_where_it_cannot_build(monkeypatch):
+    """Asked for by name where it cannot be built, "native" is an error that says why; "auto" takes the few-row
+    kernel."""
+    monkeypatch.setattr(native_linear, "_state", {"why": "no C compiler found ($CC, gcc or cc)"})
+    layer = nn.Linear(256, AUTO_MIN_WEIGHTS // 256)
+    with pytest.raises(ValueError, match=r"linear_kernel='native' is not available here: no C compiler found"):
+        use_linear_kernel(layer, "native")
+    use_linear_kernel(layer, "auto")
+    assert linear_kernel_of(layer) == "fewrow"
+    with pytest.raises(RuntimeError, match="the native kernel is not available: no C compiler"):
+        native_linear.linear(torch.randn(1, 256), layer.weight)
 
 
 @needs_onednn
@@ -59,7 +99,7 @@ def test_the_reordered_weight_follows_the_weight():
 
 
 @needs_onednn
-@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_gradients_and_other_dtypes_take_f_linear(kernel):
     torch.manual_seed(0)
     plain, fast = nn.Linear(8, 6), nn.Linear(8, 6)
@@ -78,7 +118,7 @@ def test_gradients_and_other_dtypes_take_f_linear(kernel):
 
 def test_the_loader_applies_the_kernel_and_torch_switches_it_off():
     model, _ = load("target")
-    assert linear_kernel_of(model) == ("fewrow" if onednn_available() else "torch")
+    assert linear_kernel_of(model) == AUTO
     assert use_linear_kernel(model, "torch") == sum(isinstance(m, nn.Linear) for m in model.modules())
     assert linear_kernel_of(model) == "torch"
     assert linear_kernel_of(load("target", linear_kernel="torch")[0]) == "torch"
@@ -91,9 +131,22 @@ def test_auto_keeps_torch_below_the_size_where_onednn_pays():
     small, large = nn.Linear(16, 64), nn.Linear(256, AUTO_MIN_WEIGHTS // 256)
     model = nn.Sequential(small, large)
     assert use_linear_kernel(model, "auto") == 2
-    assert (linear_kernel_of(small), linear_kernel_of(large), linear_kernel_of(model)) == ("torch", "fewrow", "mixed")
+    assert (linear_kernel_of(small), linear_kernel_of(large), linear_kernel_of(model)) == ("torch", AUTO, "mixed")
     use_linear_kernel(model, "onednn")
     assert linear_kernel_of(model) == "onednn"
+
+
+@needs_native
+def test_auto_keeps_a_vocabulary_sized_layer_off_the_native_kernel(monkeypatch):
+    """Above ``AUTO_NATIVE_MAX_WEIGHTS`` (SmolLM2's head: MKL and oneDNN stream it faster) "auto" takes the few-row
+    kernel; "native" by name takes every layer."""
+    monkeypatch.setattr(linear_kernels, "AUTO_NATIVE_MAX_WEIGHTS", AUTO_MIN_WEIGHTS)
+    layer, head = nn.Linear(256, AUTO_MIN_WEIGHTS // 256), nn.Linear(256, 2 * AUTO_MIN_WEIGHTS // 256)
+    model = nn.Sequential(layer, head)
+    use_linear_kernel(model, "auto")
+    assert (linear_kernel_of(layer), linear_kernel_of(head)) == ("native", "fewrow")
+    use_linear_kernel(model, "native")
+    assert linear_kernel_of(model) == "native"
 
 
 def test_an_unknown_kernel_is_refused_before_loading():
@@ -108,7 +161,7 @@ def test_an_unknown_kernel_is_refused_before_loading():
 
 
 @needs_onednn
-@pytest.mark.parametrize("kernel", ["onednn", "fewrow"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", [f.name for f in FAMILIES])
 def test_greedy_stays_equal_to_transformers_on_the_cpu_kernels(name, kernel):
     target = build(name)

@@ -1,0 +1,135 @@
+"""A few-row linear kernel compiled on this machine: ``treespec/skinny_linear.c``, for the "native" CPU kernel of
+treespec/linear_kernels.py.
+
+A decoding or tree pass of a small model on a CPU multiplies 1-16 rows by each weight, and the weights come from
+memory once per pass. torch's BLAS kernels are built for large products: MKL reads a weight near the memory's
+bandwidth for one or two rows only, and oneDNN's reordered kernel has a per-call cost several times a small layer's
+read from L2 (docs/results.md, "A tree pass on CPU"). The C kernel streams each weight row once and multiplies it
+against up to six input rows held in AVX2 registers; on SmolLM2-135M at 2 threads it made a one-token pass faster
+than the few-row kernel's and T(4)/T(1), T(8)/T(1) about 1.1 and 1.25 (docs/results.md).
+
+It is compiled on first use with the system's C compiler (``$CC``, else ``gcc``, else ``cc``) for this CPU
+(``-march=native``, OpenMP: the threads torch uses), into treespec's cache folder, keyed by the source, the
+compiler and the CPU, and loaded with ctypes: no torch headers, about a second of compiling. Where there is no
+compiler, no AVX2 and FMA, or the build fails, ``available()`` is False, ``why_unavailable()`` says why, and the
+"auto" kernel takes the few-row one instead. It needs float32 rows whose width is a multiple of 8.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from treespec.gguf_models import cache_root
+
+SOURCE = Path(__file__).with_name("skinny_linear.c")
+#: the most rows a call takes; more go to the caller's other kernel (the C kernel re-reads each weight block from L1
+#: once per six rows, and past 16 rows oneDNN's blocked kernel is faster: docs/results.md)
+MAX_ROWS = 16
+#: ... and for weights of at least ``LARGE_WEIGHTS``: SmolLM2's MLP products (576 x 1536 both ways) took 1.1-1.25× the
+#: few-row kernel's time natively at 12-16 rows, its attention products (<= 576 x 576) 0.6-0.9×
+#: (results/linear_kernels/2026-12-04-native/)
+LARGE_ROWS, LARGE_WEIGHTS = 8, 1 << 19
+FLAGS = ("-O3", "-march=native", "-funroll-loops", "-fopenmp", "-fPIC", "-shared")
+
+_state: dict = {}  # "lib": the loaded library, or "why": why there is none (built or refused once per process)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build() -> ctypes.CDLL:
+    """Compile (once per source, compiler and CPU) and load the library; RuntimeError naming what is missing."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the native kernel is AVX2 code; this CPU is {platform.machine()}")
+    flags = _cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        raise RuntimeError("the native kernel needs AVX2 and FMA, which /proc/cpuinfo does not list")
+    compiler = next((path for name in (os.environ.get("CC"), "gcc", "cc") if name and (path := shutil.which(name))),
+                    None)
+    if compiler is None:
+        raise RuntimeError("no C compiler found ($CC, gcc or cc) to build the native kernel")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
+                                    " ".join(sorted(flags))]).encode()).hexdigest()[:16]
+    path = cache_root() / "native" / f"skinny_linear-{key}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # then renamed: another process never loads half
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"building the native kernel failed ({compiler}): {done.stderr.strip()[-500:]}")
+        os.replace(tmp, path)
+    lib = ctypes.CDLL(str(path))  # its OpenMP is the libgomp torch already loaded (one soname, one thread pool)
+    lib.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.skinny_linear.restype = None
+    return lib
+
+
+def _library() -> ctypes.CDLL | None:
+    if not _state:
+        try:
+            _state["lib"] = _build()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+            _state["why"] = str(err)
+    return _state.get("lib")
+
+
+def available() -> bool:
+    """Whether the native kernel is built (or builds now) and loads on this machine."""
+    return _library() is not None
+
+
+def why_unavailable() -> str | None:
+    """Why the native kernel is not available here, or None when it is."""
+    _library()
+    return _state.get("why")
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``x`` [..., K] @ ``weight`` [O, K]ᵀ is one the kernel computes: float32 on a CPU, at most
+    ``MAX_ROWS`` rows (``LARGE_ROWS`` for a weight of ``LARGE_WEIGHTS`` or more), K a multiple of 8, a contiguous
+    weight and bias. (Gradients are the caller's to refuse.) Written for speed: a decoding pass makes hundreds of
+    these calls, and each microsecond here is one of them."""
+    k = x.shape[-1]
+    rows = MAX_ROWS if weight.numel() < LARGE_WEIGHTS else LARGE_ROWS
+    return (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.is_cpu and weight.is_cpu
+            and k % 8 == 0 and x.numel() <= rows * k and weight.shape[1] == k and weight.is_contiguous()
+            and (bias is None or (bias.dtype is torch.float32 and bias.is_contiguous())))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through the C kernel, for calls ``takes`` accepts: x [..., K] → [..., O]."""
+    kernel = _state.get("fn") or _function()
+    k, out_features = x.shape[-1], weight.shape[0]
+    if not x.is_contiguous():
+        x = x.contiguous()  # [..., K] with adjacent rows, as the kernel reads them
+    y = torch.empty(*x.shape[:-1], out_features)  # [..., O] (float32 on the CPU, as x; a third of new_empty's cost)
+    kernel(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, k,
+           out_features, torch.get_num_threads())
+    return y
+
+
+def _function():
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the native kernel is not available: {why_unavailable()}")
+    _state["fn"] = lib.skinny_linear
+    return _state["fn"]
