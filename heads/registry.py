@@ -38,6 +38,7 @@ from treespec.heads.checkpoints.detect import load_module as read_module
 from treespec.heads.drafting.vocab import DraftVocab
 from treespec.heads.kind import DrafterKind
 from treespec.heads.training.accuracy import read_accuracy
+from treespec.linear_kernels import follow_target_kernel
 from treespec.planning.autotree import read_cost_curve
 from treespec.planning.chain_tau import read_chain_tau
 from treespec.planning.measured_tau import read_measured_trees
@@ -121,7 +122,9 @@ def load_module(name: str, target, source=None):
         return kind.load(source, target)
     if source is None:
         raise ValueError(f"drafter {name!r} needs a source: reference:<name> or a folder of trained weights")
-    return kind.load(source, target)
+    module = kind.load(source, target)
+    follow_target_kernel(module, target)  # the target's CPU linear kernel (treespec/linear_kernels.py)
+    return module
 
 
 def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, *,
@@ -147,6 +150,7 @@ def load(source, target, *, format: str = "auto", aux_layers=None, written_by: s
     (heads/eagle3/upstream.py); ``candidates``: "topk" or "sample". Its measurements: ``load_profile(source)``."""
     folder = resolve_source(source)  # a Hub id is fetched once
     module = AUTO.load(folder, target, format=format, aux_layers=aux_layers, written_by=written_by)
+    follow_target_kernel(module, target)
     return AUTO.make(module, candidates)
 
 

@@ -30,6 +30,7 @@ from treespec import reference
 from treespec.drafter import Proposal
 from treespec.heads import DFlash, DFlashModel, registry
 from treespec.heads.kind import fills_tree_at_once
+from treespec.linear_kernels import follow_target_kernel
 from treespec.planning.bench import Config, measure
 from treespec.sampling import Sampling
 from treespec.timing import forward_time, median_time
@@ -45,6 +46,7 @@ def block_costs(target, rounds: int = 3) -> dict:
     eagle3 = registry.make("eagle3", registry.load_module("eagle3", target, "reference:eagle3"))
     torch.manual_seed(0)
     block = DFlashModel(target, block_size=8, num_layers=1).eval()
+    follow_target_kernel(block, target)  # as a loaded drafter does (treespec/linear_kernels.py)
     steps = {("depth", n): eagle3.drafting_step(past_len=256, n_tokens=n) for n in (1, 4)}
     for vocab, draft_vocab in (("full", None), ("fr2048", eagle3.model.draft_vocab)):
         steps[("block", vocab)] = DFlash(block, draft_vocab=draft_vocab).drafting_step(past_len=256)

@@ -185,6 +185,16 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     return count
 
 
+def follow_target_kernel(module, target) -> None:
+    """Give a drafter ``module`` loaded for ``target`` the linear kernel ``target`` runs ("auto" where the target's
+    layers are mixed, as "auto" leaves them); nothing where the target runs torch's own or ``module`` is no torch
+    module. A draft depth is the same few-row products as a tree pass: on the native kernel EAGLE-3's depth over 1
+    and 4 nodes took 0.77 and 0.63 of its time on torch's, on both reference targets (2 threads)."""
+    kernel = linear_kernel_of(target) if isinstance(target, nn.Module) else None
+    if isinstance(module, nn.Module) and kernel not in (None, "torch"):
+        use_linear_kernel(module, "auto" if kernel == "mixed" else kernel)
+
+
 def linear_kernel_of(model: nn.Module) -> str | None:
     """The kernel ``model``'s linear layers run ("native", "fewrow", "onednn", "torch"), "mixed", or None where it has
     none."""

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treespec import linear_kernels, native_linear
-from treespec.heads import DraftModel
+from treespec.heads import DraftModel, registry
 from treespec.linear_kernels import AUTO_MIN_WEIGHTS, linear_kernel_of, onednn_available, use_linear_kernel
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of, expect_greedy, prompt
@@ -171,3 +171,13 @@ def test_greedy_stays_equal_to_transformers_on_the_cpu_kernels(name, kernel):
         expect_greedy(target, prompt(), DraftModel(draft_of(name)), tree)  # transformers' greedy on the same model
     finally:
         use_linear_kernel(target, "torch")  # build() may hand the same model to other tests
+
+
+def test_drafters_follow_the_target_kernel():
+    """A drafter loaded for a target runs the target's kernel (a draft depth is the same few-row products), and
+    stays on torch's beside a target that does."""
+    target, _ = load("target")
+    assert linear_kernel_of(registry.load_module("eagle3", target, "reference:eagle3")) == AUTO
+    assert linear_kernel_of(registry.load("reference:eagle3", target).model) == AUTO
+    plain, _ = load("target", linear_kernel="torch")
+    assert linear_kernel_of(registry.load_module("eagle3", plain, "reference:eagle3")) == "torch"
