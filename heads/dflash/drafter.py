@@ -103,7 +103,9 @@ class DFlash(Drafter):
                                "propose()?)")
         index = torch.tensor(committed.lengths, device=committed.tokens.device)[:, None] - 1
         roots = committed.tokens.gather(1, index)[:, 0].to(self.model.device)  # [b]: on the device, no read
-        logits = self._head(self._block(roots)[:, 1:])  # [b, block_size − 1, V]: depth d's at d − 1
+        # the head over the depths the tree reaches only (a deeper tree is refused below, naming the block's)
+        depth = tree.depth if tree.depth <= self.max_tree_depth else self.max_tree_depth
+        logits = self._head(self._block(roots)[:, 1 : 1 + depth])  # [b, D, V]: depth d's at d − 1
         return block_proposals(logits, tree, sampling, self.candidates, generator,
                                what=f"a DFlash block of {self.model.block_size}")
 
