@@ -195,6 +195,21 @@ def follow_target_kernel(module, target) -> None:
         use_linear_kernel(module, "auto" if kernel == "mixed" else kernel)
 
 
+def path_changes(model) -> set[int]:
+    """The row counts after which some linear layer of ``model`` changes path (the few-row kernel after ``MKL_ROWS``,
+    the native one after its ``MAX_ROWS`` or ``LARGE_ROWS``): a pass's cost can jump there, so a cost curve measures
+    both sides of each rather than interpolating across (treespec/planning/autotree.py, ``measure_cost_curve``)."""
+    rows = set()
+    for module in model.modules() if isinstance(model, nn.Module) else ():
+        forward = getattr(module.__dict__.get("forward"), "__func__", None) if isinstance(module, nn.Linear) else None
+        if forward is _fewrow_forward:
+            rows.add(MKL_ROWS)
+        elif forward is _native_forward:
+            rows.add(native_linear.MAX_ROWS if module.weight.numel() < native_linear.LARGE_WEIGHTS
+                     else native_linear.LARGE_ROWS)
+    return rows
+
+
 def linear_kernel_of(model: nn.Module) -> str | None:
     """The kernel ``model``'s linear layers run ("native", "fewrow", "onednn", "torch"), "mixed", or None where it has
     none."""

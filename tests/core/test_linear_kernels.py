@@ -15,7 +15,13 @@ from torch import nn
 
 from treespec import linear_kernels, native_linear
 from treespec.heads import DraftModel, registry
-from treespec.linear_kernels import AUTO_MIN_WEIGHTS, linear_kernel_of, onednn_available, use_linear_kernel
+from treespec.linear_kernels import (
+    AUTO_MIN_WEIGHTS,
+    linear_kernel_of,
+    onednn_available,
+    path_changes,
+    use_linear_kernel,
+)
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of, expect_greedy, prompt
 
@@ -181,3 +187,23 @@ def test_drafters_follow_the_target_kernel():
     assert linear_kernel_of(registry.load("reference:eagle3", target).model) == AUTO
     plain, _ = load("target", linear_kernel="torch")
     assert linear_kernel_of(registry.load_module("eagle3", plain, "reference:eagle3")) == "torch"
+
+
+@needs_native
+def test_cost_curves_measure_both_sides_of_a_path_change(monkeypatch):
+    """A pass's cost can jump where a kernel changes path (after 16 rows natively): the curve at B rows measures the
+    sizes on both sides of it rather than interpolating across."""
+    from treespec.planning import autotree
+
+    layer = nn.Linear(64, 64)
+    assert path_changes(nn.Sequential(nn.Linear(64, 64))) == set()  # torch's kernel never changes path
+    use_linear_kernel(layer, "native")
+    assert path_changes(layer) == {native_linear.MAX_ROWS}
+    use_linear_kernel(layer, "fewrow")
+    assert path_changes(layer) == {linear_kernels.MKL_ROWS}
+    timed = []
+    monkeypatch.setattr(autotree, "cost_curve_rounds", lambda model, sizes, *a: timed.append(sizes) or
+                        {n: [1e-3] * 3 for n in sizes})
+    monkeypatch.setattr(autotree, "path_changes", lambda model: {16})
+    assert sorted(autotree.measure_cost_curve(layer, (1, 2, 4, 8), batch=4)) == [1, 2, 4, 5, 8]
+    assert sorted(autotree.measure_cost_curve(layer, (1, 2, 4, 8, 16, 32), batch=1)) == [1, 2, 4, 8, 16, 17, 32]

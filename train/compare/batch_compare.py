@@ -36,6 +36,7 @@ from treespec.compat import NO_EOS
 from treespec.inputs import left_padded
 from treespec.planning.autotree import cost_at, measure_cost_curve, measure_prefill_curve, predict, tau_source
 from treespec.planning.batch_generation import BatchCosts, predict_batch_generation
+from treespec.planning.batch_table import COST_SIZES
 from treespec.planning.bench import Config, measure, own_copy
 from treespec.planning.drafting_cost import NO_DRAFTING, measure_drafting_cost
 from treespec.planning.engine_cost import measure_engine_cost
@@ -86,7 +87,7 @@ def _finite(x):
 
 def run_batch_sizes(target, drafters: list, specs: list[tuple[str, dict]], prompts: list[torch.Tensor], *,
                     resolve: Callable, batch_sizes, batches: int, max_new_tokens: int, temperature: float = 0.0,
-                    top_p: float = 1.0, eos_token_id=None, cost_sizes=(1, 2, 4, 8, 16, 32), past_len: int = 256,
+                    top_p: float = 1.0, eos_token_id=None, cost_sizes=COST_SIZES, past_len: int = 256,
                     pad_token_id: int = 0, seed: int = 0, log=print) -> dict:
     """Measure every drafter × tree at every batch size (module docstring) → results.json's "batch" section:
     {batch_sizes, batches, cost_curves {B: {N: s}}, engines {B: EngineCost.record()}, prefill_curves {B: {P: s}},

@@ -45,6 +45,7 @@ from treespec.cache import TreeCache
 from treespec.compat import prefill_kwargs
 from treespec.dynamic_tree import DynamicTree
 from treespec.io import atomic_write_json, read_json
+from treespec.linear_kernels import path_changes
 from treespec.planning.analysis import expected_tree_tokens_from_rank_accuracy, grow_tree
 from treespec.planning.cost_records import check_cost_record
 from treespec.planning.curve_rounds import cost_curve_rounds
@@ -63,7 +64,13 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
     (treespec/planning/curve_rounds.py, ``cost_curve_rounds``; robust.py), whose ``Spread`` goes into ``spread`` {N:
     Spread} when given. ``before``: a drafting call to run (untimed) ahead of each forward, so the curve is what
     verification costs while that drafter alternates with the target (its weights push the target's out of the
-    caches)."""
+    caches). Where a linear kernel changes path within the sizes' range (``linear_kernels.path_changes``: after 16
+    rows of the native kernel, say), the sizes on both sides of that row count are measured too: at B = 4 the code
+    reference's pass took 9.4 ms at N = 4 and 11.8 at N = 5, where N = 4 and 8 alone interpolated 10.4."""
+    sizes = sorted({int(n) for n in sizes})
+    if sizes:
+        sizes = sorted(set(sizes) | {n for rows in path_changes(model) for n in (rows // batch, rows // batch + 1)
+                                     if sizes[0] <= n <= sizes[-1]})
     spreads = {n: robust(t) for n, t in cost_curve_rounds(model, sizes, past_len, repeats, before, batch).items()}
     if spread is not None:
         spread.update(spreads)
