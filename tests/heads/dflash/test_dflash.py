@@ -285,3 +285,19 @@ def test_a_checkpoint_config_or_argument_of_the_wrong_type_is_named(target, tmp_
     with pytest.raises(ValueError, match=r"DFlash's default_tree Tree\(nodes=9.* is deeper than the 3 levels"):
         generate(target, torch.tensor([[1, 2]]), drafter=DFlash(random_dflash(target), default_tree=Tree.chain(9)),
                  max_new_tokens=4)
+
+
+def test_speed_checks_times_a_block_against_a_depth():
+    """``scripts/speed_checks.py``'s section 3 (a DFlash block of 8 against an EAGLE-3 depth) on the reference target:
+    every step timed, the ratios its table prints are the block's time over the one-node depth's."""
+    import runpy
+    from pathlib import Path
+
+    from treespec import reference
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "scripts" / "speed_checks.py"))
+    out = script["block_costs"](reference.load("target")[0], rounds=1)
+    assert set(out["block"]) == {"full", "fr2048"} and set(out["depth"]) == {1, 4}
+    assert all(t > 0 for t in (*out["block"].values(), *out["depth"].values()))
+    for vocab, ratio in out["ratio"].items():
+        assert ratio == pytest.approx(out["block"][vocab] / out["depth"][1])
