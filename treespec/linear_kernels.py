@@ -25,8 +25,8 @@ linear layers' memory**, re-made when the weight changes (its version counter), 
 ``"native"`` sends calls of up to 16 float32 rows whose width is a multiple of 8 to treespec's own AVX2 kernel
 (treespec/native_linear.py: compiled on first use, each weight row streamed once against up to six input rows held in
 registers, at a fixed cost per call near ``F.linear``'s), and every other call down the few-row path (prefill, more
-rows, other widths: the reordered copy stays). On SmolLM2 at 2 threads it brought T(4)/T(1) and T(8)/T(1) from
-1.2 and 1.37 to about 1.1 and 1.2, with the one-row pass no slower (docs/results.md, "A tree pass on CPU").
+rows, other widths: the reordered copy stays); what it does to SmolLM2's passes: docs/results.md, "A tree pass on
+CPU".
 
 ``"auto"`` is ``"native"`` where it builds and torch has oneDNN, else ``"fewrow"`` where torch has oneDNN, for layers
 of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call has a fixed cost above ``F.linear``'s, several times a tiny
@@ -56,8 +56,8 @@ DEFAULT = "auto"  # the loader's (module docstring)
 # (results/linear_kernels/*.json, products_ms; docs/usage.md, "CPU kernels for few-token passes")
 AUTO_MIN_WEIGHTS = 1 << 16
 # "auto" keeps layers above this many weights (64 MB: a vocabulary projection) on "fewrow", not "native": MKL streamed
-# SmolLM2's 49,152 x 576 head at one row in 3.5 ms against the native kernel's 4.5, and oneDNN at 16 rows in 5.6
-# against 7.2 (results/linear_kernels/2026-12-04-native/); every other layer measured was as fast or faster native
+# SmolLM2's 49,152 x 576 head faster at one row and oneDNN at 16 (results/linear_kernels/2026-12-04-native/); every
+# other layer measured was as fast or faster native
 AUTO_NATIVE_MAX_WEIGHTS = 1 << 24
 #: "fewrow" sends products over at most this many rows through MKL's gemm as W @ xᵀ, more through reordered oneDNN
 MKL_ROWS = 2
@@ -188,8 +188,8 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
 def follow_target_kernel(module, target) -> None:
     """Give a drafter ``module`` loaded for ``target`` the linear kernel ``target`` runs ("auto" where the target's
     layers are mixed, as "auto" leaves them); nothing where the target runs torch's own or ``module`` is no torch
-    module. A draft depth is the same few-row products as a tree pass: on the native kernel EAGLE-3's depth over 1
-    and 4 nodes took 0.77 and 0.63 of its time on torch's, on both reference targets (2 threads)."""
+    module. A draft depth is the same few-row products as a tree pass (what that saves: docs/usage.md, "CPU
+    kernels")."""
     kernel = linear_kernel_of(target) if isinstance(target, nn.Module) else None
     if isinstance(module, nn.Module) and kernel not in (None, "torch"):
         use_linear_kernel(module, "auto" if kernel == "mixed" else kernel)

@@ -5,12 +5,12 @@ A decoding or tree pass of a small model on a CPU multiplies 1-16 rows by each w
 memory once per pass. torch's BLAS kernels are built for large products: MKL reads a weight near the memory's
 bandwidth for one or two rows only, and oneDNN's reordered kernel has a per-call cost several times a small layer's
 read from L2 (docs/results.md, "A tree pass on CPU"). The C kernel streams each weight row once and multiplies it
-against up to six input rows held in AVX2 registers; on SmolLM2-135M at 2 threads it made a one-token pass faster
-than the few-row kernel's and T(4)/T(1), T(8)/T(1) about 1.1 and 1.25 (docs/results.md).
+against up to six input rows held in AVX2 registers, so that a pass over 3-8 tokens costs little more than a
+one-token one (measured on SmolLM2-135M: docs/results.md, "A tree pass on CPU").
 
 It is compiled on first use with the system's C compiler (``$CC``, else ``gcc``, else ``cc``) for this CPU
 (``-march=native``, OpenMP: the threads torch uses), into treespec's cache folder, keyed by the source, the
-compiler and the CPU, and loaded with ctypes: no torch headers, about a second of compiling. Where there is no
+compiler and the CPU, and loaded with ctypes: no torch headers to compile. Where there is no
 compiler, no AVX2 and FMA, or the build fails, ``available()`` is False, ``why_unavailable()`` says why, and the
 "auto" kernel takes the few-row one instead. It needs float32 rows whose width is a multiple of 8.
 """
@@ -33,9 +33,8 @@ SOURCE = Path(__file__).with_name("skinny_linear.c")
 #: the most rows a call takes; more go to the caller's other kernel (the C kernel re-reads each weight block from L1
 #: once per six rows, and past 16 rows oneDNN's blocked kernel is faster: docs/results.md)
 MAX_ROWS = 16
-#: ... and for weights of at least ``LARGE_WEIGHTS``: SmolLM2's MLP products (576 x 1536 both ways) took 1.1-1.25× the
-#: few-row kernel's time natively at 12-16 rows, its attention products (<= 576 x 576) 0.6-0.9×
-#: (results/linear_kernels/2026-12-04-native/)
+#: ... and for weights of at least ``LARGE_WEIGHTS``: the few-row kernel was faster for SmolLM2's MLP products
+#: (576 x 1536 both ways) at 12-16 rows, the native one for its attention products (results/linear_kernels/)
 LARGE_ROWS, LARGE_WEIGHTS = 8, 1 << 19
 FLAGS = ("-O3", "-march=native", "-funroll-loops", "-fopenmp", "-fPIC", "-shared")
 

@@ -17,9 +17,9 @@ scripts/speed_checks.py`` measures both paths on the shipped reference models.
 * ``LeanProjection``: a vocabulary projection for the few rows of a draft depth or block on CPUs, where MKL's
   gemm against nn.Linear's [V, h] layout is slow and erratic over 1-16 rows. With oneDNN (float32, as torch's CPU
   builds have) it runs on the weight reordered into oneDNN's blocked layout (treespec/linear_kernels.py,
-  ``reordered_weight``: shared with a target layer on the few-row kernel, remade when the weight changes). That
-  read the reference target's 8,192-row head 2-5× faster than MKL on a transposed copy at 1-16 rows, and
-  SmolLM2's 49,152-row head 1.3× at one row and 4-7× at 2-16 (2 threads, ``scripts/speed_checks.py``). Without
+  ``reordered_weight``: shared with a target layer on the few-row kernel, remade when the weight changes), which
+  read both reference targets' heads faster than MKL on a transposed copy at every row count measured
+  (docs/results.md, "Parallel drafting"; ``scripts/speed_checks.py`` times a block's head). Without
   oneDNN the weight is a transposed snapshot ([h, V], contiguous), which MKL's gemm reads faster than [V, h] for
   a row or two. Its results differ from nn.Linear's in the last bits (summation order), which can reorder
   near-tied draft candidates; verification keeps the output exact either way.

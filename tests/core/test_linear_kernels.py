@@ -22,6 +22,7 @@ from treespec.linear_kernels import (
     path_changes,
     use_linear_kernel,
 )
+from treespec.planning import autotree
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of, expect_greedy, prompt
 
@@ -193,8 +194,6 @@ def test_drafters_follow_the_target_kernel():
 def test_cost_curves_measure_both_sides_of_a_path_change(monkeypatch):
     """A pass's cost can jump where a kernel changes path (after 16 rows natively): the curve at B rows measures the
     sizes on both sides of it rather than interpolating across."""
-    from treespec.planning import autotree
-
     layer = nn.Linear(64, 64)
     assert path_changes(nn.Sequential(nn.Linear(64, 64))) == set()  # torch's kernel never changes path
     use_linear_kernel(layer, "native")
