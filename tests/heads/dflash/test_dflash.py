@@ -9,11 +9,13 @@ import importlib
 import itertools
 import json
 import math
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
 
-from treespec import Tree, generate
+from treespec import Tree, generate, reference
 from treespec.block_tree import best_paths
 from treespec.drafter import Committed
 from treespec.dynamic_tree import DynamicTree
@@ -290,11 +292,6 @@ def test_a_checkpoint_config_or_argument_of_the_wrong_type_is_named(target, tmp_
 def test_speed_checks_times_a_block_against_a_depth():
     """``scripts/speed_checks.py``'s section 3 (a DFlash block of 8 against an EAGLE-3 depth) on the reference target:
     every step timed, the ratios its table prints are the block's time over the one-node depth's."""
-    import runpy
-    from pathlib import Path
-
-    from treespec import reference
-
     script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "scripts" / "speed_checks.py"))
     out = script["block_costs"](reference.load("target")[0], rounds=1)
     assert set(out["block"]) == {"full", "fr2048"} and set(out["depth"]) == {1, 4}
