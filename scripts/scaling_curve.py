@@ -9,6 +9,12 @@ every point's drafter under the point's name, e.g. on held-out conversations and
         --compare held-out=runs/compare/scale-heldout --compare spec-bench=runs/compare/scale-specbench \
         --goal 3.5 --out results/scaling_smollm2
 
+A point may also be given as a run's ``summary.json`` itself (``--run 122k=results/curve/summary_122k.json``: a
+run folder does not outlive its machine, its summary can be kept), and one comparison label may name several
+folders (``--compare held-out=A --compare held-out=B``): each point is read from the folder that timed it, so a
+point trained later is compared in a run of its own on the same prompts. τ is the same in any run for greedy
+decoding; a speedup is each run's own ratio against its own vanilla.
+
 Writes ``curve.csv``, ``curve.md`` (the table and the fits) and ``curve.png`` under ``--out``. The fit is τ = a + b ·
 ln(trained tokens), least squares over the points, per τ column; it says how many tokens would reach ``--goal`` if
 the trend held. With fewer than two points, or a slope ≤ 0, it says so instead of extrapolating.
@@ -25,11 +31,11 @@ from pathlib import Path
 DEPTHS = 6
 
 
-def read_point(name: str, run_dir: Path) -> dict:
-    """One training run's summary → the curve's row for it."""
-    path = run_dir / "summary.json"
+def read_point(name: str, run: Path) -> dict:
+    """One training run's summary (its folder, or the summary.json itself) → the curve's row for it."""
+    path = run if run.suffix == ".json" else run / "summary.json"
     if not path.is_file():
-        raise SystemExit(f"{path} does not exist: is {run_dir} a finished scripts/train_heads.py run?")
+        raise SystemExit(f"{path} does not exist: is {run} a finished scripts/train_heads.py run?")
     s = json.loads(path.read_text())
     if "data_trained_tokens" not in s:
         raise SystemExit(f"{path} has no data_trained_tokens: rerun its export with this version (chat data only)")
@@ -41,9 +47,8 @@ def read_point(name: str, run_dir: Path) -> dict:
     return row
 
 
-def add_comparison(rows: list[dict], label: str, folder: Path) -> None:
-    """Each point's best configuration (by speedup) in a comparison run's summary.csv: τ and speedup at it; and,
-    from its results.csv when there, the highest τ over every tree timed (``taumax_<label>``) and that tree."""
+def read_comparison(folder: Path) -> tuple[list[dict], list[dict]]:
+    """A comparison run's rows: summary.csv (each configuration's best) and, when there, results.csv (every tree)."""
     path = folder / "summary.csv"
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: is {folder} a finished scripts/compare_trees.py run?")
@@ -53,11 +58,26 @@ def add_comparison(rows: list[dict], label: str, folder: Path) -> None:
     if (folder / "results.csv").is_file():  # every configuration timed, not only each drafter's fastest
         with (folder / "results.csv").open() as f:
             grid = [r for r in csv.DictReader(f) if r["tau"]]
+    return measured, grid
+
+
+def add_comparison(rows: list[dict], label: str, folders: list[Path]) -> None:
+    """Each point's best configuration (by speedup) in the comparison runs of ``label`` (the one that timed it): τ
+    and speedup at it; and, from that run's results.csv when there, the highest τ over every tree timed
+    (``taumax_<label>``) and that tree."""
+    runs = {folder: read_comparison(folder) for folder in folders}
     for row in rows:
+        timed = [folder for folder, (measured, _) in runs.items()
+                 if any(r["drafter"] == row["point"] for r in measured)]
+        if not timed:
+            names = sorted({r["drafter"] for measured, _ in runs.values() for r in measured})
+            raise SystemExit(f"{' and '.join(str(f / 'summary.csv') for f in folders)} has no drafter named "
+                             f"{row['point']!r} (its drafters: {names})")
+        if len(timed) > 1:
+            raise SystemExit(f"point {row['point']!r} is timed in both {timed[0]} and {timed[1]}: give the "
+                             "comparisons different labels, or name the point differently in one")
+        measured, grid = runs[timed[0]]
         mine = [r for r in measured if r["drafter"] == row["point"]]
-        if not mine:
-            raise SystemExit(f"{path} has no drafter named {row['point']!r} (its drafters: "
-                             f"{sorted({r['drafter'] for r in measured})})")
         best = max(mine, key=lambda r: float(r["speedup"]))
         row[f"tau_{label}"], row[f"speedup_{label}"] = float(best["tau"]), float(best["speedup"])
         row[f"tree_{label}"] = best["tree"]
@@ -126,9 +146,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", action="append", required=True, metavar="NAME=DIR", help="a point: its training run")
+    parser.add_argument("--run", action="append", required=True, metavar="NAME=DIR",
+                        help="a point: its training run's folder, or that run's summary.json")
     parser.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
-                        help="a comparison run timing every point's drafter under the point's NAME")
+                        help="a comparison run timing points' drafters under the points' NAMEs (a LABEL may be "
+                             "given several runs: each point is read from the one that timed it)")
     parser.add_argument("--goal", type=float, default=3.5, help="the τ to extrapolate to")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -136,9 +158,12 @@ def main() -> None:
         raise SystemExit("--run and --compare take NAME=DIR")
     rows = [read_point(name, Path(folder)) for name, folder in (spec.split("=", 1) for spec in args.run)]
     rows.sort(key=lambda r: r["trained_tokens"])
+    comparisons: dict[str, list[Path]] = {}
     for spec in args.compare:
         label, folder = spec.split("=", 1)
-        add_comparison(rows, label, Path(folder))
+        comparisons.setdefault(label, []).append(Path(folder))
+    for label, folders in comparisons.items():
+        add_comparison(rows, label, folders)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "curve.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

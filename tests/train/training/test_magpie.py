@@ -178,10 +178,10 @@ def chat_rows() -> list[dict]:
 
 
 def test_the_shipped_task_conditioned_conversations_are_whole_varied_and_new():
-    """treespec/models/smollm2/chat.jsonl.gz: 5,200 rows in order, every request unique and none of magpie.jsonl's,
+    """treespec/models/smollm2/chat.jsonl.gz: 10,400 rows in order, every request unique and none of magpie.jsonl's,
     twelve task kinds, second turns on about a quarter, every turn answered but one (DATA.md says which)."""
     rows = chat_rows()
-    assert len(rows) == 5200 and [r["row"] for r in rows] == list(range(5200))
+    assert len(rows) == 10400 and [r["row"] for r in rows] == list(range(10400))
     firsts = [magpie.request_key(r["messages"][0]["content"]) for r in rows]
     assert len(set(firsts)) == len(firsts)
     assert not set(firsts) & {magpie.request_key(r["messages"][0]["content"]) for r in requests(SHIPPED)}

@@ -75,3 +75,33 @@ def test_bad_input_is_named(tmp_path):
         (tmp_path / "c").mkdir()
         (tmp_path / "c" / "summary.csv").write_text("drafter,config,tree,tau,speedup\nb,x,t,1.1,1.0\n")
         run_script("--run", f"a={run}", "--compare", f"x={tmp_path / 'c'}", "--out", tmp_path / "o")
+
+
+def comparison(folder: Path, taus: dict[str, float]) -> Path:
+    folder.mkdir()
+    with (folder / "summary.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["drafter", "config", "tree", "tau", "speedup"])
+        for name, tau in taus.items():
+            w.writerow([name, "x", "dynamic 16", tau, 0.8])
+    return folder
+
+
+def test_a_later_point_joins_from_its_summary_file_and_its_own_comparison(tmp_path):
+    # the first points' run folders are gone (only their summary.json was kept) and the last point was timed in a
+    # run of its own: one label over both comparison runs gives one τ column, each point read from its own run
+    early = fake_run(tmp_path / "early", 100_000, 1.5) / "summary.json"
+    kept = tmp_path / "summary_early.json"
+    kept.write_text(early.read_text())
+    late = fake_run(tmp_path / "late", 400_000, 1.8)
+    first = comparison(tmp_path / "c1", {"early": 1.6, "eagle3": 9.0})
+    second = comparison(tmp_path / "c2", {"late": 2.1, "eagle3": 9.0})
+    out = tmp_path / "out"
+    run_script("--run", f"early={kept}", "--run", f"late={late}", "--compare", f"held-out={first}",
+               "--compare", f"held-out={second}", "--out", out)
+    rows = list(csv.DictReader((out / "curve.csv").open()))
+    assert [(r["point"], float(r["tau_held-out"])) for r in rows] == [("early", 1.6), ("late", 2.1)]
+    assert "tau_held-out: τ = " in (out / "curve.md").read_text()
+    with pytest.raises(SystemExit, match="'late' is timed in both"):
+        run_script("--run", f"late={late}", "--compare", f"held-out={second}",
+                   "--compare", f"held-out={comparison(tmp_path / 'c3', {'late': 2.0})}", "--out", out)
