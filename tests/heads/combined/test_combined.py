@@ -15,7 +15,7 @@ import torch
 from treespec import Tree, generate, reference
 from treespec.drafter import NOT_PROPOSED, Proposal, own_nodes
 from treespec.dynamic_tree import DynamicTree
-from treespec.heads import Combined, DraftModel, PromptLookup, SuffixDecoding, TokenRecycling, registry
+from treespec.heads import Combined, DFlash, DraftModel, PromptLookup, SuffixDecoding, TokenRecycling, registry
 from treespec.heads.combined import merge
 from treespec.heads.combined.drafter import columns_of, feature_columns
 from treespec.heads.eagle import Eagle
@@ -40,6 +40,7 @@ from tests.helpers import (
     exact_distribution,
     hf_greedy,
     perturbed,
+    random_dflash,
     random_eagle,
     random_eagle3,
     random_heads,
@@ -213,10 +214,11 @@ def test_a_feature_drafter_stays_in_sync_with_tokens_it_did_not_propose(mode, tr
 @pytest.fixture(scope="module")
 def reference_models():
     target, tokenizer = reference.load("target")
-    return target, tokenizer, {name: registry.build(name, target, f"reference:{name}") for name in ("eagle", "eagle3")}
+    names = ("eagle", "eagle3", "dflash")
+    return target, tokenizer, {name: registry.build(name, target, f"reference:{name}") for name in names}
 
 
-@pytest.mark.parametrize("feature", ["eagle3", "eagle"])
+@pytest.mark.parametrize("feature", ["eagle3", "eagle", "dflash"])  # dflash: a block drafter as a part
 @pytest.mark.parametrize("mode", ["union", "fallback"])
 def test_suffix_with_eagle_equals_vanilla_on_the_reference_models(reference_models, feature, mode):
     """SAM-Decoding's pair (a suffix index + EAGLE) on held-out code: vanilla greedy's tokens, one prompt at a time
@@ -250,6 +252,7 @@ SAMPLED = {
     "lookup+eagle": lambda t: Combined([PromptLookup(max_ngram=2), Eagle(random_eagle(t))]),
     "suffix+eagle3 fallback": lambda t: Combined([SuffixDecoding(), Eagle3(random_eagle3(t))], mode="fallback",
                                                  min_nodes=2),
+    "lookup+dflash": lambda t: Combined([PromptLookup(max_ngram=2), DFlash(random_dflash(t))]),  # a block part
 }
 
 
@@ -260,7 +263,7 @@ def test_sampling_matches_exact_distribution(small_target, case):
     assert chi2_pvalue(counts, exact_distribution(small_target, sampling)) > 1e-3
 
 
-@pytest.mark.parametrize("case", ["recycling+lookup", "lookup+eagle"])
+@pytest.mark.parametrize("case", ["recycling+lookup", "lookup+eagle", "lookup+dflash"])
 def test_wrong_acceptance_is_detected(small_target, case, monkeypatch):
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)
