@@ -218,11 +218,11 @@ def reference_models():
     return target, tokenizer, {name: registry.build(name, target, f"reference:{name}") for name in names}
 
 
-@pytest.mark.parametrize("feature", ["eagle3", "eagle", "dflash"])  # dflash: a block drafter as a part
+@pytest.mark.parametrize("feature", ["eagle3", "eagle", "dflash"])
 @pytest.mark.parametrize("mode", ["union", "fallback"])
 def test_suffix_with_eagle_equals_vanilla_on_the_reference_models(reference_models, feature, mode):
-    """SAM-Decoding's pair (a suffix index + EAGLE) on held-out code: vanilla greedy's tokens, one prompt at a time
-    and in a ragged batch, on EAGLE-2's dynamic tree and a static one."""
+    """SAM-Decoding's pair (a suffix index + EAGLE), and a suffix index + a DFlash block, on held-out code: vanilla
+    greedy's tokens, one prompt at a time and in a ragged batch, on EAGLE-2's dynamic tree and a static one."""
     target, tokenizer, shipped = reference_models
     drafter = Combined([SuffixDecoding(), shipped[feature]], mode=mode, min_nodes=4)
     texts = reference.prompts()[:2]
