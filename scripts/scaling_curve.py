@@ -15,7 +15,7 @@ folders (``--compare held-out=A --compare held-out=B``): each point is read from
 point trained later is compared in a run of its own on the same prompts. τ is the same in any run for greedy
 decoding; a speedup is each run's own ratio against its own vanilla.
 
-The logic is train/training/scaling_curve.py. Writes ``curve.csv``, ``curve.md`` (the table and the fits) and
+The logic is train/training/data_scaling.py. Writes ``curve.csv``, ``curve.md`` (the table and the fits) and
 ``curve.png`` under ``--out``. The fit is τ = a + b · ln(trained tokens), least squares over the points, per τ column;
 it says how many tokens would reach ``--goal`` if the trend held. With fewer than two points, or a slope ≤ 0, it says so
 instead of extrapolating.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from treespec.train.training.scaling_curve import add_comparison, read_point, write_curve
+from treespec.train.training.data_scaling import add_comparison, read_point, write_curve
 
 
 def main() -> None:
