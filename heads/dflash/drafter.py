@@ -45,7 +45,8 @@ class DFlash(Drafter):
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):
         """candidates: "topk", "sample" or "without_replacement" (static trees at temperature > 0: each node's
         children drawn from its next depth's distribution). draft_vocab: project onto these target ids only (FR-Spec,
-        heads/drafting/vocab.py; still lossless). lean: the target's lm_head through a lean projection
+        heads/drafting/vocab.py; still lossless); None: the model's training vocabulary if it has one, else all.
+        lean: the target's lm_head through a lean projection
         (heads/drafting/lean.py: oneDNN's blocked layout on CPUs)."""
         if candidates not in CANDIDATE_MODES:
             raise ValueError(f"candidates must be one of {CANDIDATE_MODES}, got {candidates!r}")
@@ -55,6 +56,7 @@ class DFlash(Drafter):
         self.max_tree_depth = model.block_size - 1
         self.default_tree = default_tree if default_tree is not None else Tree.chain(model.block_size - 1)
         head = model.lm_head
+        draft_vocab = model.vocab if draft_vocab is None else draft_vocab  # a block trained on N tokens drafts those
         if draft_vocab is not None:
             self._head = ReducedHead(head, draft_vocab, lean=lean)
         else:

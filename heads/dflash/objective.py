@@ -24,14 +24,25 @@ over the scored predictions. Metrics: each depth's KL (``kl{k}``), top-1 agreeme
 (``top1_{k}``) and acceptance probability Σ min(p, q) (``alpha_{k}``), and ``tau``: 1 + the mean count of leading
 positions whose argmax is the target's, what greedy decoding of the block as a chain would accept (the blocks near a
 window's end count only the positions inside it).
+
+**A training vocabulary** (``train_vocab``: N): the block's logits come from N rows of the target's lm_head, the N
+most frequent tokens of the training stream (EAGLE-3's draft vocabulary, FR-Spec's ranking), and p is the target's
+distribution restricted to them and renormalised (``Teacher``). Predictions whose target argmax (ce: whose token)
+lies outside cannot be drafted right and leave the loss, as in EAGLE-3; ``kept_fraction`` reports the share kept, and
+``alpha_{k}`` / ``top1_{k}`` / ``tau`` stay measured against the full target (outside: never accepted). The drafter's
+forward and backward over the head then cost N/V of the full one; the teacher's full-vocabulary product (no gradient)
+remains.
 """
 
 from __future__ import annotations
 
 import torch
 
+from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
+from treespec.heads.drafting.vocab import DraftVocab
+from treespec.heads.eagle3.objective import token_counts
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import (
@@ -47,6 +58,44 @@ from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_hidden
 
 LOSSES = (*TOKEN_LOSSES, "ce")
+
+
+class Teacher:
+    """The frozen target's side of the loss: its final-norm states [r, H] through its ``lm_head`` → (log p [r, N],
+    the full distribution's mass inside the vocabulary [r] or None, its argmax [r], a target id). With a training
+    vocabulary (``vocab``: DraftVocab, N of V ids) p is the target's distribution restricted to it and renormalised,
+    as EAGLE-3 trains its draft vocabulary (heads/eagle3/objective.py), and N indexes draft ids; without one N = V."""
+
+    def __init__(self, lm_head, vocab, device):
+        self.lm_head, self.vocab = lm_head, vocab
+        if vocab is not None:
+            self.ids = vocab.ids.to(device)  # [N]: draft id → target id
+            self.inside = vocab.t2d.to(device)  # [V] bool
+            self.index = torch.cumsum(self.inside, 0) - 1  # [V]: target id → draft id (where inside)
+
+    @torch.no_grad()
+    def __call__(self, hidden: torch.Tensor):
+        logits = self.lm_head(hidden).float()  # [r, V]
+        best = logits.argmax(-1)
+        if self.vocab is None:
+            return torch.log_softmax(logits, dim=-1), None, best
+        restricted = logits[:, self.ids]  # [r, N]
+        mass = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
+        return torch.log_softmax(restricted, dim=-1), mass, best
+
+    def target_ids(self, draft: torch.Tensor) -> torch.Tensor:
+        return draft if self.vocab is None else self.ids[draft]
+
+    def holds(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Whether each target id is in the vocabulary (all True without one)."""
+        return torch.ones_like(target_ids, dtype=torch.bool) if self.vocab is None else self.inside[target_ids]
+
+    def draft_ids(self, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft ids, 0 where outside; whether inside)."""
+        if self.vocab is None:
+            return target_ids, self.holds(target_ids)
+        inside = self.inside[target_ids]
+        return torch.where(inside, self.index[target_ids], 0), inside
 
 
 def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,
@@ -77,28 +126,38 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     teacher_hidden = last[rows, clamped[scored] - 1]  # [n, H]: the target's final states at a + k − 1
     if hidden.shape[0] == 0:  # nothing to learn in this batch: zero, keeping the graph
         return model.logits(hidden).sum() * 0.0, {"tau": 1.0, "anchors": 0.0}
-    # [n, V] logits ROWS predictions at a time (heads/training/objective.py); per prediction: KL, cross-entropy, α,
-    # whether the argmaxes agree
-    lm_head, tokens = target.get_output_embeddings(), input_ids[rows, clamped[scored]]
-    kls, ces, alphas, hits = [], [], [], []
+    # [n, V] logits ROWS predictions at a time (heads/training/objective.py); per prediction: the loss terms, α, whether
+    # the argmaxes agree, and whether it can be learnt (a training vocabulary holds the target's argmax, or with ce the
+    # window's token)
+    teacher = Teacher(target.get_output_embeddings(), model.vocab, hidden.device)
+    tokens = input_ids[rows, clamped[scored]]
+    kls, ces, alphas, alphas_full, hits, keeps = [], [], [], [], [], []
     for a in range(0, hidden.shape[0], ROWS):
-        log_q = torch.log_softmax(model.logits(hidden[a : a + ROWS]).float(), dim=-1)
-        with torch.no_grad():
-            log_p = torch.log_softmax(lm_head(teacher_hidden[a : a + ROWS]).float(), dim=-1)
+        log_q = torch.log_softmax(model.draft_logits(hidden[a : a + ROWS]).float(), dim=-1)  # [r, N]
+        log_p, mass, best = teacher(teacher_hidden[a : a + ROWS])
         p = log_p.exp()
         kls.append((p * (log_p - log_q)).sum(-1))
+        q = log_q.exp() if loss.startswith("lk") else log_q.detach().exp()
+        alphas.append(acceptance(p, q))  # against p renormalised over the vocabulary: what LK raises (EAGLE-3's α_r)
+        alphas_full.append(alphas[-1].detach() if mass is None else acceptance(p * mass[:, None], q.detach()))
+        hits.append(teacher.target_ids(log_q.detach().argmax(-1)) == best)
         if loss == "ce":
-            ces.append(-log_q.gather(1, tokens[a : a + ROWS, None])[:, 0])
-        alphas.append(acceptance(p, log_q.exp() if loss.startswith("lk") else log_q.detach().exp()))
-        hits.append(log_q.detach().argmax(-1) == log_p.argmax(-1))
-    kl, alpha, hit = torch.cat(kls), torch.cat(alphas), torch.cat(hits)  # [n] each
-    weights = float(position_decay) ** depth.to(kl.dtype)
+            draft_token, known = teacher.draft_ids(tokens[a : a + ROWS])
+            ces.append(-log_q.gather(1, draft_token[:, None])[:, 0])
+            keeps.append(known)
+        else:
+            keeps.append(teacher.holds(best))
+    kl, alpha, hit, keep = torch.cat(kls), torch.cat(alphas), torch.cat(hits), torch.cat(keeps)  # [n] each
+    weights = float(position_decay) ** depth.to(kl.dtype) * keep
     if loss.startswith("lk"):  # one LK loss per depth (its own λ, its mean α), weighted as its predictions are
-        total = sum(weights[depth == j].sum() * lk_loss(loss, kl[depth == j], alpha[depth == j], lk_eta)
-                    for j in depth.unique().tolist()) / weights.sum()
+        total = sum(weights[(depth == j) & keep].sum() * lk_loss(loss, kl[(depth == j) & keep],
+                                                                 alpha[(depth == j) & keep], lk_eta)
+                    for j in depth[keep].unique().tolist()) / weights.sum().clamp_min(1e-12)
+        total = total + 0.0 * kl.sum()  # nothing kept: zero, keeping the graph
     else:
         per = kl if loss == "kl" else torch.cat(ces)
-        total = (weights * per).sum() / weights.sum()
+        total = (weights * per).sum() / weights.sum().clamp_min(1e-12)
+    alpha = torch.cat(alphas_full)
     with torch.no_grad():
         matches = torch.zeros_like(scored)
         matches[scored] = hit
@@ -108,6 +167,8 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
         hit_sum = torch.zeros_like(n).index_add_(0, depth, hit.float())
         alpha_sum = torch.zeros_like(n).index_add_(0, depth, alpha.detach())
         metrics = {"tau": 1.0 + accepted.mean().item(), "anchors": real.float().sum(1).mean().item()}
+        if model.vocab is not None:  # the share of predictions a training vocabulary could learn
+            metrics["kept_fraction"] = keep.float().mean().item()
         for j, (count, kl_j, hit_j, alpha_j) in enumerate(zip(n.tolist(), kl_sum.tolist(), hit_sum.tolist(),
                                                               alpha_sum.tolist(), strict=True)):
             if count:
@@ -135,8 +196,10 @@ def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
 
 def check_settings(d) -> None:
     """Refuse, before any model loads, a drafter config this recipe cannot train with."""
-    for key, low in (("block_size", 2), ("num_layers", 1), ("anchors", 1), ("accuracy_depth", 1)):
+    for key, low in (("block_size", 2), ("num_layers", 1), ("anchors", 1), ("accuracy_depth", 1), ("train_vocab", 1)):
         value = d.get(key)
+        if key == "train_vocab" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"drafter.{key} must be an integer >= {low}, got {value!r}")
     decay = d.get("position_decay")
@@ -145,13 +208,27 @@ def check_settings(d) -> None:
     check_loss(d.get("loss"), LOSSES)  # lk_eta: train/training/config_checks.py, as every drafter's weights
 
 
+def training_vocab(model: DFlashModel, size: int | None, target, train_tokens) -> str:
+    """Give ``model`` the ``size`` most frequent tokens of ``train_tokens`` as its training vocabulary (module
+    docstring; None: none) → the recipe description's words for it."""
+    if size is None:
+        return ""
+    vocab = vocab_size_of(target)
+    counts = token_counts(train_tokens if train_tokens is not None else torch.arange(vocab), vocab)
+    model.set_vocab(DraftVocab.most_frequent(counts, min(int(size), vocab)))
+    kept = len(model.vocab) if model.vocab is not None else vocab
+    covered = counts[model.vocab.ids].sum().item() if model.vocab is not None else counts.sum().item()
+    share = covered / max(1, counts.sum().item())
+    return f", training vocabulary {kept} of {vocab} tokens ({share:.1%} of training tokens)"
+
+
 def recipe(cfg, target, train_tokens=None) -> Recipe:
     """The recipe for ``drafter=dflash`` (conf/drafter/dflash.yaml)."""
     d = cfg.drafter
     # target_layer_ids as given (a ListConfig from hydra): DFlashModel resolves and checks it (resolve_target_layers)
     model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers),
                         target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
-
+    vocab_note = training_vocab(model, d.get("train_vocab"), target, train_tokens)
     def loss(batch):
         return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss,
                            lk_eta=d.lk_eta)
@@ -161,6 +238,6 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
 
     description = (f"{model.num_layers} layer(s), block of {model.block_size}, target layers "
                    f"{list(model.target_layer_ids)} (hidden_states {list(model.feature_layers)}), mask token "
-                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss")
+                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss{vocab_note}")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: DFlash(model), description)

@@ -172,6 +172,20 @@ def test_sampling_is_lossless(small, case):
     assert chi2_pvalue(counts, exact_distribution(small, sampling)) > 1e-3
 
 
+def test_sampling_from_a_training_vocabulary_is_lossless(small):
+    """A block trained over part of the vocabulary (drafter.train_vocab) drafts from it by default: q is zero outside,
+    and the output is still distributed as the target's."""
+    from treespec.heads.drafting.vocab import DraftVocab
+
+    model = random_dflash(small, block_size=3)
+    model.set_vocab(DraftVocab(torch.arange(0, VOCAB, 2), VOCAB))
+    drafter = DFlash(model, candidates="sample")
+    assert drafter._head.vocab is model.vocab
+    sampling = Sampling(1.0)
+    counts = sampled_counts(small, drafter, Tree.full(2, 2), sampling)
+    assert chi2_pvalue(counts, exact_distribution(small, sampling)) > 1e-3
+
+
 def test_wrong_acceptance_is_detected(small, monkeypatch):
     monkeypatch.setattr(importlib.import_module("treespec.generate"), "walk_rows", row_by_row(accept_everything))
     sampling = Sampling(1.0)

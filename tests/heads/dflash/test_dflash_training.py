@@ -134,6 +134,72 @@ def test_loss_masks_and_weights(target):
     assert metrics["kl3"] == pytest.approx(terms[1][1], rel=1e-4) and "kl2" not in metrics
 
 
+def test_training_vocabulary(target):
+    """drafter.train_vocab: the loss is the decay-weighted KL from the target's distribution restricted to the
+    vocabulary and renormalised, over the predictions whose target argmax it holds; α, top-1 and τ stay measured
+    against the full target; the head's logits are -inf outside."""
+    from treespec.heads.drafting.vocab import DraftVocab
+
+    model = random_dflash(target, seed=3)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, [6, 8]] = True  # anchors 5 and 7; predictions (5, 1), (5, 3), (7, 1) read the target at 5, 7, 7
+    with torch.no_grad():
+        features, logits = target_states(target, ids, model.feature_layers)
+    best5, best7 = int(logits[0, 5].argmax()), int(logits[0, 7].argmax())
+    assert best5 != best7
+    others = [t for t in range(64) if t not in (best5, best7)][:30]
+    model.set_vocab(DraftVocab(torch.tensor(sorted([*others, best7])), 64))  # holds position 7's argmax, not 5's
+    loss, metrics = dflash_loss(target, model, {"input_ids": ids, "loss_mask": mask}, anchors=4, position_decay=0.5)
+    vocab = model.vocab.ids
+    with torch.no_grad():
+        terms = []
+        for a, k in ((5, 3), (7, 1)):  # (5, 1) leaves the loss: its target argmax is outside
+            out = model(model.block_ids(ids[0, a : a + 1]), features[:, :a], torch.arange(a, a + 4)[None],
+                        torch.arange(a)[None])
+            log_q = torch.log_softmax(model.lm_head(out[0, k])[vocab].float(), -1)
+            log_p = torch.log_softmax(logits[0, a + k - 1, vocab].float(), -1)
+            terms.append((0.5 ** (k - 1), float((log_p.exp() * (log_p - log_q)).sum())))
+        full = model.logits(out[0, 1])
+    assert loss.item() == pytest.approx(sum(w * kl for w, kl in terms) / sum(w for w, _ in terms), rel=1e-4)
+    assert metrics["kept_fraction"] == pytest.approx(2 / 3)
+    assert metrics["top1_1"] <= 0.5  # (5, 1) counts, and can never be right
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[vocab] = False
+    assert torch.isinf(full[outside]).all() and torch.isfinite(full[vocab]).all()
+    model.zero_grad()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    for name in ("ce", "lk"):  # ce keeps the predictions whose token is inside; both give gradients
+        value, _ = dflash_loss(target, model, {"input_ids": ids, "loss_mask": mask}, anchors=4, loss=name)
+        assert torch.isfinite(value) and value.requires_grad
+
+
+def test_training_vocabulary_recipe_saves_and_drafts_it(target, prompt, tmp_path):
+    """train_vocab=N: the N most frequent training tokens, saved beside the weights, the loaded drafter's vocabulary,
+    lossless; a later export without one removes the file."""
+    cfg = compose_cfg("train_heads", ["drafter=dflash", "drafter.block_size=4", "drafter.accuracy_depth=3",
+                                      "drafter.anchors=8", "drafter.train_vocab=16"])
+    stream = torch.cat([torch.arange(20).repeat(5), torch.arange(20, 64)])  # ids 0..19 five times, the rest once
+    r = registry.get("dflash").recipe(cfg, target, stream)
+    assert torch.equal(r.module.vocab.ids, torch.arange(16)) and "training vocabulary 16 of 64" in r.description
+    windows = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
+    r.export(windows, tmp_path)
+    assert (tmp_path / "draft_vocab.safetensors").exists()
+    drafter = load(tmp_path, target)
+    assert torch.equal(drafter.model.vocab.ids, torch.arange(16)) and drafter._head.vocab is drafter.model.vocab
+    out = generate(target, prompt, drafter=drafter, max_new_tokens=8)
+    assert torch.equal(out.sequences, hf_greedy(target, prompt, 8))
+    r.module.set_vocab(None)
+    r.module.save_pretrained(tmp_path)
+    assert not (tmp_path / "draft_vocab.safetensors").exists() and load(tmp_path, target).model.vocab is None
+    from treespec.train.training import drafter_job
+
+    with pytest.raises(ValueError, match="drafter.train_vocab must be an integer >= 1"):
+        drafter_job.check_config(compose_cfg("train_heads", ["drafter=dflash", "target=/no/such",
+                                                             "drafter.train_vocab=0"]))
+
+
 def test_rank_accuracy(target, trained):
     windows = hf_greedy(target, torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(9)), 8)
     acc = rank_accuracy(target, trained, windows, top_k=5, batch_size=2)
