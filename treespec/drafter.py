@@ -177,6 +177,10 @@ class Drafter:
     #: earlier outputs): a comparison gives each configuration its own copy, so none drafts from another's output
     #: of the same prompt
     remembers_across_calls: bool = False
+    #: whether a step may go without ``propose`` (``accept`` still called, every accepted token NOT_PROPOSED): its
+    #: proposal is a function of what ``prefill``/``accept`` gave it (DFlash's block over its context), so a Combined
+    #: in fallback mode asks it only when the earlier members' proposals are weak
+    proposes_on_demand: bool = False
     #: the attributes holding per-row state, which ``keep_rows`` selects (``select_rows_of``)
     per_row: tuple[str, ...] = ()
 

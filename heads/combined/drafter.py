@@ -23,9 +23,13 @@ token; a feature drafter (EAGLE, EAGLE-3, Hydra's prefix layer) pairs every comm
 whoever proposed it, since the target's pass computed features at every node it verified. The loop asks for the
 union of the members' feature layers; each member is handed its own columns of them.
 
-Every drafter proposes every step, in fallback mode too: a feature drafter's cache must be fed each committed token
-anyway. Merging compares tokens, so in union mode each drafter's candidates are read back once a step (one host read
-per network drafter: a model-free drafter's are on the host already); fallback reads none.
+Every drafter proposes every step, except in fallback mode a member that ``proposes_on_demand`` (DFlash: its block
+is a function of the context its ``accept`` keeps) once every row already has a strong proposal from an earlier
+member: then it only accepts, and prompt lookup with a DFlash fallback pays for the block on the steps without a
+match alone. The outputs are the same (the first strong proposal wins either way). Any other drafter proposes every
+step: a feature drafter's cache must be fed each committed token anyway. Merging compares tokens, so in union mode
+each drafter's candidates are read back once a step (one host read per network drafter: a model-free drafter's are
+on the host already); fallback reads none.
 
     drafter = Combined([TokenRecycling(), PromptLookup()])                 # union, every node of both
     drafter = Combined([SuffixDecoding(), registry.build("eagle3", target, "reference:eagle3")])  # SAM-Decoding's pair
@@ -165,26 +169,37 @@ class Combined(Drafter):
 
     def propose(self, committed: Committed, feature, tree: Tree | DynamicTree, sampling: Sampling,
                 generator=None) -> Proposals:
-        each = [d.propose(committed, self._features(k, feature), tree, sampling, generator)
-                for k, d in enumerate(self.drafters)]
+        batch = len(committed.lengths)
+        each: list[Proposals | None] = []  # None: not asked this step (module docstring)
+        for k, d in enumerate(self.drafters):
+            if self.mode == "fallback" and d.proposes_on_demand and each and self._all_strong(each, batch):
+                each.append(None)
+            else:
+                each.append(d.propose(committed, self._features(k, feature), tree, sampling, generator))
         # union compares tokens on the host: each drafter's batch read once (a model-free one's are host tensors)
         drafted = [p.tokens.tolist() for p in each] if self.mode == "union" else None
         rows, self._maps = [], []
-        for b in range(len(committed.lengths)):
-            proposals = [p.row(b) for p in each]
-            budget = self.nodes if self.nodes is not None else sum(len(p.tree) for p in proposals)
+        for b in range(batch):
+            proposals = [p.row(b) if p is not None else None for p in each]
+            budget = self.nodes if self.nodes is not None else sum(len(p.tree) for p in proposals if p is not None)
             if drafted is not None:
                 merged, maps = merge(proposals, budget, [t[b][: len(p.tree)] for t, p in zip(drafted, proposals,
                                                                                              strict=True)])
             else:  # the first strong proposal, else the largest; the others see none of it accepted
-                strong = [i for i, p in enumerate(proposals) if len(p.tree) >= max(1, self.min_nodes)]
-                pick = strong[0] if strong else max(range(len(proposals)), key=lambda i: len(proposals[i].tree))
+                asked = [i for i, p in enumerate(proposals) if p is not None]
+                strong = [i for i in asked if len(proposals[i].tree) >= max(1, self.min_nodes)]
+                pick = strong[0] if strong else max(asked, key=lambda i: len(proposals[i].tree))
                 merged = within(proposals[pick], budget, committed.tokens.device)
                 maps = [{i: i for i in range(merged.tree.num_nodes)} if k == pick else {0: 0}
                         for k in range(len(proposals))]
             rows.append(merged)
             self._maps.append([{m: i for i, m in mapped.items()} for mapped in maps])  # merged node → its node
         return Proposals.stack(rows)
+
+    def _all_strong(self, each: list[Proposals | None], batch: int) -> bool:
+        """Whether every row has a strong proposal (``min_nodes`` candidates) among ``each`` (host-side trees)."""
+        return all(any(p is not None and len(p.trees[b]) >= max(1, self.min_nodes) for p in each)
+                   for b in range(batch))
 
     def accept(self, paths: list[torch.Tensor], features) -> None:
         for k, d in enumerate(self.drafters):

@@ -40,6 +40,7 @@ class DFlash(Drafter):
     fills_tree_at_once = True
     grows_dynamic_trees = True
     per_row = ("slots",)  # (None: nothing cached yet)
+    proposes_on_demand = True  # a block is a function of the context accept() keeps: a skipped step costs nothing
 
     def __init__(self, model: DFlashModel, *, default_tree: Tree | DynamicTree | None = None,
                  candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True):

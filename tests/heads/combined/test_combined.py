@@ -37,6 +37,7 @@ from tests.helpers import (
     accept_everything,
     chi2_pvalue,
     compose_cfg,
+    dflash_target,
     exact_distribution,
     hf_greedy,
     perturbed,
@@ -211,6 +212,38 @@ def test_a_feature_drafter_stays_in_sync_with_tokens_it_did_not_propose(mode, tr
             assert got == scratch_proposal(scratch_logits(eagle, target, committed), step_tree)
 
 
+def test_fallback_asks_a_block_drafter_only_when_the_lookup_is_weak(monkeypatch):
+    """Fallback with a member that proposes on demand (DFlash): its block runs only on the steps where prompt lookup
+    found fewer than min_nodes candidates (in some row), and the output equals vanilla's and the eager
+    combination's, accepted lengths included."""
+    target = dflash_target()
+    ids = torch.tensor([[5, 9, 13, 2, 7, 11] * 3 + [4, 8]])
+
+    def run(on_demand: bool):
+        lookup, block = PromptLookup(max_ngram=2), DFlash(random_dflash(target, seed=1))
+        block.proposes_on_demand = on_demand
+        weak, asked = [], []
+        propose_lookup, propose_block = lookup.propose, block.propose
+
+        def looked(*args):
+            proposals = propose_lookup(*args)
+            weak.append(len(proposals.trees[0]) < 3)
+            return proposals
+
+        monkeypatch.setattr(lookup, "propose", looked)
+        monkeypatch.setattr(block, "propose", lambda *args: (asked.append(len(weak)), propose_block(*args))[1])
+        out = generate(target, ids, drafter=Combined([lookup, block], mode="fallback", min_nodes=3),
+                       tree=Tree.chain(3), max_new_tokens=24)
+        return out, weak, asked
+
+    lazy, weak, asked = run(True)
+    eager, _, eager_asked = run(False)
+    assert torch.equal(lazy.sequences, eager.sequences) and lazy.accept_lengths == eager.accept_lengths
+    assert torch.equal(lazy.sequences, generate(target, ids, max_new_tokens=24).sequences)
+    assert len(eager_asked) == len(weak) and 0 < sum(weak) < len(weak)  # the lookup was strong on some steps only
+    assert asked == [i + 1 for i, w in enumerate(weak) if w]  # the block ran on exactly the weak steps
+
+
 @pytest.fixture(scope="module")
 def reference_models():
     target, tokenizer = reference.load("target")
@@ -253,6 +286,8 @@ SAMPLED = {
     "suffix+eagle3 fallback": lambda t: Combined([SuffixDecoding(), Eagle3(random_eagle3(t))], mode="fallback",
                                                  min_nodes=2),
     "lookup+dflash": lambda t: Combined([PromptLookup(max_ngram=2), DFlash(random_dflash(t))]),  # a block part
+    "lookup+dflash fallback": lambda t: Combined([PromptLookup(max_ngram=2), DFlash(random_dflash(t))],
+                                                 mode="fallback", min_nodes=2),  # the block asked on weak steps only
 }
 
 
