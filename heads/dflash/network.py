@@ -15,8 +15,8 @@ embeddings and lm_head are the target's (not stored).
 
 **A training vocabulary** (``drafter.train_vocab``: N, heads/dflash/objective.py): the block learns to fill only the
 N most frequent tokens of its training data, scored through those N rows of the target's lm_head; on a small target
-the full head is most of a training step (SmolLM2: 84 %). ``vocab`` (a DraftVocab) then travels with the weights as
-``draft_vocab.safetensors`` and is the drafter's FR-Spec vocabulary when decoding (heads/dflash/kind.py).
+the full head is most of a training step (docs/training.md, DFlash). ``vocab`` (a DraftVocab) then travels with the
+weights as ``draft_vocab.safetensors`` and is the drafter's FR-Spec vocabulary when decoding (heads/dflash/drafter.py).
 
 **Target layers.** ``target_layer_ids`` count decoder-layer OUTPUTS as z-lab does: id i is transformers'
 ``hidden_states[i + 1]`` (``feature_layers``, what generate() passes the drafter). The default picks K = the number

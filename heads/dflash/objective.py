@@ -41,8 +41,7 @@ import torch
 from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
-from treespec.heads.drafting.vocab import DraftVocab
-from treespec.heads.eagle3.objective import token_counts
+from treespec.heads.drafting.vocab import DraftVocab, token_counts
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import (
@@ -229,6 +228,7 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers),
                         target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
     vocab_note = training_vocab(model, d.get("train_vocab"), target, train_tokens)
+
     def loss(batch):
         return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss,
                            lk_eta=d.lk_eta)

@@ -23,6 +23,15 @@ from treespec.heads.drafting.lean import LeanProjection
 from treespec.io import atomic_write, load_safetensors
 
 
+def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """How often each token id occurs in ``tokens`` (any shape) where ``mask`` (same shape, loss mask) is
+    True → LongTensor [vocab]."""
+    tokens = torch.as_tensor(tokens).long()
+    if mask is not None:
+        tokens = tokens[torch.as_tensor(mask, dtype=torch.bool)]
+    return torch.bincount(tokens.flatten(), minlength=vocab)[:vocab]
+
+
 class DraftVocab:
     """The target ids a drafter's lm_head covers. ids: sorted LongTensor [N]; vocab_size: V."""
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from treespec.heads.checkpoints.drafter_folder import vocab_size_of
+from treespec.heads.drafting.vocab import token_counts
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, resolve_aux_layers
 from treespec.heads.training.batches import batch_parts, shifted_mask
@@ -48,15 +49,6 @@ from treespec.heads.training.objective import (
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.unroll import unrolled
-
-
-def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """How often each token id occurs in ``tokens`` (any shape) where ``mask`` (same shape, loss mask) is
-    True → LongTensor [vocab]."""
-    tokens = torch.as_tensor(tokens).long()
-    if mask is not None:
-        tokens = tokens[torch.as_tensor(mask, dtype=torch.bool)]
-    return torch.bincount(tokens.flatten(), minlength=vocab)[:vocab]
 
 
 class RestrictedTarget:

@@ -14,9 +14,10 @@ from transformers import DynamicCache
 from treespec import Tree, generate
 from treespec.drafter import Committed
 from treespec.dynamic_tree import DynamicTree
+from treespec.heads.drafting.vocab import token_counts
 from treespec.heads.eagle3.drafter import Eagle3, rank_accuracy
 from treespec.heads.eagle3.network import Eagle3Model, build_vocab_map, default_aux_layers
-from treespec.heads.eagle3.objective import eagle3_loss, token_counts
+from treespec.heads.eagle3.objective import eagle3_loss
 from treespec.heads.training.target_states import target_states
 from treespec.heads.training.unroll import unrolled
 from treespec.sampling import Sampling
