@@ -32,7 +32,6 @@ final norm where it computes the same (its lm_head reads normed states); everyth
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -46,12 +45,10 @@ from treespec.heads.checkpoints.drafter_folder import (
     vocab_size_of,
 )
 from treespec.heads.dflash.block_layer import DFlashLayer, held, keys_values, layer_config, layer_values
-from treespec.heads.drafting.vocab import DraftVocab
+from treespec.heads.drafting.vocab import TrainingVocab
 from treespec.heads.eagle3.layer import final_norm
 from treespec.io import check_float_weights
 from treespec.visibility import relation_mask
-
-VOCAB_FILE = "draft_vocab.safetensors"  # a training vocabulary's ids, beside the weights (DraftVocab.save)
 
 
 def default_target_layers(num_target_layers: int, count: int) -> tuple[int, ...]:
@@ -81,7 +78,7 @@ def resolve_target_layers(ids, num_target_layers: int, count: int) -> tuple[int,
     return ids
 
 
-class DFlashModel(nn.Module):
+class DFlashModel(TrainingVocab, nn.Module):
     """fc + hidden_norm over the target's features, ``num_layers`` DFlash layers, norm; the target's embeddings
     and lm_head (module docstring)."""
 
@@ -120,8 +117,7 @@ class DFlashModel(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(config=self.layer_config)
         # lists keep the target's frozen table and head out of our parameters and state_dict
         self._embed, self._lm_head = [target.get_input_embeddings()], [target.get_output_embeddings()]
-        self.vocab: DraftVocab | None = None  # the training vocabulary (module docstring); None: the whole head
-        self._rows: list[torch.Tensor] = []  # its lm_head rows [N, H], sliced once (the head is frozen)
+        self.vocab, self._rows = None, []  # the training vocabulary (module docstring, TrainingVocab)
         self.to(target.device)
         for p in self.parameters():  # parameters only: rotary inv_freq stays float32, as the target's
             p.data = p.data.to(target.dtype)
@@ -190,23 +186,6 @@ class DFlashModel(nn.Module):
         training vocabulary)."""
         return self.lm_head(out) if self.vocab is None else self.vocab.scatter(self.draft_logits(out))
 
-    def set_vocab(self, vocab: DraftVocab | None) -> None:
-        """Train (and draft) over ``vocab``'s tokens only (module docstring); None: the whole head."""
-        if vocab is not None and vocab.vocab_size != self.lm_head.weight.shape[0]:
-            raise ValueError(f"a training vocabulary over {vocab.vocab_size} tokens does not fit the target's "
-                             f"{self.lm_head.weight.shape[0]}-token head")
-        self.vocab, self._rows = (None if vocab is None or vocab.is_full else vocab), []
-
-    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Normed outputs [..., H] → logits over the training vocabulary [..., N] (draft ids, in target-id order;
-        without one, all V)."""
-        if self.vocab is None:
-            return self.lm_head(out)
-        weight = self.lm_head.weight
-        if not self._rows or self._rows[0].device != weight.device or self._rows[0].dtype != weight.dtype:
-            self._rows = [self.vocab.projection(weight.detach())]
-        return nn.functional.linear(out, self._rows[0])
-
     def anchored(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
                  positions: torch.Tensor | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher-forced blocks over whole windows, many per row in one pass (training, rank accuracy): window
@@ -239,11 +218,7 @@ class DFlashModel(nn.Module):
         """``dflash.safetensors`` (z-lab's key names) beside ``dflash_config.json`` and, with a training vocabulary,
         ``draft_vocab.safetensors``, each written atomically."""
         save_drafter(self, folder, self.kind, self.config)
-        vocab_file = Path(folder) / VOCAB_FILE
-        if self.vocab is not None:
-            self.vocab.save(vocab_file)
-        elif vocab_file.exists():  # an earlier export's into the same folder: not this drafter's
-            vocab_file.unlink()
+        self.save_vocab(folder)
 
     @classmethod
     def from_pretrained(cls, folder, target) -> DFlashModel:
@@ -269,12 +244,7 @@ class DFlashModel(nn.Module):
             model.load_state_dict(weights)  # copied into our device and dtype
         except (KeyError, RuntimeError, ValueError) as err:  # missing, unexpected or mis-shaped tensors
             raise ValueError(f"DFlash weights in {folder} do not fit the drafter: {err}") from None
-        if (Path(folder) / VOCAB_FILE).exists():
-            vocab = DraftVocab.load(Path(folder) / VOCAB_FILE)
-            try:
-                model.set_vocab(vocab)
-            except ValueError as err:
-                raise ValueError(f"{folder}/{VOCAB_FILE}: {err}") from None
+        model.load_vocab(folder)
         return model.eval()
 
 

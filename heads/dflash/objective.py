@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from treespec.heads.checkpoints.drafter_folder import vocab_size_of
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
-from treespec.heads.drafting.vocab import DraftVocab, token_counts
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import (
@@ -55,46 +53,9 @@ from treespec.heads.training.objective import (
 )
 from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_hidden
+from treespec.heads.training.vocab_teacher import Teacher, check_train_vocab, training_vocab
 
 LOSSES = (*TOKEN_LOSSES, "ce")
-
-
-class Teacher:
-    """The frozen target's side of the loss: its final-norm states [r, H] through its ``lm_head`` → (log p [r, N],
-    the full distribution's mass inside the vocabulary [r] or None, its argmax [r], a target id). With a training
-    vocabulary (``vocab``: DraftVocab, N of V ids) p is the target's distribution restricted to it and renormalised,
-    as EAGLE-3 trains its draft vocabulary (heads/eagle3/objective.py), and N indexes draft ids; without one N = V."""
-
-    def __init__(self, lm_head, vocab, device):
-        self.lm_head, self.vocab = lm_head, vocab
-        if vocab is not None:
-            self.ids = vocab.ids.to(device)  # [N]: draft id → target id
-            self.inside = vocab.t2d.to(device)  # [V] bool
-            self.index = torch.cumsum(self.inside, 0) - 1  # [V]: target id → draft id (where inside)
-
-    @torch.no_grad()
-    def __call__(self, hidden: torch.Tensor):
-        logits = self.lm_head(hidden).float()  # [r, V]
-        best = logits.argmax(-1)
-        if self.vocab is None:
-            return torch.log_softmax(logits, dim=-1), None, best
-        restricted = logits[:, self.ids]  # [r, N]
-        mass = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
-        return torch.log_softmax(restricted, dim=-1), mass, best
-
-    def target_ids(self, draft: torch.Tensor) -> torch.Tensor:
-        return draft if self.vocab is None else self.ids[draft]
-
-    def holds(self, target_ids: torch.Tensor) -> torch.Tensor:
-        """Whether each target id is in the vocabulary (all True without one)."""
-        return torch.ones_like(target_ids, dtype=torch.bool) if self.vocab is None else self.inside[target_ids]
-
-    def draft_ids(self, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(draft ids, 0 where outside; whether inside)."""
-        if self.vocab is None:
-            return target_ids, self.holds(target_ids)
-        inside = self.inside[target_ids]
-        return torch.where(inside, self.index[target_ids], 0), inside
 
 
 def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,
@@ -195,30 +156,15 @@ def target_layers(d, num_hidden_layers: int) -> tuple[int, ...]:
 
 def check_settings(d) -> None:
     """Refuse, before any model loads, a drafter config this recipe cannot train with."""
-    for key, low in (("block_size", 2), ("num_layers", 1), ("anchors", 1), ("accuracy_depth", 1), ("train_vocab", 1)):
+    check_train_vocab(d.get("train_vocab"))
+    for key, low in (("block_size", 2), ("num_layers", 1), ("anchors", 1), ("accuracy_depth", 1)):
         value = d.get(key)
-        if key == "train_vocab" and value is None:
-            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"drafter.{key} must be an integer >= {low}, got {value!r}")
     decay = d.get("position_decay")
     if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
         raise ValueError(f"drafter.position_decay must be a number in (0, 1], got {decay!r}")
     check_loss(d.get("loss"), LOSSES)  # lk_eta: train/training/config_checks.py, as every drafter's weights
-
-
-def training_vocab(model: DFlashModel, size: int | None, target, train_tokens) -> str:
-    """Give ``model`` the ``size`` most frequent tokens of ``train_tokens`` as its training vocabulary (module
-    docstring; None: none) → the recipe description's words for it."""
-    if size is None:
-        return ""
-    vocab = vocab_size_of(target)
-    counts = token_counts(train_tokens if train_tokens is not None else torch.arange(vocab), vocab)
-    model.set_vocab(DraftVocab.most_frequent(counts, min(int(size), vocab)))
-    kept = len(model.vocab) if model.vocab is not None else vocab
-    covered = counts[model.vocab.ids].sum().item() if model.vocab is not None else counts.sum().item()
-    share = covered / max(1, counts.sum().item())
-    return f", training vocabulary {kept} of {vocab} tokens ({share:.1%} of training tokens)"
 
 
 def recipe(cfg, target, train_tokens=None) -> Recipe:

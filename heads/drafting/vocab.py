@@ -22,6 +22,8 @@ from torch import nn
 from treespec.heads.drafting.lean import LeanProjection
 from treespec.io import atomic_write, load_safetensors
 
+VOCAB_FILE = "draft_vocab.safetensors"  # a training vocabulary's ids, beside a drafter's weights (DraftVocab.save)
+
 
 def token_counts(tokens: torch.Tensor, vocab: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """How often each token id occurs in ``tokens`` (any shape) where ``mask`` (same shape, loss mask) is
@@ -124,3 +126,47 @@ class ReducedHead(nn.Module):
         if self.lean is not None:
             return self.vocab.scatter(self.lean(hidden))
         return self.vocab.logits(hidden, self.rows)
+
+
+class TrainingVocab:
+    """A mixin for drafter models that project through the target's frozen, bias-free lm_head (``self.lm_head``):
+    a *training vocabulary* of N most frequent tokens, learnt through those N rows only (the head is most of a
+    training step on a small target), that travels with the weights (``VOCAB_FILE``) and is the drafter's FR-Spec
+    vocabulary when it decodes. ``vocab`` None: the whole head."""
+
+    vocab: DraftVocab | None = None
+    _rows: list[torch.Tensor] = []
+
+    def set_vocab(self, vocab: DraftVocab | None) -> None:
+        """Train (and draft) over ``vocab``'s tokens only; None or a full one: the whole head."""
+        if vocab is not None and vocab.vocab_size != self.lm_head.weight.shape[0]:
+            raise ValueError(f"a training vocabulary over {vocab.vocab_size} tokens does not fit the target's "
+                             f"{self.lm_head.weight.shape[0]}-token head")
+        self.vocab, self._rows = (None if vocab is None or vocab.is_full else vocab), []
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Outputs [..., H] → logits over the training vocabulary [..., N] (draft ids, in target-id order; without
+        one, all V). Its rows are sliced once (the head is frozen)."""
+        if self.vocab is None:
+            return self.lm_head(out)
+        weight = self.lm_head.weight
+        if not self._rows or self._rows[0].device != weight.device or self._rows[0].dtype != weight.dtype:
+            self._rows = [self.vocab.projection(weight.detach())]
+        return F.linear(out, self._rows[0])
+
+    def save_vocab(self, folder) -> None:
+        """Write the training vocabulary beside the weights; remove an earlier export's from the same folder."""
+        path = Path(folder) / VOCAB_FILE
+        if self.vocab is not None:
+            self.vocab.save(path)
+        elif path.exists():
+            path.unlink()
+
+    def load_vocab(self, folder) -> None:
+        """Take the training vocabulary saved in ``folder``, if there is one (a ValueError names a bad file)."""
+        path = Path(folder) / VOCAB_FILE
+        if path.exists():
+            try:
+                self.set_vocab(DraftVocab.load(path))
+            except ValueError as err:
+                raise ValueError(f"{path}: {err}") from None

@@ -45,6 +45,7 @@ class Eagle(ExpandingDrafter):
         if draft_vocab is not None and model.draft_vocab is not None:
             raise ValueError("this EAGLE-3 drafter has its own draft vocabulary (d2t/t2d); FR-Spec is for "
                              "full-vocabulary heads")
+        # an FR-Spec vocabulary given here replaces one the drafter was trained over (model.head's)
         self._logits = ReducedHead(model.lm_head, draft_vocab, lean=lean) if draft_vocab is not None else \
             model.head(lean)
         self._decoder = lean_decoder(model.decoder, model.layer_config) if lean and model.decoder is not None else None

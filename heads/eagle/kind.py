@@ -11,6 +11,7 @@ from treespec.heads.eagle.network import VARIANTS, EagleModel
 from treespec.heads.eagle.upstream import eagle_from_upstream, eagle_to_upstream, is_eagle1
 from treespec.heads.kind import DrafterKind
 from treespec.heads.training.objective import check_loss
+from treespec.heads.training.vocab_teacher import check_train_vocab
 from treespec.reference import resolve
 
 
@@ -49,6 +50,10 @@ class EagleKind(DrafterKind):
             raise Refused("speculators cannot hold an EAGLE-1 drafter (vLLM reads speculators' eagle3 format only)")
         if to == "medusa":
             raise Refused("an EAGLE drafter cannot be written as Medusa heads")
+        if module.vocab is not None:
+            raise Refused(f"this EAGLE drafter was trained over {len(module.vocab)} of the target's tokens "
+                          "(drafter.train_vocab); upstream EAGLE-1 layouts draft through the full head and have no "
+                          "place for its vocabulary: train without drafter.train_vocab to export it")
         config, tensors = eagle_to_upstream(module, target, to)
         return config, tensors, "pytorch_model.bin" if to == "eagle" else "model.safetensors"
 
@@ -63,6 +68,7 @@ class EagleKind(DrafterKind):
         if variant not in VARIANTS:
             raise ValueError(f"drafter.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
         check_loss(cfg.drafter.get("loss"))
+        check_train_vocab(cfg.drafter.get("train_vocab"))
 
 
 KIND = EagleKind()

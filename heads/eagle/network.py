@@ -27,6 +27,11 @@ for the drafter's own layers (an upstream checkpoint's RoPE, head count, MLP wid
 count: ``LAYER_OVERRIDE_KEYS``); ``fc_bias=False`` drops fc's bias; ``own_embeddings=True`` keeps a
 frozen token table of the drafter's own (an upstream checkpoint's ``embed_tokens``) instead of the
 target's. All four are saved in the drafter's config, and omitted there when at their defaults.
+
+**A training vocabulary** (``drafter.train_vocab``: N, heads/eagle/objective.py): the drafter learns over the N most
+frequent training tokens only, through those N rows of the target's lm_head (``TrainingVocab``,
+heads/drafting/vocab.py); it travels with the weights as ``draft_vocab.safetensors`` and is the drafter's FR-Spec
+vocabulary when decoding.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from treespec.heads.checkpoints.drafter_folder import (
 )
 from treespec.heads.checkpoints.layer_config import one_layer_config, set_full_attention
 from treespec.heads.drafting.lean import LeanProjection
+from treespec.heads.drafting.vocab import ReducedHead, TrainingVocab
 from treespec.io import load_checked_weights
 
 VARIANTS = ("treespec", "upstream")
@@ -89,7 +95,7 @@ def conform_linear_biases(module: nn.Module, weights: dict, *, apply: bool = Tru
     return changed
 
 
-class EagleModel(nn.Module):
+class EagleModel(TrainingVocab, nn.Module):
     """fc(cat(embed(token), feature)) → one decoder layer of the target's architecture → lm_head."""
 
     #: the drafter kind that drives it (heads/registry.py; the registry's "auto" kind reads it)
@@ -137,6 +143,7 @@ class EagleModel(nn.Module):
             self.embed_tokens = nn.Embedding(vocab_size_of(target), h).requires_grad_(False)
         # a list keeps the target's frozen tables out of our parameters and state_dict
         self._target_tables = [target.get_input_embeddings(), target.get_output_embeddings()]
+        self.vocab, self._rows = None, []  # a training vocabulary (module docstring, TrainingVocab)
         self.to(target.device)
         for p in self.parameters():  # parameters only: the rotary inv_freq buffer stays float32, as the target's
             p.data = p.data.to(target.dtype)
@@ -164,7 +171,9 @@ class EagleModel(nn.Module):
 
     def head(self, lean: bool = False):
         """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a lean projection of the same
-        lm_head (heads/drafting/lean.py) for drafting."""
+        lm_head (heads/drafting/lean.py) for drafting; with a training vocabulary, its rows only (-inf elsewhere)."""
+        if self.vocab is not None:
+            return ReducedHead(self.lm_head, self.vocab, lean=lean)
         return LeanProjection.of(self.lm_head) if lean else self.logits
 
     def decoder_input(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -186,7 +195,9 @@ class EagleModel(nn.Module):
         fits(self.config, target)
 
     def save_pretrained(self, folder) -> None:
+        """Weights and config, and a training vocabulary's ids beside them (each written atomically)."""
         save_drafter(self, folder, "eagle", self.config)
+        self.save_vocab(folder)
 
     @classmethod
     def from_pretrained(cls, folder, target) -> EagleModel:
@@ -206,6 +217,7 @@ class EagleModel(nn.Module):
         if variant != "treespec":  # an upstream checkpoint's biases are whatever it holds
             conform_linear_biases(model, weights)
         load_checked_weights(model, weights, f"EAGLE weights in {folder}")
+        model.load_vocab(folder)
         return model.eval()
 
 

@@ -39,6 +39,7 @@ from treespec.heads.training.objective import (
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.unroll import unrolled
+from treespec.heads.training.vocab_teacher import Teacher, training_vocab
 
 
 def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: int, noise_std: float = 0.0,
@@ -68,32 +69,36 @@ def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: in
 
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
               mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0,
-              loss: str = "kl", eta: float = 3.0, neg_entropy: torch.Tensor | None = None) -> tuple:
-    """g, f_next [b, n, h]; p_target [b, n, V]; valid [n] bool or a slice; mask [b, n] bool or None (every
-    entry) → (loss, feature loss, CE, top-1 agreement, acceptance α) over the valid, masked entries; ``topk_distill``
-    = K > 0 adds HASS's top-K distillation × ``topk_weight`` (heads/training/objective.py). ``loss`` lk, lk_alpha:
-    the token term is the LK loss (``eta``: lk's), its KL from ``neg_entropy`` [b, n] (Σ p log p)."""
-    if mask is None:
-        g, f_next, p_target = g[:, valid], f_next[:, valid], p_target[:, valid]
-        neg_entropy = None if neg_entropy is None else neg_entropy[:, valid]
-    else:
-        keep = mask & valid[None] if torch.is_tensor(valid) else mask
-        if not bool(keep.any()):  # nothing to learn in this batch at this step: keep the graph, add nothing
-            zero = g.sum() * 0.0
-            return zero, zero.detach(), zero.detach(), zero.detach(), zero.detach()
-        g, f_next, p_target = g[keep], f_next[keep], p_target[keep]
-        neg_entropy = None if neg_entropy is None else neg_entropy[keep]
+              loss: str = "kl", eta: float = 3.0, neg_entropy: torch.Tensor | None = None,
+              teacher: Teacher | None = None, best: torch.Tensor | None = None,
+              mass: torch.Tensor | None = None) -> tuple:
+    """g, f_next [b, n, h]; p_target [b, n, N] (N: the training vocabulary's, else V); valid [n] bool or a slice;
+    mask [b, n] bool or None (every entry) → (loss, feature loss, CE, top-1 agreement, acceptance α) over the valid,
+    masked entries; ``topk_distill`` = K > 0 adds HASS's top-K distillation × ``topk_weight``
+    (heads/training/objective.py). ``loss`` lk, lk_alpha: the token term is the LK loss (``eta``: lk's), its KL from
+    ``neg_entropy`` [b, n] (Σ p log p). With a training vocabulary, ``teacher`` maps draft ids to target ids, ``best``
+    [b, n] is the target's argmax and ``mass`` [b, n] its probability inside the vocabulary: top-1 and α are measured
+    against the full target."""
+    keep = valid if mask is None else (mask & valid[None] if torch.is_tensor(valid) else mask)
+    if mask is not None and not bool(keep.any()):  # nothing to learn at this step: keep the graph, add nothing
+        zero = g.sum() * 0.0
+        return zero, zero.detach(), zero.detach(), zero.detach(), zero.detach()
+    pick = (lambda t: None if t is None else t[:, keep]) if mask is None else (lambda t: None if t is None else t[keep])
+    g, f_next, p_target, neg_entropy, best, mass = map(pick, (g, f_next, p_target, neg_entropy, best, mass))
     feature = F.smooth_l1_loss(g.float(), f_next.float())
-    log_q = torch.log_softmax(model.logits(g).float(), dim=-1)  # [b, n', V]
+    log_q = torch.log_softmax(model.draft_logits(g).float(), dim=-1)  # [b, n', N]
     cross = -(p_target * log_q).sum(-1)
     ce = cross.mean()
-    top1 = (log_q.argmax(-1) == p_target.argmax(-1)).float().mean()
+    drafted = log_q.argmax(-1)
+    agree = drafted == p_target.argmax(-1) if teacher is None else teacher.target_ids(drafted) == best
+    top1 = agree.float().mean()
+    p_full = p_target if mass is None else p_target * mass[..., None]  # α against the full target: outside, never
     if loss == "kl":
-        alpha = acceptance(p_target, log_q.detach().exp()).mean()
+        alpha = acceptance(p_full, log_q.detach().exp()).mean()
         token = ce
     else:
-        alphas = acceptance(p_target, log_q.exp())
-        alpha = alphas.detach().mean()
+        alphas = acceptance(p_target, log_q.exp())  # against p over the vocabulary: what LK raises (EAGLE-3's α_r)
+        alpha = acceptance(p_full, log_q.detach().exp()).mean()
         token = lk_loss(loss, (neg_entropy + cross).flatten(), alphas.flatten(), eta)
     total = feature_weight * feature + token_weight * token
     if topk_distill:
@@ -113,17 +118,26 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
     ids, loss_mask, target = batch_parts(batch, target, model.device)
     f_next, target_logits, steps = training_unroll(target, model, ids, steps=unroll_steps, noise_std=noise_std,
                                                    positions=positions)
-    p_target = torch.softmax(target_logits, dim=-1)  # [b, n, V]: soft labels
-    neg_entropy = None if loss == "kl" else (p_target * torch.log_softmax(target_logits, dim=-1)).sum(-1)
+    # soft labels [b, n, N]; with a training vocabulary, the target's restricted and renormalised, and an entry whose
+    # target argmax lies outside it leaves the loss (heads/training/vocab_teacher.py)
+    teacher = Teacher(model.lm_head, model.vocab, target_logits.device)
+    log_p, mass, best = teacher.split(target_logits)
+    del target_logits
+    p_target = log_p.exp()
+    neg_entropy = None if loss == "kl" else (p_target * log_p).sum(-1)
     n = f_next.shape[1]
     mask = None if loss_mask is None else shifted_mask(loss_mask, 2, n)  # entry j predicts token j + 2
+    if model.vocab is not None:
+        held = teacher.holds(best)
+        mask = held if mask is None else mask & held
     segments = None if positions is None else segment_ids(positions)
     total, metrics = 0.0, {}
     for k, g, valid in steps:
         # packed: step k's entry j is drafted from root j − k; root and predicted token in one conversation
         inside = mask if segments is None else mask & same_segment(segments, -k, 2, n)
         step, feature, ce, top1, alpha = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight,
-                                                   inside, topk_distill, topk_weight, loss, lk_eta, neg_entropy)
+                                                   inside, topk_distill, topk_weight, loss, lk_eta, neg_entropy,
+                                                   teacher if model.vocab is not None else None, best, mass)
         total = total + unroll_decay**k * step
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item(),
                         f"alpha_{k}": alpha.item()})
@@ -151,6 +165,7 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     d = cfg.drafter
     layers = target_layers(d, target.config.num_hidden_layers)
     model = EagleModel(target, feature_layers=layers, variant=d.variant)
+    vocab_note = training_vocab(model, d.get("train_vocab"), target, train_tokens)
 
     def loss(batch):
         return eagle_loss(target, model, batch, noise_std=d.noise_std, token_weight=d.token_weight,
@@ -160,4 +175,4 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
 
     return Recipe(model, loss, lambda val: eagle_metrics(target, model, val, d.unroll_steps),
                   lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth), lambda: Eagle(model),
-                  f"feature layers {layers}, {d.unroll_steps} unrolled training step(s), {d.loss} loss")
+                  f"feature layers {layers}, {d.unroll_steps} unrolled training step(s), {d.loss} loss{vocab_note}")

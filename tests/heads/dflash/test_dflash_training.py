@@ -195,7 +195,7 @@ def test_training_vocabulary_recipe_saves_and_drafts_it(target, prompt, tmp_path
     assert not (tmp_path / "draft_vocab.safetensors").exists() and load(tmp_path, target).model.vocab is None
     from treespec.train.training import drafter_job
 
-    with pytest.raises(ValueError, match="drafter.train_vocab must be an integer >= 1"):
+    with pytest.raises(ValueError, match="drafter.train_vocab must be null or an integer >= 1"):
         drafter_job.check_config(compose_cfg("train_heads", ["drafter=dflash", "target=/no/such",
                                                              "drafter.train_vocab=0"]))
 
