@@ -10,6 +10,11 @@ adding them runs no layer; ``propose`` is one pass of the layers over every row'
 the cache. Rows of a batch hold different numbers of entries on one slot axis (treespec/rows.py), so padding and
 holes are masked and each row's positions are its own; rows that hold alike take no mask at all (the block sees
 everything).
+
+**Context added when it is needed.** ``accept`` only holds the new features; the next ``propose`` (or ``keep_rows``)
+adds everything held in one call. As a fallback member of a Combined drafter DFlash is asked only on some steps
+(``proposes_on_demand``), and adding three steps' few tokens at once costs about what adding one step's did: the
+projections read their weights once per call.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class DFlash(Drafter):
     needs_features = True
     fills_tree_at_once = True
     grows_dynamic_trees = True
-    per_row = ("slots",)  # (None: nothing cached yet)
+    per_row = ("slots",)  # (None: nothing cached yet; keep_rows adds what accept() held first)
     proposes_on_demand = True  # a block is a function of the context accept() keeps: a skipped step costs nothing
 
     def __init__(self, model: DFlashModel, *, default_tree: Tree | DynamicTree | None = None,
@@ -70,6 +75,7 @@ class DFlash(Drafter):
     def reset(self) -> None:
         self.cache = TreeCache(self.model.layer_config)  # the context's keys and values, per layer
         self.slots: RowSlots | None = None  # the cache's rows; made for the first batch
+        self._held: list[tuple[torch.Tensor, list[int]]] = []  # accept()'s features and counts, not added yet
 
     @torch.no_grad()
     def prefill(self, input_ids, features, attention_mask=None) -> None:
@@ -80,9 +86,31 @@ class DFlash(Drafter):
 
     @torch.no_grad()
     def accept(self, paths, features) -> None:
-        # the previous root and every accepted token (another drafter's in a Combined too) now have features
+        # the previous root and every accepted token (another drafter's in a Combined too) now have features; they
+        # join the context when it is next read (module docstring)
         counts = [1 + len(path) for path in paths]
-        self._add(features[:, : max(counts)], counts)
+        # a copy: a compiled static pass hands out features in buffers it writes again next step
+        self._held.append((features[:, : max(counts)].clone(), counts))
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self._add_held()
+        super().keep_rows(rows)
+
+    @torch.no_grad()
+    def _add_held(self) -> None:
+        """Add every feature ``accept`` held to the context, in one call: row b's entries of each step in turn."""
+        if not self._held:
+            return
+        if len(self._held) == 1:
+            features, counts = self._held[0]
+        else:
+            counts = [sum(step[b] for _, step in self._held) for b in range(len(self._held[0][1]))]
+            first = self._held[0][0]
+            features = first.new_zeros(first.shape[0], max(counts), first.shape[2])  # [b, Σ counts, K·H]
+            for b in range(first.shape[0]):
+                features[b, : counts[b]] = torch.cat([held[b, : step[b]] for held, step in self._held])
+        self._held = []
+        self._add(features, counts)
 
     def _add(self, features: torch.Tensor, counts: list[int]) -> None:
         """Row b's first ``counts[b]`` of ``features`` [b, m, K·H] join its context, after what it holds."""
@@ -99,6 +127,7 @@ class DFlash(Drafter):
 
     @torch.no_grad()
     def propose(self, committed, feature, tree, sampling: Sampling, generator=None) -> Proposals:
+        self._add_held()
         held = self._rows(len(committed.lengths)).counts
         if held != [n - 1 for n in committed.lengths]:
             raise RuntimeError(f"DFlash drafter out of sync: {[n - 1 for n in committed.lengths]} committed tokens "

@@ -102,6 +102,40 @@ def test_proposals_match_recomputation(target, prompt, tree_name, rows, monkeypa
         assert got == scratch_tokens(model, target, committed, step_tree)
 
 
+def test_context_held_over_skipped_steps_equals_context_added_each_step(target):
+    """accept() holds its features until the next propose (or keep_rows) adds them in one call: after steps a
+    fallback skipped, ragged rows and a finished row, the block is the one a drafter that added each step's at once
+    proposes (the same tokens; its states to rounding: a projection over more rows may sum in another order)."""
+    model = random_dflash(target, seed=2)
+    lazy, eager = DFlash(model), DFlash(model)
+    g = torch.Generator().manual_seed(0)
+    width = len(model.feature_layers) * target.config.hidden_size
+    prompt_features = torch.randn(2, 5, width, generator=g)
+    for d in (lazy, eager):
+        d.reset()
+        d.prefill(torch.zeros(2, 5, dtype=torch.long), prompt_features)
+    lengths = [6, 6]  # the prompt's 5 and the first root
+    for step, paths in enumerate(([[1]], [[1, 2, 3]], [[]]), start=1):
+        accepted = [torch.tensor(paths[0]), torch.tensor(paths[0][: step % 2 + 1])]  # rows accept differently
+        features = torch.randn(2, 4, width, generator=g)
+        for d in (lazy, eager):
+            d.accept(accepted, features)
+        eager._add_held()
+        lengths = [n + len(a) + 1 for n, a in zip(lengths, accepted, strict=True)]
+    assert len(lazy._held) == 3 and not eager._held
+    tokens = torch.randint(0, 64, (2, max(lengths)), generator=g)
+    committed = Committed(tokens, lengths)
+    first = [d.propose(committed, None, Tree.chain(3), Sampling(0.0)) for d in (lazy, eager)]
+    assert torch.equal(first[0].tokens, first[1].tokens) and not lazy._held
+    for d in (lazy, eager):  # a step held, then row 0 finishes: keep_rows adds it before selecting
+        d.accept([torch.tensor([5]), torch.tensor([])], torch.randn(2, 2, width, generator=torch.Generator()))
+        d.keep_rows(torch.tensor([1]))
+    kept = Committed(tokens[1:], [lengths[1] + 1])
+    blocks = [d._block(kept.tokens[:, lengths[1]]) for d in (lazy, eager)]
+    torch.testing.assert_close(blocks[0], blocks[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lazy._block(tokens[:1, 0]), eager._block(tokens[:1, 0]), rtol=1e-5, atol=1e-5)
+
+
 # -- lossless: greedy ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_greedy_equals_vanilla(target, prompt, trained, tree_name):
