@@ -160,6 +160,7 @@ def rank_accuracy(target, model: EagleModel, windows: torch.Tensor, *, depth: in
         for k, g in unrolled(model, batch, model.fuse(features[:, :-1]), depth - 1, by_root=False):
             # entry j at step k: drafted from entry j − k, which guesses token j − k + 2 at depth 1 (root j − k + 1)
             valid = torch.arange(n, device=g.device) >= k + max(0, first_root - 1)
-            counter.add(k, model.logits(g[:, valid]).topk(top_k, dim=-1).indices, target_logits[:, valid])
+            proposed = model.proposal_logits(g[:, valid])  # as drafting sees them (a training vocabulary's rows)
+            counter.add(k, proposed.topk(top_k, dim=-1).indices, target_logits[:, valid])
     model.train(was_training)
     return counter.table()

@@ -169,6 +169,11 @@ class EagleModel(TrainingVocab, nn.Module):
         """[..., h] → [..., V] with the target's lm_head."""
         return self.lm_head(features)
 
+    def proposal_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., h] → [..., V]: what drafting proposes from, the target's lm_head or, with a training vocabulary, its
+        rows only (-inf elsewhere)."""
+        return self.logits(features) if self.vocab is None else self.vocab.scatter(self.draft_logits(features))
+
     def head(self, lean: bool = False):
         """features [..., h] → logits [..., V]: ``logits``, or with ``lean`` a lean projection of the same
         lm_head (heads/drafting/lean.py) for drafting; with a training vocabulary, its rows only (-inf elsewhere)."""

@@ -60,6 +60,10 @@ def test_loss_over_a_training_vocabulary(target):
     assert 0 < keep.sum() < keep.numel()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert metrics["top1_0"] == pytest.approx(top1.item()) and metrics["alpha_0"] == pytest.approx(alpha.item())
+    with torch.no_grad():  # accuracies and drafting rank the vocabulary's tokens only, by the target head's rows
+        proposed = model.proposal_logits(g[0])
+        assert torch.isinf(proposed[:, 1::2]).all()
+        torch.testing.assert_close(proposed[:, ::2], target.lm_head(g[0])[:, ::2])
     model.set_vocab(None)
     assert eagle_loss(target, model, batch, **tokens_only)[0].item() == full.item()
     loss.backward()
