@@ -117,7 +117,6 @@ class DFlashModel(TrainingVocab, nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(config=self.layer_config)
         # lists keep the target's frozen table and head out of our parameters and state_dict
         self._embed, self._lm_head = [target.get_input_embeddings()], [target.get_output_embeddings()]
-        self.vocab, self._rows = None, []  # the training vocabulary (module docstring, TrainingVocab)
         self.to(target.device)
         for p in self.parameters():  # parameters only: rotary inv_freq stays float32, as the target's
             p.data = p.data.to(target.dtype)

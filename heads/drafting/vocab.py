@@ -134,8 +134,8 @@ class TrainingVocab:
     training step on a small target), that travels with the weights (``VOCAB_FILE``) and is the drafter's FR-Spec
     vocabulary when it decodes. ``vocab`` None: the whole head."""
 
-    vocab: DraftVocab | None = None
-    _rows: list[torch.Tensor] = []
+    vocab: DraftVocab | None = None  # until set_vocab
+    _rows: list[torch.Tensor]  # the vocabulary's lm_head rows [N, H], sliced once (set_vocab empties it)
 
     def set_vocab(self, vocab: DraftVocab | None) -> None:
         """Train (and draft) over ``vocab``'s tokens only; None or a full one: the whole head."""

@@ -143,7 +143,6 @@ class EagleModel(TrainingVocab, nn.Module):
             self.embed_tokens = nn.Embedding(vocab_size_of(target), h).requires_grad_(False)
         # a list keeps the target's frozen tables out of our parameters and state_dict
         self._target_tables = [target.get_input_embeddings(), target.get_output_embeddings()]
-        self.vocab, self._rows = None, []  # a training vocabulary (module docstring, TrainingVocab)
         self.to(target.device)
         for p in self.parameters():  # parameters only: the rotary inv_freq buffer stays float32, as the target's
             p.data = p.data.to(target.dtype)

@@ -70,15 +70,14 @@ def training_unroll(target, model: EagleModel, batch: torch.Tensor, *, steps: in
 def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_weight: float,
               mask: torch.Tensor | None = None, topk_distill: int = 0, topk_weight: float = 1.0,
               loss: str = "kl", eta: float = 3.0, neg_entropy: torch.Tensor | None = None,
-              teacher: Teacher | None = None, best: torch.Tensor | None = None,
-              mass: torch.Tensor | None = None) -> tuple:
+              *, teacher: Teacher, best: torch.Tensor, mass: torch.Tensor | None = None) -> tuple:
     """g, f_next [b, n, h]; p_target [b, n, N] (N: the training vocabulary's, else V); valid [n] bool or a slice;
     mask [b, n] bool or None (every entry) → (loss, feature loss, CE, top-1 agreement, acceptance α) over the valid,
     masked entries; ``topk_distill`` = K > 0 adds HASS's top-K distillation × ``topk_weight``
     (heads/training/objective.py). ``loss`` lk, lk_alpha: the token term is the LK loss (``eta``: lk's), its KL from
-    ``neg_entropy`` [b, n] (Σ p log p). With a training vocabulary, ``teacher`` maps draft ids to target ids, ``best``
-    [b, n] is the target's argmax and ``mass`` [b, n] its probability inside the vocabulary: top-1 and α are measured
-    against the full target."""
+    ``neg_entropy`` [b, n] (Σ p log p). ``teacher`` (heads/training/vocab_teacher.py) maps draft ids to target ids,
+    ``best`` [b, n] is the target's argmax and ``mass`` [b, n] its probability inside a training vocabulary (None:
+    none): top-1 and α are measured against the full target."""
     keep = valid if mask is None else (mask & valid[None] if torch.is_tensor(valid) else mask)
     if mask is not None and not bool(keep.any()):  # nothing to learn at this step: keep the graph, add nothing
         zero = g.sum() * 0.0
@@ -89,16 +88,14 @@ def step_loss(model, g, f_next, p_target, valid, token_weight: float, feature_we
     log_q = torch.log_softmax(model.draft_logits(g).float(), dim=-1)  # [b, n', N]
     cross = -(p_target * log_q).sum(-1)
     ce = cross.mean()
-    drafted = log_q.argmax(-1)
-    agree = drafted == p_target.argmax(-1) if teacher is None else teacher.target_ids(drafted) == best
-    top1 = agree.float().mean()
+    top1 = (teacher.target_ids(log_q.argmax(-1)) == best).float().mean()
     p_full = p_target if mass is None else p_target * mass[..., None]  # α against the full target: outside, never
     if loss == "kl":
         alpha = acceptance(p_full, log_q.detach().exp()).mean()
         token = ce
     else:
         alphas = acceptance(p_target, log_q.exp())  # against p over the vocabulary: what LK raises (EAGLE-3's α_r)
-        alpha = acceptance(p_full, log_q.detach().exp()).mean()
+        alpha = (alphas.detach() if mass is None else acceptance(p_full, log_q.detach().exp())).mean()
         token = lk_loss(loss, (neg_entropy + cross).flatten(), alphas.flatten(), eta)
     total = feature_weight * feature + token_weight * token
     if topk_distill:
@@ -137,7 +134,7 @@ def eagle_loss(target, model, batch: torch.Tensor, *, noise_std: float = 0.0, to
         inside = mask if segments is None else mask & same_segment(segments, -k, 2, n)
         step, feature, ce, top1, alpha = step_loss(model, g, f_next, p_target, valid, token_weight, feature_weight,
                                                    inside, topk_distill, topk_weight, loss, lk_eta, neg_entropy,
-                                                   teacher if model.vocab is not None else None, best, mass)
+                                                   teacher=teacher, best=best, mass=mass)
         total = total + unroll_decay**k * step
         metrics.update({f"feature_loss{k}": feature.item(), f"ce{k}": ce.item(), f"top1_{k}": top1.item(),
                         f"alpha_{k}": alpha.item()})
