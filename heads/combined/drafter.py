@@ -12,6 +12,13 @@ does not. ``Combined([a, b, ...])`` offers that, and the union, for any drafters
 * ``mode="fallback"``: each row takes the first drafter whose proposal has at least ``min_nodes`` candidates (a
   strong match: SuffixDecoding grows at most ``alpha`` × match-length nodes), else the largest proposal.
 
+``part_trees`` gives a part its own tree, in place of the step's (None: the step's): SAM-Decoding drafts a chain
+from its suffix automaton and an EAGLE-2 tree from its fallback. Prompt lookup fills a chain's spine and nothing
+beside it, while a block drafter's best 7 nodes are a tree (DFlash on the code reference: τ 2.21 on a 7-node tree
+against 1.85 on a chain of 7), so ``Combined([PromptLookup(), dflash], mode="fallback", part_trees=[None,
+DynamicTree(7, 7, 4)])`` verifies prompt lookup's chain of 7 on a match and DFlash's best 7-node tree otherwise.
+A part's tree is cut to the step tree's depth (the loop shortens that one where rows near their end).
+
 Either way each candidate is a function of the past (each drafter's is), so the walker's sibling rule verifies the
 merged tree losslessly, as any top-k tree (treespec/walker.py). Drafters that sample their candidates are refused:
 their q_draft describes their own tree, not a merged one.
@@ -80,6 +87,27 @@ def columns_of(features: torch.Tensor | None, blocks: list[int] | None, layers: 
     return torch.cat([features[..., i * h : (i + 1) * h] for i in blocks], dim=-1)
 
 
+def check_part_trees(drafters: list[Drafter], part_trees) -> list[Tree | DynamicTree | None]:
+    """One tree or None per drafter (None for all: ``part_trees`` None); ValueError naming a list of the wrong
+    length, a value that is not a tree, a dynamic tree for a drafter that grows none, or a tree deeper than its
+    drafter fills."""
+    if part_trees is None:
+        return [None] * len(drafters)
+    part_trees = list(part_trees)
+    if len(part_trees) != len(drafters):
+        raise ValueError(f"part_trees needs one entry per drafter ({len(drafters)}: None for the step's tree), got "
+                         f"{len(part_trees)}")
+    for d, tree in zip(drafters, part_trees, strict=True):
+        name = type(d).__name__
+        if tree is not None and not isinstance(tree, (Tree, DynamicTree)):
+            raise ValueError(f"part_trees: {name}'s tree must be a Tree, a DynamicTree or None, got {tree!r}")
+        if isinstance(tree, DynamicTree) and not d.grows_dynamic_trees:
+            raise ValueError(f"part_trees: {name} grows no dynamic tree; give it a static Tree")
+        if tree is not None and d.max_tree_depth is not None and tree.depth > d.max_tree_depth:
+            raise ValueError(f"part_trees: {name} fills trees of depth <= {d.max_tree_depth}, got depth {tree.depth}")
+    return part_trees
+
+
 def members(drafters: list[Drafter], combined: Drafter, inside: tuple[int, ...] = ()) -> list[Drafter]:
     """Every drafter in ``combined``'s ``drafters``, nested combinations opened; a drafter in it twice (directly or
     inside a nested Combined: torch failed on a reshape later) or a combination inside itself (a RecursionError)
@@ -99,7 +127,8 @@ def members(drafters: list[Drafter], combined: Drafter, inside: tuple[int, ...] 
 class Combined(Drafter):
     per_row = ("_maps",)  # its own; each drafter selects its rows itself
 
-    def __init__(self, drafters: list[Drafter], *, mode: str = "union", nodes: int | None = None, min_nodes: int = 1):
+    def __init__(self, drafters: list[Drafter], *, mode: str = "union", nodes: int | None = None, min_nodes: int = 1,
+                 part_trees: list[Tree | DynamicTree | None] | None = None):
         drafters = list(drafters)
         if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError(f"Combined needs two or more treespec Drafters, got {drafters!r}")
@@ -110,17 +139,19 @@ class Combined(Drafter):
         members(drafters, self)
         check_settings(mode, nodes, min_nodes)
         self.drafters, self.mode, self.nodes, self.min_nodes = drafters, mode, nodes, min_nodes
+        self.part_trees = check_part_trees(drafters, part_trees)
+        on_step_tree = [d for d, own in zip(drafters, self.part_trees, strict=True) if own is None]  # the step's
         self.needs_features = any(d.needs_features for d in drafters)
         layers, self._blocks = feature_columns(drafters)
         if self.needs_features:
             self.feature_layers = layers
-        self.grows_dynamic_trees = all(d.grows_dynamic_trees for d in drafters)
+        self.grows_dynamic_trees = all(d.grows_dynamic_trees for d in on_step_tree)
         self.observes_logits = any(d.observes_logits for d in drafters)
         self.remembers_across_calls = any(d.remembers_across_calls for d in drafters)
-        limits = [d.max_tree_depth for d in drafters if d.max_tree_depth is not None]
+        limits = [d.max_tree_depth for d in on_step_tree if d.max_tree_depth is not None]
         self.max_tree_depth = min(limits) if limits else None
         # the first drafter's default tree that every drafter can fill (a dynamic one only if all grow them)
-        fits = [d.default_tree for d in drafters if (isinstance(d.default_tree, Tree) or self.grows_dynamic_trees)
+        fits = [d.default_tree for d in on_step_tree if (isinstance(d.default_tree, Tree) or self.grows_dynamic_trees)
                 and (self.max_tree_depth is None or d.default_tree.depth <= self.max_tree_depth)]
         self.default_tree = fits[0] if fits else drafters[0].default_tree
         positions = [d.max_positions for d in drafters if d.max_positions is not None]
@@ -175,7 +206,9 @@ class Combined(Drafter):
             if self.mode == "fallback" and d.proposes_on_demand and each and self._all_strong(each, batch):
                 each.append(None)
             else:
-                each.append(d.propose(committed, self._features(k, feature), tree, sampling, generator))
+                own = self.part_trees[k]  # never deeper than the step's: the loop cuts it where rows end
+                own = tree if own is None else own if own.depth <= tree.depth else own.truncate(tree.depth)
+                each.append(d.propose(committed, self._features(k, feature), own, sampling, generator))
         # union compares tokens on the host: each drafter's batch read once (a model-free one's are host tensors)
         drafted = [p.tokens.tolist() for p in each] if self.mode == "union" else None
         rows, self._maps = [], []

@@ -49,6 +49,7 @@ from treespec.heads.training.objective import (
 from treespec.heads.training.segments import packed_positions, same_segment, segment_ids
 from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.unroll import unrolled
+from treespec.heads.training.vocab_teacher import Teacher
 
 
 class RestrictedTarget:
@@ -74,22 +75,21 @@ class RestrictedTarget:
         rows = torch.ones(b, s, dtype=torch.bool, device=device) if scored is None else scored
         flat = source.reshape(b * s, source.shape[-1])
         index = rows.reshape(-1).nonzero().squeeze(1)  # [n]: the scored positions, flattened
-        n, draft_ids = index.numel(), model.draft_ids
-        self.p = torch.empty(n, draft_ids.numel(), device=device)
+        n = index.numel()
+        teacher = Teacher(lm_head, model.draft_vocab, device)  # the restriction, as EAGLE-1 and DFlash train theirs
+        self.p = torch.empty(n, len(model.draft_vocab), device=device)
         neg_entropy, mass, argmax = (torch.empty(n, device=device) for _ in range(3))
         in_vocab = torch.empty(n, dtype=torch.bool, device=device)
         with torch.no_grad():  # the frozen target's side
             for a in range(0, n, ROWS):
                 piece = flat[index[a : a + ROWS]]
-                logits = (piece if target_logits is not None else lm_head(piece)).float()  # [r, V]
-                restricted = logits[:, draft_ids]  # [r, Vd]
-                log_p = torch.log_softmax(restricted, dim=-1)
+                log_p, inside, best = teacher.split(piece.float()) if target_logits is not None else teacher(piece)
                 p = self.p[a : a + ROWS]
                 torch.exp(log_p, out=p)
                 neg_entropy[a : a + ROWS] = (p * log_p).sum(-1)
-                mass[a : a + ROWS] = (restricted.logsumexp(-1) - logits.logsumexp(-1)).exp()
+                mass[a : a + ROWS] = inside
                 argmax[a : a + ROWS] = p.argmax(-1)
-                in_vocab[a : a + ROWS] = model.t2d[logits.argmax(-1)]
+                in_vocab[a : a + ROWS] = teacher.holds(best)
         self.argmax_rows, self.neg_entropy_rows, self.mass_rows = argmax.long(), neg_entropy, mass
         self.row_of = torch.full((b, s), -1, dtype=torch.long, device=device)
         self.row_of[rows] = torch.arange(n, device=device)

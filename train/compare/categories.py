@@ -230,14 +230,15 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
         return []
     entry = (result.get("drafter_entries") or {}).get(drafter_of(best)) or {}
     stop = (result.get("settings") or {}).get("end_token_ids")
-    return ["## Use the best tree", "", f"The run's best configuration, {best['config']}, saved its tree as "
+    return (["## Use the best tree", "", f"The run's best configuration, {best['config']}, saved its tree as "
             "`best_tree.json` beside this file (every configuration's tree is under `trees/`):", "", "```python",
             "from treespec import Tree, generate", "from treespec.heads import registry"
-            + (", Combined" if entry.get("parts") else ""), "",
+            + (", Combined" if entry.get("parts") else "")]
+            + (["from treespec.planning.tree_spec import build_tree"] if entry.get("part_trees") else []) + ["",
             f"drafter = {make_line({'name': drafter_of(best), **entry})}",
             f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
-            + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder)
+            + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder))
 
 
 def make_line(entry: dict) -> str:
@@ -245,6 +246,9 @@ def make_line(entry: dict) -> str:
     if entry.get("parts"):
         settings = "".join(f", {key}={entry[key]!r}" for key in ("mode", "nodes", "min_nodes")
                            if entry.get(key) is not None)
+        if entry.get("part_trees") is not None:  # specs → trees (treespec.planning.tree_spec.build_tree)
+            trees = ", ".join("None" if spec is None else f"build_tree({spec!r})" for spec in entry["part_trees"])
+            settings += f", part_trees=[{trees}]"
         return f"Combined([{', '.join(make_line(part) for part in entry['parts'])}]{settings})"
     if not entry.get("source"):
         return f'registry.build("{entry["name"]}", target)'

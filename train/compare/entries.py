@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from treespec import reference
 from treespec.heads import registry
-from treespec.train.compare.methods import check_parts, parts_of
+from treespec.train.compare.methods import check_parts, part_trees_of, parts_of
 from treespec.train.compare.stamp import model_checksum
 
 
@@ -37,7 +37,7 @@ def made(cfg, label: str, target, vocab_of=lambda spec: None):
     if kind.has_parts:
         parts = [made(cfg, part, target, vocab_of) for part in parts_of(cfg, label)]
         drafter = kind.combine([d for _, d, _ in parts], mode=entry.get("mode", "union"), nodes=entry.get("nodes"),
-                               min_nodes=entry.get("min_nodes", 1))
+                               min_nodes=entry.get("min_nodes", 1), part_trees=part_trees_of(cfg, label))
         return [m for m, _, _ in parts], drafter, None
     try:
         module = registry.load_module(entry.name, target, entry.get("source"))
@@ -77,6 +77,8 @@ def entry_record(cfg, label: str, module=None) -> dict:
     if parts:
         record |= {"mode": entry.get("mode", "union"), "nodes": entry.get("nodes"),
                    "min_nodes": entry.get("min_nodes", 1), "parts": [entry_record(cfg, p) for p in parts]}
+        if part_trees_of(cfg, label) is not None:
+            record["part_trees"] = part_trees_of(cfg, label)
     return record
 
 

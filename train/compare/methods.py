@@ -80,8 +80,15 @@ def check_parts(cfg, label: str, kind) -> list[str]:
             raise ValueError(f"available.{label}.parts: {part!r} samples its candidates (candidates="
                              f"{cfg.available[part].candidates}); a combination merges fixed ranks: use a topk entry")
     entry = cfg.available[label]
-    kind.check_settings(entry.get("mode", "union"), entry.get("nodes"), entry.get("min_nodes", 1))
+    kind.check_settings(entry.get("mode", "union"), entry.get("nodes"), entry.get("min_nodes", 1),
+                        part_trees_of(cfg, label))
     return parts_of(cfg, label)
+
+
+def part_trees_of(cfg, label: str) -> list | None:
+    """A combined drafter's ``available.<label>.part_trees`` as plain specs (None: every part on the step's tree)."""
+    trees = cfg.available[label].get("part_trees")
+    return trees if trees is None or isinstance(trees, str) else OmegaConf.to_container(trees, resolve=True)
 
 
 def own_trees(cfg, label: str) -> list[dict] | None:
