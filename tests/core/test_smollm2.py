@@ -256,7 +256,7 @@ def sky(smollm2):
 @needs_smollm2
 @pytest.mark.parametrize("name, trees", [
     shipped("eagle3", DYNAMIC8), shipped("eagle", DYNAMIC8), shipped("medusa", Tree.full(2, 2)),
-    shipped("hydra", Tree.full(2, 2)), shipped("draft", Tree.chain(3)),
+    shipped("hydra", Tree.full(2, 2)), shipped("draft", Tree.chain(3)), shipped("dflash", DYNAMIC8),
     # a chain as well, with -m slow: each kind's chains are tested on tiny models, and its shipped weights above
     *(shipped(name, Tree.chain(3), slow=True) for name in ("eagle3", "eagle", "medusa", "hydra")),
 ])
@@ -303,6 +303,25 @@ def test_shipped_eagle3_chooses_auto_with_a_curve_measured_here(smollm2, tmp_pat
     assert torch.equal(out.sequences, vanilla.sequences)
 
 
+@needs_smollm2
+@pytest.mark.skipif(not (reference.MODELS_DIR / "smollm2" / "dflash").is_dir(),
+                    reason="treespec/models/smollm2/dflash is not in this checkout")
+def test_shipped_dflash_as_prompt_lookups_fallback_is_lossless_greedy(smollm2, sky):
+    """experiment=specbench's pairing: prompt lookup's chain, DFlash's DDTree of 7 where it finds no match; it
+    reproduces transformers' greedy answer and the block is accepted where it ran."""
+    from treespec.dynamic_tree import DynamicTree
+    from treespec.heads import Combined, PromptLookup, load
+
+    model, tokenizer = smollm2
+    ids, expected = sky
+    drafter = Combined([PromptLookup(), load("reference:smollm2/dflash", model)], mode="fallback",
+                       part_trees=[None, DynamicTree(7, 7, 4)])
+    out = generate(model, ids, drafter=drafter, tree=Tree.chain(4), max_new_tokens=24,
+                   eos_token_id=tokenizer.eos_token_id)
+    assert torch.equal(out.sequences, expected)
+    assert out.target_passes < 24  # the chat prompt holds little to look up: the block's drafts were accepted
+
+
 def sampled(name: str, candidates: str, acceptance: str, tree, control: bool = False):
     """One (shipped drafter, candidates, rule, tree) case at temperature 1, skipped without that drafter."""
     label = f"{name}-{candidates}-{acceptance}" + ("-accept-everything" if control else "")
@@ -326,6 +345,7 @@ def sampled(name: str, candidates: str, acceptance: str, tree, control: bool = F
     sampled("hydra", "without_replacement", "traversal", Tree.full(2, 2)),
     sampled("draft", "sample", "rejection", Tree.chain(2)),
     sampled("draft", "sample", "block", Tree.chain(2)),
+    sampled("dflash", "sample", "rejection", Tree.chain(2)),
 ])
 def test_shipped_drafter_samples_the_targets_distribution(smollm2, name, candidates, acceptance, tree, control,
                                                            monkeypatch):
