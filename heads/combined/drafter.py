@@ -14,9 +14,9 @@ does not. ``Combined([a, b, ...])`` offers that, and the union, for any drafters
 
 ``part_trees`` gives a part its own tree, in place of the step's (None: the step's): SAM-Decoding drafts a chain
 from its suffix automaton and an EAGLE-2 tree from its fallback. Prompt lookup fills a chain's spine and nothing
-beside it, while a block drafter's best 7 nodes are a tree (DFlash on the code reference: τ 2.21 on a 7-node tree
-against 1.85 on a chain of 7), so ``Combined([PromptLookup(), dflash], mode="fallback", part_trees=[None,
-DynamicTree(7, 7, 4)])`` verifies prompt lookup's chain of 7 on a match and DFlash's best 7-node tree otherwise.
+beside it, while a block drafter's likeliest few nodes form a tree (docs/results.md compares the two), so
+``Combined([PromptLookup(), dflash], mode="fallback", part_trees=[None, DynamicTree(7, 7, 4)])`` verifies prompt
+lookup's chain of 7 on a match and DFlash's best 7-node tree otherwise.
 A part's tree is cut to the step tree's depth (the loop shortens that one where rows near their end).
 
 Either way each candidate is a function of the past (each drafter's is), so the walker's sibling rule verifies the

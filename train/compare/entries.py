@@ -77,8 +77,8 @@ def entry_record(cfg, label: str, module=None) -> dict:
     if parts:
         record |= {"mode": entry.get("mode", "union"), "nodes": entry.get("nodes"),
                    "min_nodes": entry.get("min_nodes", 1), "parts": [entry_record(cfg, p) for p in parts]}
-        if part_trees_of(cfg, label) is not None:
-            record["part_trees"] = part_trees_of(cfg, label)
+        if (trees := part_trees_of(cfg, label)) is not None:
+            record["part_trees"] = trees
     return record
 
 
