@@ -137,19 +137,22 @@ class DFlash(Drafter):
         roots = committed.tokens.gather(1, index)[:, 0].to(self.model.device)  # [b]: on the device, no read
         # the head over the depths the tree reaches only (a deeper tree is refused below, naming the block's)
         depth = min(tree.depth, self.max_tree_depth)
-        logits = self._head(self._block(roots)[:, 1 : 1 + depth])  # [b, D, V]: depth d's at d − 1
+        logits = self._head(self._block(roots, feature)[:, 1 : 1 + depth])  # [b, D, V]: depth d's at d − 1
         return block_proposals(logits, tree, sampling, self.candidates, generator,
                                what=f"a DFlash block of {self.model.block_size}")
 
-    def _block(self, roots: torch.Tensor) -> torch.Tensor:
-        """Each row's block rooted at ``roots`` [b] over its cached context → outputs [b, block_size, H]."""
+    def _block(self, roots: torch.Tensor, feature: torch.Tensor | None = None) -> torch.Tensor:
+        """Each row's block rooted at ``roots`` [b] over its cached context → outputs [b, block_size, H];
+        ``feature`` [b, K·H]: the target's that produced each root (read with ``root_feature`` only)."""
         size = self.model.block_size
         mask = None
         if self.slots.ragged:  # each row sees its own entries, then its whole block
             allowed = torch.ones(1, size, size, dtype=torch.bool, device=self.model.device)
             mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
         positions = self.slots.positions(torch.arange(size))  # [b or 1, size]: the root's position on
-        return self.model(self.model.block_ids(roots), None, positions, attention_mask=mask, cache=self.cache)
+        root_features = None if feature is None else feature[:, None].to(self.model.device)  # [b, 1, K·H]
+        return self.model(self.model.block_ids(roots), None, positions, attention_mask=mask, cache=self.cache,
+                          root_features=root_features)
 
     @torch.no_grad()
     def drafting_step(self, past_len: int = 256, n_tokens: int = 4, batch: int = 1):
@@ -161,7 +164,8 @@ class DFlash(Drafter):
         width = len(self.feature_layers) * self.model.fc.out_features
         self._add(torch.zeros(batch, past_len, width, dtype=self.model.dtype, device=device), [past_len] * batch)
         roots = torch.zeros(batch, dtype=torch.long, device=device)
-        return torch.no_grad()(lambda: self._head(self._block(roots)[:, 1:]))
+        feature = torch.zeros(batch, width, dtype=self.model.dtype, device=device)
+        return torch.no_grad()(lambda: self._head(self._block(roots, feature)[:, 1:]))
 
 
 @torch.no_grad()

@@ -13,6 +13,16 @@ the root, side by side and projected (heads/dflash/block_layer.py):
 One pass gives a distribution for every depth 1..b − 1 of the block; the root's own output is not used. The
 embeddings and lm_head are the target's (not stored).
 
+**The root's feature in the block** (``root_feature``, treespec's, not z-lab's). In z-lab's layout the target's
+features enter as keys and values only, so in the first layer a mask position's query is the mask token's embedding:
+the same at every anchor, whatever the context. EAGLE's drafter reads the feature that produced the root at its own
+input. With ``root_feature`` the block's input adds that feature, projected by the same ``fc`` and its own norm
+(``root_norm``, zero at first, so a drafter grown from one without it starts with its predictions):
+
+    embed([root, mask, ..., mask]) + root_norm(fc(cat(h_{l_1}, ..., h_{l_K})[root − 1]))     at every block position
+
+No serving stack computes it, so such a drafter does not export (heads/dflash/upstream.py).
+
 **A training vocabulary** (``drafter.train_vocab``: N, heads/dflash/objective.py): the block learns to fill only the
 N most frequent tokens of its training data, scored through those N rows of the target's lm_head; on a small target
 the full head is most of a training step (docs/training.md, DFlash). ``vocab`` (a DraftVocab) then travels with the
@@ -25,8 +35,9 @@ a target too shallow for that (L < 4) takes them evenly over 0..L − 1.
 
 **Weights**, under z-lab's names: ``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
-``layers.{i}.{input_layernorm,post_attention_layernorm}.weight``, ``norm.weight``. ``norm`` starts as the target's
-final norm where it computes the same (its lm_head reads normed states); everything else is freshly initialised.
+``layers.{i}.{input_layernorm,post_attention_layernorm}.weight``, ``norm.weight`` (and treespec's
+``root_norm.weight``). ``norm`` starts as the target's final norm where it computes the same (its lm_head reads
+normed states); everything else is freshly initialised.
 """
 
 from __future__ import annotations
@@ -86,18 +97,21 @@ class DFlashModel(TrainingVocab, nn.Module):
     kind = "dflash"
 
     def __init__(self, target, *, block_size: int = 16, num_layers: int = 1, target_layer_ids=None,
-                 mask_token_id: int | None = None, layer: dict | None = None):
+                 mask_token_id: int | None = None, layer: dict | None = None, root_feature: bool = False):
         """block_size: tokens per block (the root and block_size − 1 mask tokens: the deepest tree it fills);
         target_layer_ids: decoder-layer outputs it reads (None: z-lab's default for ``num_layers`` of them);
         mask_token_id: the target token id whose embedding marks a position to fill (None: the vocabulary's last,
         a reserved or padding id in large vocabularies); layer: layer values apart from the target's
-        (heads/dflash/block_layer.py's ``LAYER_FIELDS``)."""
+        (heads/dflash/block_layer.py's ``LAYER_FIELDS``); root_feature: the block's input adds the root's feature
+        (module docstring)."""
         super().__init__()
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
             raise ValueError(f"DFlash block_size must be an integer >= 2 (the root and at least one token to fill), "
                              f"got {block_size!r}")
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"DFlash num_layers must be an integer >= 1, got {num_layers!r}")
+        if not isinstance(root_feature, bool):
+            raise ValueError(f"DFlash root_feature must be true or false, got {root_feature!r}")
         tc = target.config.get_text_config(decoder=True)
         n, h, vocab = tc.num_hidden_layers, tc.hidden_size, vocab_size_of(target)
         self.block_size = block_size
@@ -109,11 +123,15 @@ class DFlashModel(TrainingVocab, nn.Module):
         self.layer_config = layer_config(target, num_layers, layer)
         self.config = {"block_size": block_size, "num_hidden_layers": num_layers,
                        "target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
-                       "layer": layer_values(self.layer_config), "architecture": architecture(target)}
+                       "layer": layer_values(self.layer_config), "architecture": architecture(target),
+                       "root_feature": root_feature}
         self.fc = nn.Linear(len(self.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=self.layer_config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(self.layer_config, i) for i in range(num_layers))
         self.norm = final_norm(target, self.layer_config, "llama")
+        self.root_norm = Qwen3RMSNorm(h, eps=self.layer_config.rms_norm_eps) if root_feature else None
+        if root_feature:
+            nn.init.zeros_(self.root_norm.weight)  # adds nothing at first (module docstring)
         self.rotary_emb = Qwen3RotaryEmbedding(config=self.layer_config)
         # lists keep the target's frozen table and head out of our parameters and state_dict
         self._embed, self._lm_head = [target.get_input_embeddings()], [target.get_output_embeddings()]
@@ -155,14 +173,21 @@ class DFlashModel(TrainingVocab, nn.Module):
 
     def forward(self, block_ids: torch.Tensor, features: torch.Tensor | None, positions: torch.Tensor,
                 context_positions: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                cache=None) -> torch.Tensor:
+                cache=None, root_features: torch.Tensor | None = None) -> torch.Tensor:
         """The layers over blocks ``block_ids`` [b, q] at ``positions`` [b or 1, q] → normed outputs [b, q, H].
+        ``root_features`` [b, q or 1, K·H]: with ``root_feature``, the target's features that produced each query's
+        root (module docstring); ignored without.
 
         The context is ``features`` [b, c, K·H], the target's features of context tokens at ``context_positions``
         [b or 1, c], or with ``features`` None what ``cache`` holds (``add_context``; nothing without one).
         ``attention_mask``: float additive [b or 1, 1, q, c + q] over the context's keys, then the blocks'; None:
         every query sees every key."""
         x = self._embed[0](block_ids).to(self.dtype)
+        if self.root_norm is not None:
+            if root_features is None:
+                raise ValueError("this DFlash drafter adds the root's feature to its block (root_feature): pass "
+                                 "root_features")
+            x = x + self.root_norm(self.fc(root_features.to(self.dtype)))
         rope = self.rotary_emb(x, positions)
         if features is not None:
             context = self.project(features)
@@ -206,7 +231,12 @@ class DFlashModel(TrainingVocab, nn.Module):
         own = torch.eye(m, dtype=torch.bool, device=device)  # [m, m]: a block sees only itself
         seen = torch.cat([context.repeat_interleave(size, dim=1),
                           own.repeat_interleave(size, 0).repeat_interleave(size, 1)[None].expand(b, -1, -1)], dim=2)
-        out = self(blocks, features, block_positions, local, relation_mask(seen, dtype=self.dtype))
+        root_features = None
+        if self.root_norm is not None:  # the feature at a − 1 produced root a, for each of a block's positions
+            before = (anchors - 1)[:, :, None].expand(-1, -1, features.shape[-1])
+            root_features = features.gather(1, before).repeat_interleave(size, dim=1)  # [b, m·size, K·H]
+        out = self(blocks, features, block_positions, local, relation_mask(seen, dtype=self.dtype),
+                   root_features=root_features)
         return out.view(b, m, size, -1)
 
     # -- persistence ---------------------------------------------------------------------------------
@@ -238,13 +268,42 @@ class DFlashModel(TrainingVocab, nn.Module):
         try:
             model = cls(target, block_size=config["block_size"], num_layers=config["num_hidden_layers"],
                         target_layer_ids=config["target_layer_ids"], mask_token_id=config["mask_token_id"],
-                        layer=config["layer"])
+                        layer=config["layer"], root_feature=config.get("root_feature", False))
             check_float_weights(weights, model, f"DFlash weights in {folder}")
             model.load_state_dict(weights)  # copied into our device and dtype
         except (KeyError, RuntimeError, ValueError) as err:  # missing, unexpected or mis-shaped tensors
             raise ValueError(f"DFlash weights in {folder} do not fit the drafter: {err}") from None
         model.load_vocab(folder)
         return model.eval()
+
+
+def grow_from(model: DFlashModel, trained: DFlashModel) -> None:
+    """Start ``model`` from a trained DFlash ``trained`` with as many layers or fewer (``drafter.init_from``): its
+    projection, layers and final norm copied, each layer beyond them the identity at first (zero o_proj and
+    down_proj: residual blocks that add nothing), so the grown drafter starts with the trained one's predictions and
+    training only has to improve on them; likewise a ``root_norm`` it lacks starts at zero. Anything else the two
+    disagree on (block size, target layers, mask token, layer values, a training vocabulary, a root feature the
+    trained one has and ``model`` lacks) is a ValueError."""
+    if trained.num_layers > model.num_layers:
+        raise ValueError(f"DFlash init_from has {trained.num_layers} layers, more than the {model.num_layers} to "
+                         "train; set drafter.num_layers to at least that")
+    differ = [f"{key} {trained.config[key]!r} (init_from) against {model.config[key]!r}"
+              for key in ("block_size", "target_layer_ids", "mask_token_id", "layer", "architecture")
+              if trained.config[key] != model.config[key]]
+    if trained.root_norm is not None and model.root_norm is None:
+        differ.append("root_feature true (init_from) against false")
+    if trained.vocab is not None:
+        differ.append("a training vocabulary (init_from) against the full one: grow from a full-vocabulary drafter")
+    if differ:
+        raise ValueError(f"DFlash init_from does not fit the drafter to train: {'; '.join(differ)}")
+    missing, unexpected = model.load_state_dict(trained.state_dict(), strict=False)
+    assert not unexpected and all(key.startswith("layers.") or key == "root_norm.weight" for key in missing)
+    with torch.no_grad():
+        if "root_norm.weight" in missing:
+            model.root_norm.weight.zero_()
+        for layer in model.layers[trained.num_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
 
 def fits(config: dict, target) -> None:

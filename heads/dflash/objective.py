@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
-from treespec.heads.dflash.network import DFlashModel, resolve_target_layers
+from treespec.heads.dflash.network import DFlashModel, grow_from, resolve_target_layers
 from treespec.heads.training.anchors import anchor_positions, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import (
@@ -54,6 +54,7 @@ from treespec.heads.training.objective import (
 from treespec.heads.training.segments import packed_positions, segment_ids
 from treespec.heads.training.target_states import target_hidden
 from treespec.heads.training.vocab_teacher import Teacher, check_train_vocab, training_vocab
+from treespec.reference import resolve
 
 LOSSES = (*TOKEN_LOSSES, "ce")
 
@@ -172,7 +173,13 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     d = cfg.drafter
     # target_layer_ids as given (a ListConfig from hydra): DFlashModel resolves and checks it (resolve_target_layers)
     model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers),
-                        target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id)
+                        target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id,
+                        root_feature=d.get("root_feature", False))
+    grown = ""
+    if d.get("init_from"):  # a resumed run then loads its checkpoint over these weights
+        trained = DFlashModel.from_pretrained(resolve(d.init_from), target)
+        grow_from(model, trained)
+        grown = f", grown from {d.init_from} ({trained.num_layers} layer(s))"
     vocab_note = training_vocab(model, d.get("train_vocab"), target, train_tokens)
 
     def loss(batch):
@@ -184,6 +191,7 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
 
     description = (f"{model.num_layers} layer(s), block of {model.block_size}, target layers "
                    f"{list(model.target_layer_ids)} (hidden_states {list(model.feature_layers)}), mask token "
-                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss{vocab_note}")
+                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss{vocab_note}{grown}"
+                   f"{', the root feature in the block' if model.root_norm is not None else ''}")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: DFlash(model), description)

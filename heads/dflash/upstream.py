@@ -126,6 +126,9 @@ def dflash_to_upstream(model: DFlashModel, target, consumer: str) -> tuple[dict,
     consumers are refused."""
     if consumer not in CONSUMERS:
         raise Refused(f"{consumer} has no DFlash drafter; DFlash exports to {' and '.join(CONSUMERS)} (z-lab's layout)")
+    if model.root_norm is not None:
+        raise Refused(f"{consumer} serves z-lab's DFlash, which does not add the root's feature to the block: a "
+                      "drafter trained with root_feature: true decodes in treespec only")
     c = model.layer_config
     if c.hidden_act != "silu":
         raise Refused(f"SGLang's DFlash MLP supports hidden_act 'silu' only, this drafter's is {c.hidden_act!r}")

@@ -33,8 +33,6 @@ from tests.helpers import (
     accept_everything,
     block_proposal,
     chi2_pvalue,
-    dflash_prompt,
-    dflash_target,
     exact_distribution,
     expect_batched_greedy,
     hf_greedy,
@@ -42,28 +40,12 @@ from tests.helpers import (
     random_dflash,
     sampled_counts,
     tiny_llama,
-    trained_dflash,
 )
 
 LAYER_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
               "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight",
               "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
 TREES = {"chain": Tree.chain(3), "full": Tree.full(2, 2), "dynamic": DynamicTree(8, 3, 3)}
-
-
-@pytest.fixture(scope="module")
-def target():
-    return dflash_target()
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    return dflash_prompt()
-
-
-@pytest.fixture(scope="module")
-def trained(target, prompt):
-    return trained_dflash(target, prompt)
 
 
 def test_layout_and_target_layers(target):
@@ -187,11 +169,6 @@ def test_in_a_combination_and_timed(target, prompt, trained):
 
 
 # -- lossless: sampling ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small():
-    return tiny_llama(vocab=VOCAB, hidden=16, layers=1, seed=11, init_std=0.1)
-
-
 SAMPLED = {"sampled-tree": ("sample", Tree.full(2, 2)), "without-replacement": ("without_replacement", Tree.full(3, 2)),
            "ddtree-topk": ("topk", DynamicTree(5, 2, 2)), "chain-topk": ("topk", Tree.chain(2)),
            "traversal-sampled-tree": ("sample", Tree.full(2, 2), "traversal")}

@@ -20,38 +20,24 @@ from treespec.heads.training.target_states import target_states
 from tests.helpers import (
     compose_cfg,
     conversations,
-    dflash_prompt,
-    dflash_target,
     heads_cfg,
     hf_greedy,
     random_dflash,
     stopped_run_resumes_exactly,
     tiny_chat_target,
-    trained_dflash,
     write_jsonl,
 )
 
 
-@pytest.fixture(scope="module")
-def target():
-    return dflash_target()
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    return dflash_prompt()
-
-
-@pytest.fixture(scope="module")
-def trained(target, prompt):
-    return trained_dflash(target, prompt)
-
-
 # -- training -------------------------------------------------------------------------------------------------------
-def test_anchored_blocks_equal_decoding_from_each_anchor(target):
+@pytest.mark.parametrize("root_feature", [False, True])
+def test_anchored_blocks_equal_decoding_from_each_anchor(target, root_feature):
     """The block-sparse training pass: each anchor's block equals the drafter's pass from that root with the
-    context before it, in one row and with packed conversations."""
-    model = random_dflash(target, seed=1, num_layers=2)
+    context before it (and, with root_feature, the feature before the root), in one row and with packed
+    conversations."""
+    model = random_dflash(target, seed=1, num_layers=2, root_feature=root_feature)
+    if root_feature:  # zero at first: give it weight, or the test could not see a wrong feature
+        torch.nn.init.normal_(model.root_norm.weight)
     windows = torch.randint(0, 64, (2, 14), generator=torch.Generator().manual_seed(0))
     features, _ = target_states(target, windows, model.feature_layers)
     anchors = torch.tensor([[1, 5, 9, 12], [3, 4, 10, 13]])
@@ -64,12 +50,14 @@ def test_anchored_blocks_equal_decoding_from_each_anchor(target):
         packed = model.anchored(windows, features, anchors, positions, segments)
         for b, i in itertools.product(range(2), range(4)):
             a = int(anchors[b, i])
+            root = features[b : b + 1, a - 1 : a]  # [1, 1, K·H]: produced root a
             alone = model(model.block_ids(windows[b, a : a + 1]), features[b : b + 1, :a],
-                          torch.arange(a, a + 4)[None], torch.arange(a)[None])
+                          torch.arange(a, a + 4)[None], torch.arange(a)[None], root_features=root)
             torch.testing.assert_close(plain[b, i], alone[0], atol=1e-5, rtol=0)
             start = 0 if a < 6 else 6  # its own conversation only, at its own positions
             alone = model(model.block_ids(windows[b, a : a + 1]), features[b : b + 1, start:a],
-                          torch.arange(a - start, a - start + 4)[None], torch.arange(a - start)[None])
+                          torch.arange(a - start, a - start + 4)[None], torch.arange(a - start)[None],
+                          root_features=root)
             torch.testing.assert_close(packed[b, i], alone[0], atol=1e-5, rtol=0)
 
 
@@ -237,6 +225,29 @@ def test_recipe_trains_exports_and_drafts(target, prompt, tmp_path):
 
         with pytest.raises(ValueError, match=message):
             drafter_job.check_config(compose_cfg("train_heads", ["drafter=dflash", "target=/no/such", override]))
+
+
+def test_init_from_grows_a_trained_drafter(target, trained, tmp_path):
+    """drafter.init_from: a one-layer drafter grown to two predicts what it did (the new layer starts as the
+    identity), then trains; one that does not fit is refused, naming why."""
+    trained.save_pretrained(tmp_path)
+    overrides = ["drafter=dflash", "drafter.block_size=4", "drafter.anchors=8", f"drafter.init_from={tmp_path}",
+                 f"drafter.target_layer_ids={list(trained.target_layer_ids)}", "drafter.num_layers=2"]
+    r = registry.get("dflash").recipe(compose_cfg("train_heads", overrides), target)
+    assert r.module.num_layers == 2 and "grown from" in r.description
+    windows = hf_greedy(target, torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(3)), 12)
+    anchors = torch.tensor([[2, 5], [3, 7]])
+    with torch.no_grad():
+        features, _ = target_states(target, windows, trained.feature_layers)
+        grown, base = (m.logits(m.anchored(windows, features, anchors)) for m in (r.module, trained))
+    torch.testing.assert_close(grown, base)
+    loss, _ = r.loss(windows)
+    loss.backward()
+    assert r.module.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0  # the new layer learns
+    for extra, message in (("drafter.mask_token_id=5", "mask_token_id 63 \\(init_from\\) against 5"),
+                           ("drafter.block_size=5", "block_size 4 \\(init_from\\) against 5")):
+        with pytest.raises(ValueError, match=message):
+            registry.get("dflash").recipe(compose_cfg("train_heads", [*overrides, extra]), target)
 
 
 def test_stopped_run_resumes_exactly(tmp_path):

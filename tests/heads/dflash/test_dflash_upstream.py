@@ -17,29 +17,11 @@ from treespec.heads.checkpoints.upstream_common import Refused
 from treespec.heads.training.target_states import target_states
 
 from tests.helpers import (
-    dflash_prompt,
-    dflash_target,
     hf_greedy,
     norm_w,
     rnd,
-    trained_dflash,
     write_checkpoint,
 )
-
-
-@pytest.fixture(scope="module")
-def target():
-    return dflash_target()
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    return dflash_prompt()
-
-
-@pytest.fixture(scope="module")
-def trained(target, prompt):
-    return trained_dflash(target, prompt)
 
 
 # -- z-lab's layout --------------------------------------------------------------------------------------------------
