@@ -150,7 +150,9 @@ class DFlash(Drafter):
             allowed = torch.ones(1, size, size, dtype=torch.bool, device=self.model.device)
             mask = slots_mask(self.slots, allowed, dtype=self.model.dtype)
         positions = self.slots.positions(torch.arange(size))  # [b or 1, size]: the root's position on
-        root_features = None if feature is None else feature[:, None].to(self.model.device)  # [b, 1, K·H]
+        root_features = None  # [b, 1, K·H]: read by a block with root_feature only
+        if self.model.root_norm is not None and feature is not None:
+            root_features = feature[:, None].to(self.model.device)
         return self.model(self.model.block_ids(roots), None, positions, attention_mask=mask, cache=self.cache,
                           root_features=root_features)
 

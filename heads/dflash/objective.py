@@ -174,7 +174,7 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
     # target_layer_ids as given (a ListConfig from hydra): DFlashModel resolves and checks it (resolve_target_layers)
     model = DFlashModel(target, block_size=int(d.block_size), num_layers=int(d.num_layers),
                         target_layer_ids=d.target_layer_ids, mask_token_id=d.mask_token_id,
-                        root_feature=d.get("root_feature", False))
+                        root_feature=d.root_feature)
     grown = ""
     if d.get("init_from"):  # a resumed run then loads its checkpoint over these weights
         trained = DFlashModel.from_pretrained(resolve(d.init_from), target)
