@@ -14,6 +14,7 @@ loader and the scripts.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -78,8 +79,12 @@ class DrafterKind:
     #: whether its checkpoint is converted into each stack's layout first (scripts/export_drafter.py --to <stack>);
     #: False: a stack loads its source as it is (a draft model's folder) or there is none
     serving_export: bool = False
-    #: the speculative config's keys for a drafter the stack runs without a model (prompt lookup's n-gram sizes)
-    vllm_settings: Mapping[str, object] = MappingProxyType({})
+    #: the speculative config's keys for a drafter the stack runs without a model, each the name of the drafter
+    #: setting it takes its value from (prompt lookup's n-gram sizes: {"prompt_lookup_max": "max_ngram", ...})
+    vllm_settings: Mapping[str, str] = MappingProxyType({})
+    #: the drafter's own keyword settings a comparison entry may set (conf/drafter/<name>.yaml; null there: the
+    #: drafter's default): prompt lookup's n-gram sizes
+    settings: tuple[str, ...] = ()
 
     # -- training facts (train/training/: its run's summary, warnings and export check) ------------------------------
     #: the validation metric its training loop logs as its depth-1 top-1 (``val/<key>``); None: it logs none
@@ -107,19 +112,27 @@ class DrafterKind:
         """The trained module for ``target`` from ``source``; None for a kind without weights."""
         return None
 
-    def make(self, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True
-             ) -> Drafter:
+    def make(self, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, lean: bool = True,
+             settings: Mapping[str, object] | None = None) -> Drafter:
         """The Drafter that drives ``module``. ``draft_vocab``: restrict its vocabulary projection to these target
-        ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/drafting/lean.py)."""
+        ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/drafting/lean.py);
+        ``settings``: values of the kind's ``settings`` (its drafter's keywords; None: its default), any other name
+        refused."""
         if candidates not in self.candidate_modes:
             raise ValueError(f"drafter {self.name!r} takes candidates in {self.candidate_modes}, got {candidates!r}")
         if draft_vocab is not None and not self.reduces_vocab:
             raise ValueError(f"drafter {self.name!r} has no full-vocabulary head to restrict (FR-Spec: draft, medusa, "
                              "eagle)")
-        return self.new_drafter(module, candidates, draft_vocab, lean)
+        settings = {k: v for k, v in (settings or {}).items() if v is not None}  # None: the drafter's default
+        unknown = sorted(set(settings) - set(self.settings))
+        if unknown:
+            takes = f"takes {', '.join(self.settings)}" if self.settings else "takes no settings"
+            raise ValueError(f"drafter {self.name!r} {takes}, got {', '.join(unknown)}")
+        return self.new_drafter(module, candidates, draft_vocab, lean, **settings)
 
-    def new_drafter(self, module, candidates: str, draft_vocab: DraftVocab | None, lean: bool) -> Drafter:
-        """``make`` after its checks."""
+    def new_drafter(self, module, candidates: str, draft_vocab: DraftVocab | None, lean: bool, **settings
+                    ) -> Drafter:
+        """``make`` after its checks (``settings``: only a kind that declares some gets any)."""
         raise NotImplementedError
 
     def rank_accuracy(self, target, module, windows, **options) -> list[list[float]] | None:
@@ -239,5 +252,11 @@ class ModelFreeKind(DrafterKind):
         # read here, before anything is timed, not at the first generate()
         return self.reads(source, target) if self.reads is not None else None
 
-    def new_drafter(self, module, candidates, draft_vocab, lean) -> Drafter:
-        return self.drafter(module) if self.reads is not None else self.drafter()
+    def new_drafter(self, module, candidates, draft_vocab, lean, **settings) -> Drafter:
+        return self.drafter(module, **settings) if self.reads is not None else self.drafter(**settings)
+
+    def setting_values(self, settings: Mapping[str, object] | None = None) -> dict[str, object]:
+        """Every one of the kind's ``settings``: ``settings``' value, else its drafter's default (its constructor's)."""
+        given = {k: v for k, v in (settings or {}).items() if v is not None}
+        return {name: given.get(name, inspect.signature(self.drafter).parameters[name].default)
+                for name in self.settings}

@@ -128,16 +128,17 @@ def load_module(name: str, target, source=None):
 
 
 def make(name: str, module, candidates: str = "topk", draft_vocab: DraftVocab | None = None, *,
-         lean: bool = True) -> Drafter:
+         lean: bool = True, settings=None) -> Drafter:
     """``DrafterKind.make`` of drafter ``name``: ``draft_vocab`` restricts its vocabulary projection to these
     target ids (FR-Spec); ``lean``: draft without the base model's per-call work (heads/drafting/lean.py), False for the
-    plain forward."""
-    return get(name).make(module, candidates, draft_vocab, lean)
+    plain forward; ``settings``: the drafter's own keywords its kind declares (prompt lookup's n-gram sizes)."""
+    return get(name).make(module, candidates, draft_vocab, lean, settings)
 
 
-def build(name: str, target, source=None, candidates: str = "topk") -> Drafter:
-    """load + make: a ready Drafter of kind ``name`` for ``target`` (its measurements: ``load_profile``)."""
-    return make(name, load_module(name, target, source), candidates)
+def build(name: str, target, source=None, candidates: str = "topk", settings=None) -> Drafter:
+    """load + make: a ready Drafter of kind ``name`` for ``target`` (its measurements: ``load_profile``);
+    ``settings``: as ``make``'s, e.g. ``build("prompt_lookup", target, settings={"min_ngram": 2})``."""
+    return make(name, load_module(name, target, source), candidates, settings=settings)
 
 
 def load(source, target, *, format: str = "auto", aux_layers=None, written_by: str | None = None,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from treespec.heads.kind import ModelFreeKind
 from treespec.heads.prompt_lookup.drafter import PromptLookup
 
-_DEFAULTS = PromptLookup()
 KIND = ModelFreeKind(
-    "prompt_lookup", PromptLookup, vllm_method="ngram", sglang_algorithm="NGRAM",
-    # vLLM's n-gram sizes are PromptLookup's own defaults, so that the stack drafts as the comparison measured
-    vllm_settings={"prompt_lookup_max": _DEFAULTS.max_ngram, "prompt_lookup_min": _DEFAULTS.min_ngram})
+    "prompt_lookup", PromptLookup, vllm_method="ngram", sglang_algorithm="NGRAM", settings=("max_ngram", "min_ngram"),
+    # vLLM's n-gram sizes are the drafter's, so that the stack drafts as the comparison measured
+    vllm_settings={"prompt_lookup_max": "max_ngram", "prompt_lookup_min": "min_ngram"})

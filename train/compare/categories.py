@@ -250,10 +250,11 @@ def make_line(entry: dict) -> str:
             trees = ", ".join("None" if spec is None else f"build_tree({spec!r})" for spec in entry["part_trees"])
             settings += f", part_trees=[{trees}]"
         return f"Combined([{', '.join(make_line(part) for part in entry['parts'])}]{settings})"
+    own = f", settings={entry['settings']!r}" if entry.get("settings") else ""  # prompt lookup's n-gram sizes
     if not entry.get("source"):
-        return f'registry.build("{entry["name"]}", target)'
+        return f'registry.build("{entry["name"]}", target{own})'
     sampled = f', candidates="{entry["candidates"]}"' if entry.get("candidates", "topk") != "topk" else ""
-    return f'registry.build("{entry["name"]}", target, source="{entry["source"]}"{sampled})'
+    return f'registry.build("{entry["name"]}", target, source="{entry["source"]}"{sampled}{own})'
 
 
 def auto_lines(result: dict, folder=None) -> list[str]:

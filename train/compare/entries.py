@@ -50,8 +50,13 @@ def made(cfg, label: str, target, vocab_of=lambda spec: None):
     kind.check_module(entry, module)
     draft_vocab = vocab_of(entry.get("draft_vocab"))
     drafter = registry.make(entry.name, module, entry.get("candidates", "topk"), draft_vocab,
-                            lean=entry.get("lean", True))
+                            lean=entry.get("lean", True), settings=settings_of(entry, kind))
     return module, drafter, draft_vocab
+
+
+def settings_of(entry, kind) -> dict:
+    """The drafter's own settings (``kind.settings``) an entry sets: those not null."""
+    return {name: entry[name] for name in kind.settings if entry.get(name) is not None}
 
 
 def max_depth_of(cfg, label: str, module) -> int | None:
@@ -71,6 +76,8 @@ def entry_record(cfg, label: str, module=None) -> dict:
     entry = cfg.available[label]
     record = {"name": entry.name, "source": entry.get("source"), "candidates": entry.get("candidates", "topk")}
     kind = registry.get(entry.name)
+    if settings := settings_of(entry, kind):
+        record["settings"] = settings
     if module is not None and kind.kind_of(module) is not kind:
         record["kind"] = kind.kind_of(module).name
     parts = parts_of(cfg, label)

@@ -56,10 +56,12 @@ def loadable(source) -> str:
 
 
 def settings(label: str, kind: str | DrafterKind, source: str | None, tree: Tree | DynamicTree, target: str,
-             verifier: str | None = None, out_dir: str = "exports", shown: str | None = None) -> Serving:
+             verifier: str | None = None, out_dir: str = "exports", shown: str | None = None,
+             drafter_settings: dict | None = None) -> Serving:
     """What serves drafter ``label`` (its registry kind ``kind``, or the kind's name, loaded from ``source``) with
     ``tree`` (``shown`` as the report names it; a DynamicTree is EAGLE-2's) on ``target`` (module docstring);
-    ``verifier``: what the stacks load the target from (default ``target``'s folder or id)."""
+    ``verifier``: what the stacks load the target from (default ``target``'s folder or id); ``drafter_settings``:
+    the drafter's own settings it ran with (prompt lookup's n-gram sizes; the rest its defaults)."""
     shown = shown or str(tree)
     found = kind if isinstance(kind, DrafterKind) else known_kind(kind)
     name = found.name if found is not None else kind
@@ -81,8 +83,9 @@ def settings(label: str, kind: str | DrafterKind, source: str | None, tree: Tree
         config = {"method": kind.vllm_method, "num_speculative_tokens": depth}
         if kind.has_weights:
             config["model"] = draft_for("vllm")
-        else:  # the stack drafts without a model (prompt lookup: its n-gram sizes)
-            config.update(kind.vllm_settings)
+        else:  # the stack drafts without a model (prompt lookup: its n-gram sizes, as it ran)
+            values = kind.setting_values(drafter_settings)
+            config.update({key: values[name] for key, name in kind.vllm_settings.items()})
         if dynamic:  # vLLM's speculative config has no tree of its own to grow: the winner is served as a chain
             notes.append(f"vLLM: its speculative config takes chains only, so the chain of the dynamic tree's depth "
                          f"({depth}), not EAGLE-2's dynamic tree of {len(tree)} tokens, top-k {width}")
@@ -156,7 +159,8 @@ def run_settings(run_dir, verifier: str | None = None, out_dir: str = "exports")
         except ValueError as err:
             out.append(Serving(label, shown, [], None, None, [f"{label}: {err}"]))
             continue
-        out.append(settings(label, kind, entry.get("source"), tree, target, verifier, out_dir, shown=shown))
+        out.append(settings(label, kind, entry.get("source"), tree, target, verifier, out_dir, shown=shown,
+                            drafter_settings=entry.get("settings")))
     return out
 
 

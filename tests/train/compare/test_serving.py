@@ -5,11 +5,14 @@ import json
 import shlex
 from types import SimpleNamespace
 
+import pytest
+
 from treespec import Tree
 from treespec.dynamic_tree import DynamicTree
 from treespec.heads import registry
 from treespec.reference import resolve
-from treespec.train.compare.entries import entry_record
+from treespec.train.compare.categories import make_line
+from treespec.train.compare.entries import entry_record, made
 from treespec.train.compare.serving import markdown, run_settings, settings
 
 from tests.helpers import compose_cfg
@@ -146,3 +149,24 @@ def test_the_comparison_records_the_kind_an_auto_entry_turned_out_to_be():
     cfg = compose_cfg("compare", ["available.upstream.source=/ckpt/e3"])
     assert entry_record(cfg, "upstream", SimpleNamespace(kind="eagle3"))["kind"] == "eagle3"
     assert "kind" not in entry_record(cfg, "eagle", SimpleNamespace(kind="eagle"))  # its name says it already
+
+
+def test_prompt_lookups_n_gram_sizes_reach_the_drafter_its_record_and_the_stacks():
+    """A comparison entry's max_ngram/min_ngram make the drafter, are recorded (and in results.md's code line), and
+    the vLLM config serves the sizes it ran with; a kind without settings refuses them by name."""
+    cfg = compose_cfg("compare", ["+drafter@available.pl24=prompt_lookup", "available.pl24.max_ngram=4",
+                                  "available.pl24.min_ngram=2"])
+    _, drafter, _ = made(cfg, "pl24", None)
+    assert (drafter.max_ngram, drafter.min_ngram) == (4, 2)
+    _, default, _ = made(cfg, "prompt_lookup", None)  # null in conf: the drafter's own defaults
+    assert (default.max_ngram, default.min_ngram) == (3, 1) and "settings" not in entry_record(cfg, "prompt_lookup")
+    record = entry_record(cfg, "pl24")
+    assert record["settings"] == {"max_ngram": 4, "min_ngram": 2}
+    assert make_line(record) == "registry.build(\"prompt_lookup\", target, settings={'max_ngram': 4, 'min_ngram': 2})"
+    served = settings("pl24", "prompt_lookup", None, Tree.chain(7), "org/t", drafter_settings=record["settings"])
+    assert vllm_config(served.vllm) == {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4,
+                                        "prompt_lookup_min": 2}
+    with pytest.raises(ValueError, match="'suffix' takes no settings, got max_ngram"):
+        registry.make("suffix", None, settings={"max_ngram": 4})
+    with pytest.raises(ValueError, match="'prompt_lookup' takes max_ngram, min_ngram, got alpha"):
+        registry.make("prompt_lookup", None, settings={"alpha": 4})
