@@ -4,14 +4,20 @@ retraining) stays lossless, greedy and sampled; proposals never leave the subset
 import pytest
 import torch
 
-from treespec import Tree, generate
-from treespec.heads import DraftModel
+from treespec import Tree, generate, reference
+from treespec.heads import DraftModel, registry
 from treespec.heads.drafting.vocab import DraftVocab, ReducedHead
+from treespec.planning.autotree import EngineCost
 from treespec.sampling import Sampling
+from treespec.train.compare import setup_costs
+from treespec.train.compare.categories import make_line
+from treespec.train.compare.job import run_from_config
+from treespec.train.training import data
 
 from tests.helpers import (
     VOCAB,
     chi2_pvalue,
+    compose_cfg,
     exact_distribution,
     hf_greedy,
     perturbed,
@@ -106,3 +112,26 @@ def test_registry_refuses_a_vocabulary_where_there_is_no_head():
 
     with pytest.raises(ValueError, match="no full-vocabulary head to restrict"):
         registry.make("prompt_lookup", None, draft_vocab=DraftVocab(torch.tensor([0, 1]), 4))
+
+
+def test_a_comparison_keeps_the_vocabulary_an_fr_spec_entry_drafted_with(tmp_path, monkeypatch, no_report_figures):
+    """conf/drafter/eagle_fr.yaml (draft_vocab: 2048) in the comparison: the run keeps the vocabulary it ranked
+    (draft_vocab/eagle_fr.safetensors), records it, and results.md's line that makes the drafter again loads it. The
+    setup's timing is stubbed."""
+    monkeypatch.setattr(setup_costs, "measure_engine_cost", lambda target, **kw: EngineCost())
+    monkeypatch.setattr(setup_costs, "measure_cost_curve", lambda target, sizes, **kw: {n: 1e-3 * n for n in sizes})
+    monkeypatch.setattr(data, "STDLIB_CORPUS", {**data.STDLIB_CORPUS, "max_files": 12})
+    cfg = compose_cfg("compare", ["drafters=[eagle_fr]", "prompts=1", "max_new_tokens=8", "cost_sizes=[1,2]",
+                                  "peers=false", "assistant=null", "logger=none", "threads=1", "workload.held_out=1",
+                                  "trees=[{kind: chain, depth: 2}]", f"paths.data={tmp_path / 'data'}"])
+    result = run_from_config(cfg, tmp_path / "run")
+    entry = result["drafter_entries"]["eagle_fr"]
+    assert entry["draft_vocab"] == 2048 and entry["draft_vocab_file"] == "draft_vocab/eagle_fr.safetensors"
+    kept = DraftVocab.load(tmp_path / "run" / entry["draft_vocab_file"])
+    assert len(kept) == 2048
+    line = make_line(entry, tmp_path / "run")
+    assert line.startswith('registry.make("eagle", registry.load_module("eagle", target, "reference:eagle"), "topk", '
+                           "DraftVocab.load(")
+    target, _ = reference.load("target")
+    drafter = eval(line, {"registry": registry, "DraftVocab": DraftVocab, "target": target})
+    assert isinstance(drafter._logits, ReducedHead) and torch.equal(drafter._logits.vocab.ids, kept.ids)

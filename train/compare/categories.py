@@ -234,23 +234,35 @@ def usage_lines(result: dict, a: dict, folder=None) -> list[str]:
             "`best_tree.json` beside this file (every configuration's tree is under `trees/`):", "", "```python",
             "from treespec import Tree, generate", "from treespec.heads import registry"
             + (", Combined" if entry.get("parts") else "")]
+            + (["from treespec.heads.drafting.vocab import DraftVocab"] if reduces_vocab(entry) else [])
             + (["from treespec.planning.tree_spec import build_tree"] if entry.get("part_trees") else []) + ["",
-            f"drafter = {make_line({'name': drafter_of(best), **entry})}",
+            f"drafter = {make_line({'name': drafter_of(best), **entry}, folder)}",
             f'tree = Tree.load("{(shown_path(folder or ".") / "best_tree.json").as_posix()}")',
             "out = generate(target, input_ids, drafter=drafter, tree=tree, max_new_tokens=256"
             + (f", eos_token_id={stop})" if stop else ")"), "```"] + auto_lines(result, folder))
 
 
-def make_line(entry: dict) -> str:
-    """The Python expression that makes a run's drafter from its entry (a combination: ``Combined`` of its parts)."""
+def reduces_vocab(entry: dict) -> bool:
+    """Whether a run's drafter entry (or a part of it) drafts over an FR-Spec vocabulary the run kept."""
+    return bool(entry.get("draft_vocab_file")) or any(reduces_vocab(part) for part in entry.get("parts") or [])
+
+
+def make_line(entry: dict, folder=None) -> str:
+    """The Python expression that makes a run's drafter from its entry (a combination: ``Combined`` of its parts);
+    ``folder``: the run's, whose kept FR-Spec vocabulary an entry with ``draft_vocab`` loads."""
     if entry.get("parts"):
         settings = "".join(f", {key}={entry[key]!r}" for key in ("mode", "nodes", "min_nodes")
                            if entry.get(key) is not None)
         if entry.get("part_trees") is not None:  # specs → trees (treespec.planning.tree_spec.build_tree)
             trees = ", ".join("None" if spec is None else f"build_tree({spec!r})" for spec in entry["part_trees"])
             settings += f", part_trees=[{trees}]"
-        return f"Combined([{', '.join(make_line(part) for part in entry['parts'])}]{settings})"
+        return f"Combined([{', '.join(make_line(part, folder) for part in entry['parts'])}]{settings})"
     own = f", settings={entry['settings']!r}" if entry.get("settings") else ""  # prompt lookup's n-gram sizes
+    if entry.get("draft_vocab_file"):  # FR-Spec: the vocabulary the run drafted with, as it kept it
+        vocab = (shown_path(folder or ".") / entry["draft_vocab_file"]).as_posix()
+        source = f', "{entry["source"]}"' if entry.get("source") else ""
+        return (f'registry.make("{entry["name"]}", registry.load_module("{entry["name"]}", target{source}), '
+                f'"{entry.get("candidates", "topk")}", DraftVocab.load("{vocab}"){own})')
     if not entry.get("source"):
         return f'registry.build("{entry["name"]}", target{own})'
     sampled = f', candidates="{entry["candidates"]}"' if entry.get("candidates", "topk") != "topk" else ""

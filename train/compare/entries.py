@@ -29,9 +29,10 @@ def check_entry(cfg, label: str) -> None:
         raise ValueError(f"drafter {label!r}: {entry.name} takes candidates in {kind.candidate_modes}")
 
 
-def made(cfg, label: str, target, vocab_of=lambda spec: None):
+def made(cfg, label: str, target, vocab_of=lambda spec, label: None):
     """(its module, its Drafter, its FR-Spec vocabulary) of ``available.<label>``, from the registry; a combined
-    drafter's module is the list of its parts' modules, each part made as it is alone."""
+    drafter's module is the list of its parts' modules, each part made as it is alone. ``vocab_of(spec, label)``:
+    the vocabulary of an entry's ``draft_vocab`` (the comparison keeps a copy in its run: ``VOCAB_FILE``)."""
     entry = cfg.available[label]
     kind = registry.get(entry.name)
     if kind.has_parts:
@@ -48,10 +49,15 @@ def made(cfg, label: str, target, vocab_of=lambda spec: None):
             f"that fit) or set available.{label}.source to a {entry.name} checkpoint trained for this target "
             f"(python scripts/train_heads.py target={cfg.target} drafter={entry.name})") from None
     kind.check_module(entry, module)
-    draft_vocab = vocab_of(entry.get("draft_vocab"))
+    draft_vocab = vocab_of(entry.get("draft_vocab"), label)
     drafter = registry.make(entry.name, module, entry.get("candidates", "topk"), draft_vocab,
                             lean=entry.get("lean", True), settings=settings_of(entry, kind))
     return module, drafter, draft_vocab
+
+
+#: where a comparison run keeps the FR-Spec vocabulary a drafter entry drafted with (relative to the run's folder):
+#: an entry's ``draft_vocab`` of N is ranked from the run's own held-out text, so the run keeps what it used
+VOCAB_FILE = "draft_vocab/{label}.safetensors"
 
 
 def settings_of(entry, kind) -> dict:
@@ -78,6 +84,8 @@ def entry_record(cfg, label: str, module=None) -> dict:
     kind = registry.get(entry.name)
     if settings := settings_of(entry, kind):
         record["settings"] = settings
+    if entry.get("draft_vocab") is not None:  # FR-Spec: as asked, and the vocabulary the run kept
+        record |= {"draft_vocab": entry.draft_vocab, "draft_vocab_file": VOCAB_FILE.format(label=label)}
     if module is not None and kind.kind_of(module) is not kind:
         record["kind"] = kind.kind_of(module).name
     parts = parts_of(cfg, label)

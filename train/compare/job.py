@@ -33,7 +33,7 @@ from treespec.planning.drafting_cost import CALIBRATION_TOKENS, NO_DRAFTING, mea
 from treespec.sampling import Sampling
 from treespec.train.compare.configurations import DrafterSpec
 from treespec.train.compare.dry_runs import measure_dry_runs, prompts_of
-from treespec.train.compare.entries import drafter_checksum, entry_record, made, max_depth_of
+from treespec.train.compare.entries import VOCAB_FILE, drafter_checksum, entry_record, made, max_depth_of
 from treespec.train.compare.harness import run_comparison
 from treespec.train.compare.job_config import (
     acceptance_rules,
@@ -102,12 +102,13 @@ def rules_of(cfg) -> list[str]:
     return [rules] if isinstance(rules, str) else rules
 
 
-def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec: None, log=print) -> list[DrafterSpec]:
+def load_drafters(cfg, target, windows, sampling: Sampling, vocab_of=lambda spec, label: None, log=print
+                  ) -> list[DrafterSpec]:
     """Each drafter the run names, from the registry, with its accuracies at this run's sampling and its
     drafting costs (for predictions). Accuracies are measured at the run's sampling on ``windows()``: the
     target's own continuations of the workload's held-out part, what verification will see; the accuracies
     shipped beside a drafter were measured on human-written text and underestimate τ.
-    ``vocab_of(entry.draft_vocab)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
+    ``vocab_of(entry.draft_vocab, label)`` gives the drafter's FR-Spec vocabulary (None: its full head). A predicted
     drafter's drafting is timed in the loop on the first held-out prompts (``calibration_prompts``); a drafter with
     neither accuracies nor chain τ (the model-free kinds) is measured by a dry run instead, decoding the held-out
     prompts as timed prompts are decoded (train/compare/dry_runs.py): τ per tree and its drafting, in one decoding."""
@@ -258,14 +259,15 @@ def run_from_config(cfg, out_dir, command: str | None = None) -> dict:
     prompts, workload, template, windows, held_out_note = workload_prompts(cfg, target, tokenizer)
     counts = functools.cache(lambda: frequency_counts(cfg, tokenizer, windows))
 
-    def vocab_of(spec) -> DraftVocab | None:
-        """``draft_vocab`` of a drafter entry: N (the N most frequent tokens, module docstring), a saved
-        vocabulary's path, or null (the full head)."""
+    def vocab_of(spec, label: str) -> DraftVocab | None:
+        """``draft_vocab`` of drafter entry ``label``: N (the N most frequent tokens, module docstring), a saved
+        vocabulary's path, or null (the full head); a copy is kept in the run (``VOCAB_FILE``: results.md's code
+        line loads it)."""
         if spec is None:
             return None
-        if isinstance(spec, int):
-            return DraftVocab.most_frequent(counts(), spec)
-        return DraftVocab.load(spec)
+        vocab = DraftVocab.most_frequent(counts(), spec) if isinstance(spec, int) else DraftVocab.load(spec)
+        vocab.save(Path(out_dir) / VOCAB_FILE.format(label=label))
+        return vocab
 
     drafters = load_drafters(cfg, target, windows, Sampling(cfg.temperature, cfg.top_p), vocab_of)
     resolved = OmegaConf.to_container(cfg, resolve=True)
