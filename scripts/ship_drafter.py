@@ -12,12 +12,15 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py eagle3 --target smollm2 --run-dir runs/heads/eagle3   # → models/smollm2/eagle3
     python scripts/ship_drafter.py eagle3 --target smollm2 --skip-copy --cost-curve      # re-time it on this machine
     python scripts/ship_drafter.py draft --target smollm2 --run-dir runs/heads/draft   # a distilled draft model
+    python scripts/ship_drafter.py dflash --run-dir runs/dflash_miss2 --as dflash_fallback   # reference:dflash_fallback
 
 For another target than the code reference (``--target smollm2``), the drafter goes to treespec/models/<target>/
 <name>, and keeps the head_accuracy.json its export measured on the run's held-out conversations (the stdlib
 windows are not its workload). ``--cost-curve`` re-measures cost_curve.json (the target's pass per tree size, the
 drafter's own drafting cost and the engine's cost per step) on this machine, as training does at its end: do it on an
 idle machine. Elsewhere ``heads.load_profile(folder, target)`` measures its own once (a curve is per machine).
+``--as <folder>`` ships a second drafter of one kind under its own name (``reference:<folder>``), e.g. a block
+trained for one use (prompt lookup's fallback) beside the kind's own.
 
 ``<name>`` is a drafter kind with weights or one of their training recipes (``medusa2``: Medusa heads trained jointly
 with the target). A run that fine-tuned its target (Medusa-2) ships it beside the drafter (``<name>/target``, stored
@@ -54,6 +57,8 @@ def main() -> None:
     parser.add_argument("--target", default="target", help="the target it drafts for: target (the code reference) "
                         "or a GGUF reference target (smollm2)")
     parser.add_argument("--cost-curve", action="store_true", help="(re)measure cost_curve.json on this machine")
+    parser.add_argument("--as", dest="folder", default=None, help="the shipped folder's name (default: the name): "
+                        "a second drafter of one kind, reference:<folder>")
     parser.add_argument("--bf16", action="store_true", help="store the float weights in bfloat16 (half the bytes; "
                         "loading upcasts them to the target's dtype)")
     args = parser.parse_args()
@@ -61,7 +66,10 @@ def main() -> None:
     if reference_target and args.name in reference.NAMES and not args.skip_copy:
         parser.error(f"the code reference's {args.name} model is a reference model: scripts/ship_reference.py writes "
                      "it (--skip-copy measures its head_accuracy.json)")
-    out = reference.MODELS_DIR / (args.name if reference_target else f"{args.target}/{args.name}")
+    folder = args.folder or args.name
+    if folder in (*reference.NAMES, *reference.GGUF_TARGETS) or "/" in folder or folder.startswith("."):
+        parser.error(f"--as {folder!r}: a reference model's or target's folder, or not a plain name")
+    out = reference.MODELS_DIR / (folder if reference_target else f"{args.target}/{folder}")
     if not args.skip_copy:
         run_dir = args.run_dir or ROOT / "runs" / "heads" / args.name
         if not (run_dir / "final").is_dir():
@@ -93,7 +101,7 @@ def main() -> None:
     module = registry.load_module(kind, target, out)
     acc = registry.get(kind).rank_accuracy(target, module, windows)
     write_accuracy(out, acc)
-    print(f"{args.name}: top-1 per depth " + " ".join(f"{row[0]:.3f}" for row in acc))
+    print(f"{folder}: top-1 per depth " + " ".join(f"{row[0]:.3f}" for row in acc))
     print("         top-5 per depth " + " ".join(f"{sum(row[:5]):.3f}" for row in acc))
 
 

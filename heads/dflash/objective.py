@@ -13,6 +13,8 @@ forward (``DFlashModel.anchored``): the window's context keys once, every block'
 whose next token x_{a+1} is trained on (the loss mask; with packing, in a's conversation): a root always has
 context (decoding's first root follows the prompt). The draw uses torch's global generator, which the training loop
 reseeds from (seed, step, micro-batch): a resumed run draws the same anchors. Evaluation draws from a fixed seed.
+``anchors_at="lookup_miss"`` draws them only where prompt lookup with n-grams of at least ``lookup_min_ngram`` finds
+no match (heads/training/anchors.py, ``lookup_misses``): the steps a block is asked on as prompt lookup's fallback.
 
 **Loss.** Position k of an anchor's block is scored when x_{a+k} lies in the window, is trained on and (packed) in
 a's conversation: ``loss="kl"`` (the default) is the forward KL from the target's next-token distribution at
@@ -40,7 +42,7 @@ import torch
 
 from treespec.heads.dflash.drafter import DFlash, rank_accuracy
 from treespec.heads.dflash.network import DFlashModel, grow_from, resolve_target_layers
-from treespec.heads.training.anchors import anchor_positions, sample_anchors
+from treespec.heads.training.anchors import anchor_positions, lookup_misses, sample_anchors
 from treespec.heads.training.batches import batch_parts
 from treespec.heads.training.objective import (
     ROWS,
@@ -57,10 +59,11 @@ from treespec.heads.training.vocab_teacher import Teacher, check_train_vocab, tr
 from treespec.reference import resolve
 
 LOSSES = (*TOKEN_LOSSES, "ce")
+ANCHORS_AT = ("all", "lookup_miss")  # where blocks are anchored (module docstring)
 
 
 def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, position_decay: float = 0.9,
-                loss: str = "kl", lk_eta: float = 3.0,
+                loss: str = "kl", lk_eta: float = 3.0, anchors_at: str = "all", lookup_min_ngram: int = 2,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """batch: [b, S] windows or a dict batch (train/training/data.py) → (the weighted loss, metrics: ``kl{k}``,
     ``top1_{k}``, ``alpha_{k}`` per block position k, ``tau``, ``anchors`` per window) (module docstring)."""
@@ -71,7 +74,12 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
     b, s = input_ids.shape
     size = model.block_size
     segments = None if positions is None else segment_ids(positions)
-    chosen, real = sample_anchors(anchor_positions(input_ids, loss_mask, segments), anchors, generator)
+    allowed = anchor_positions(input_ids, loss_mask, segments)
+    if anchors_at == "lookup_miss":
+        allowed &= lookup_misses(input_ids, lookup_min_ngram, segments)
+    elif anchors_at != "all":
+        raise ValueError(f"anchors_at must be one of {ANCHORS_AT}, got {anchors_at!r}")
+    chosen, real = sample_anchors(allowed, anchors, generator)
     out = model.anchored(input_ids, features, chosen, positions, segments)  # [b, m, size, H]
     k = torch.arange(1, size, device=input_ids.device)
     at = chosen[:, :, None] + k  # [b, m, size − 1]: the token each position predicts
@@ -139,13 +147,15 @@ def dflash_loss(target, model: DFlashModel, batch, *, anchors: int = 32, positio
 
 
 @torch.no_grad()
-def dflash_metrics(target, model: DFlashModel, windows, *, anchors: int, batch_size: int = 8, seed: int = 0) -> dict:
-    """The training metrics averaged over ``windows`` (anchors drawn from ``seed``: the same every evaluation)."""
+def dflash_metrics(target, model: DFlashModel, windows, *, anchors: int, batch_size: int = 8, seed: int = 0,
+                   **where) -> dict:
+    """The training metrics averaged over ``windows`` (anchors drawn from ``seed``: the same every evaluation;
+    ``where``: ``anchors_at`` and ``lookup_min_ngram`` as in training)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    totals = mean_metrics(lambda batch: dflash_loss(target, model, batch, anchors=anchors, generator=generator),
-                          windows, batch_size)
+    totals = mean_metrics(lambda batch: dflash_loss(target, model, batch, anchors=anchors, generator=generator,
+                                                    **where), windows, batch_size)
     model.train(was_training)
     return totals
 
@@ -165,6 +175,11 @@ def check_settings(d) -> None:
     decay = d.get("position_decay")
     if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
         raise ValueError(f"drafter.position_decay must be a number in (0, 1], got {decay!r}")
+    if d.get("anchors_at") not in ANCHORS_AT:
+        raise ValueError(f"drafter.anchors_at must be one of {ANCHORS_AT}, got {d.get('anchors_at')!r}")
+    ngram = d.get("lookup_min_ngram")
+    if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+        raise ValueError(f"drafter.lookup_min_ngram must be an integer >= 1, got {ngram!r}")
     check_loss(d.get("loss"), LOSSES)  # lk_eta: train/training/config_checks.py, as every drafter's weights
 
 
@@ -182,16 +197,20 @@ def recipe(cfg, target, train_tokens=None) -> Recipe:
         grown = f", grown from {d.init_from} ({trained.num_layers} layer(s))"
     vocab_note = training_vocab(model, d.get("train_vocab"), target, train_tokens)
 
+    where = {"anchors_at": d.anchors_at, "lookup_min_ngram": int(d.lookup_min_ngram)}
+
     def loss(batch):
         return dflash_loss(target, model, batch, anchors=d.anchors, position_decay=d.position_decay, loss=d.loss,
-                           lk_eta=d.lk_eta)
+                           lk_eta=d.lk_eta, **where)
 
     def evaluate(val):
-        return {f"dflash_{k}": v for k, v in dflash_metrics(target, model, val, anchors=d.anchors).items()}
+        return {f"dflash_{k}": v for k, v in dflash_metrics(target, model, val, anchors=d.anchors, **where).items()}
 
+    anchored = "" if where["anchors_at"] == "all" else \
+        f" where prompt lookup's {where['lookup_min_ngram']}-grams miss"
     description = (f"{model.num_layers} layer(s), block of {model.block_size}, target layers "
                    f"{list(model.target_layer_ids)} (hidden_states {list(model.feature_layers)}), mask token "
-                   f"{model.mask_token_id}, {d.anchors} anchors per window, {d.loss} loss{vocab_note}{grown}"
+                   f"{model.mask_token_id}, {d.anchors} anchors per window{anchored}, {d.loss} loss{vocab_note}{grown}"
                    f"{', the root feature in the block' if model.root_norm is not None else ''}")
     return Recipe(model, loss, evaluate, lambda val: rank_accuracy(target, model, val, depth=d.accuracy_depth),
                   lambda: DFlash(model), description)

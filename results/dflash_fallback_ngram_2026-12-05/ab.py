@@ -7,10 +7,13 @@ repository root:
     python results/dflash_fallback_ngram_2026-12-05/ab.py SET [repeats]
 
 SET: ngram (prompt lookup's n-gram sizes in the pairing), fr (an FR-Spec head for the fallback's DFlash), chain (the
-step's chain length), agreement (one-token matches kept only when earlier occurrences agree).
+step's chain length), agreement (one-token matches kept only when earlier occurrences agree), miss (the block in
+$BLOCK, trained where prompt lookup misses, beside the shipped one: DDTree 7 or a chain for the block, an FR-Spec head,
+the step's chain 7 or 10).
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,22 +49,26 @@ def lookup(low: int, high: int, kind=PromptLookup, **options):
     return lambda: kind(min_ngram=low, max_ngram=high, **options)
 
 
+def frequent(tokenizer, n: int) -> DraftVocab:
+    """The n most frequent tokens of the stdlib corpus (drafter.draft_vocab=n's vocabulary)."""
+    _, tokens, _ = prepare_tokens(STDLIB_CORPUS, len(tokenizer), ".cache/data", tokenizer=tokenizer)
+    return DraftVocab.most_frequent(torch.bincount(tokens.long(), minlength=len(tokenizer)), n)
+
+
 def configurations(name: str, target, tokenizer) -> dict:
     dflash = registry.build("dflash", target, source="reference:dflash")
 
-    def pairing(first, block=dflash):
-        return lambda: Combined([first(), block], mode="fallback", part_trees=[None, DynamicTree(7, 7, 4)])
+    def pairing(first, block=dflash, part=None):
+        part = DynamicTree(7, 7, 4) if part is None else part
+        return lambda: Combined([first(), block], mode="fallback", part_trees=[None, part])
 
     if name == "ngram":
         return {"pl 1-3": (lookup(1, 3), C7), "pl 1-4": (lookup(1, 4), C7), "fb 1-3": (pairing(lookup(1, 3)), C7),
                 "fb 2-3": (pairing(lookup(2, 3)), C7), "fb 2-4": (pairing(lookup(2, 4)), C7),
                 "fb 2-5": (pairing(lookup(2, 5)), C7), "fb 3-4": (pairing(lookup(3, 4)), C7)}
     if name == "fr":
-        _, tokens, _ = prepare_tokens(STDLIB_CORPUS, len(tokenizer), ".cache/data", tokenizer=tokenizer)
-        counts = torch.bincount(tokens.long(), minlength=len(tokenizer))
         module = registry.load_module("dflash", target, "reference:dflash")
-        reduced = {n: registry.make("dflash", module, "topk", DraftVocab.most_frequent(counts, n))
-                   for n in (2048, 1024)}
+        reduced = {n: registry.make("dflash", module, "topk", frequent(tokenizer, n)) for n in (2048, 1024)}
         return {"pl 1-4": (lookup(1, 4), C7), "fb 2-4": (pairing(lookup(2, 4)), C7),
                 **{f"fb 2-4, FR {n}": (pairing(lookup(2, 4), d), C7) for n, d in reduced.items()}}
     if name == "chain":
@@ -71,7 +78,17 @@ def configurations(name: str, target, tokenizer) -> dict:
     if name == "agreement":
         return {"pl 1-4": (lookup(1, 4), C7), "fb 2-4": (pairing(lookup(2, 4)), C7),
                 **{f"fb 1-4, {k} agree": (pairing(lookup(1, 4, AgreedPromptLookup, k=k)), C7) for k in (2, 3)}}
-    raise SystemExit(f"unknown set {name!r}: ngram, fr, chain or agreement")
+    if name == "miss":
+        module = registry.load_module("dflash", target, os.environ["BLOCK"])
+        miss, miss_fr = (registry.make("dflash", module, "topk", v) for v in (None, frequent(tokenizer, 2048)))
+        shipped_fr = registry.make("dflash", registry.load_module("dflash", target, "reference:dflash"), "topk",
+                                   frequent(tokenizer, 2048))
+        pl = lookup(2, 4)
+        return {"pl 1-4": (lookup(1, 4), C7), "fb 2-4": (pairing(pl), C7), "fb 2-4, FR": (pairing(pl, shipped_fr), C7),
+                "fb 2-4, block chain": (pairing(pl, dflash, Tree.chain(7)), C7),
+                "miss": (pairing(pl, miss), C7), "miss, FR": (pairing(pl, miss_fr), C7),
+                "miss, FR, chain 10": (pairing(pl, miss_fr), Tree.chain(10))}
+    raise SystemExit(f"unknown set {name!r}: ngram, fr, chain, agreement or miss")
 
 
 def main(name: str, repeats: int) -> None:

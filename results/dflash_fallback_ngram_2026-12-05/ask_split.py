@@ -4,9 +4,12 @@ n-grams (3 down to 1) and for 4 down to 2. 24 held-out code prompts × 64 tokens
 prompt tokens. From the repository root:
 
     python results/dflash_fallback_ngram_2026-12-05/ask_split.py
+
+BLOCK=<a DFlash folder> asks that block instead of ``reference:dflash``.
 """
 
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -44,7 +47,7 @@ def main() -> None:
     with open("treespec/models/prompts.jsonl") as f:
         rows = [row for row in map(json.loads, f) if row["split"] == "test"][:24]
     prompts = [tokenizer(row["text"], return_tensors="pt").input_ids[:, -240:] for row in rows]
-    dflash = registry.build("dflash", target, source="reference:dflash")
+    dflash = registry.build("dflash", target, source=os.environ.get("BLOCK", "reference:dflash"))
     costs = defaultdict(list)
     for name in ("_add_held", "_block", "_head"):
         setattr(dflash, name, timed(costs, name, getattr(dflash, name)))

@@ -66,11 +66,15 @@ def settings_of(entry, kind) -> dict:
 
 
 def max_depth_of(cfg, label: str, module) -> int | None:
-    """The deepest tree drafter ``label`` fills (a combination: its shallowest part's); None: unbounded."""
+    """The deepest tree drafter ``label`` fills (a combination: the shallowest of the parts drafting on the step's
+    tree; a part with a tree of its own, ``part_trees``, fills that one, as heads/combined/drafter.py has it); None:
+    unbounded."""
     kind = registry.get(cfg.available[label].name)
     if not kind.has_parts:
         return kind.max_depth(module)
-    depths = [max_depth_of(cfg, part, m) for part, m in zip(parts_of(cfg, label), module, strict=True)]
+    own = cfg.available[label].get("part_trees") or [None] * len(module)
+    depths = [max_depth_of(cfg, part, m) for part, m, tree in zip(parts_of(cfg, label), module, own, strict=True)
+              if tree is None]
     return min((d for d in depths if d is not None), default=None)
 
 

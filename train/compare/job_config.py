@@ -46,11 +46,14 @@ def drafter_labels(cfg) -> list[str]:
 
 def model_free(cfg) -> list[str]:
     """The entries of ``available`` whose drafter needs nothing trained or read for the target: kinds without
-    weights or parts that read no source. REST reads its corpus (its default is the code reference's stdlib, minutes
-    to encode with another tokenizer and unlike its text): it runs when given one, as an entry given a source."""
+    weights or parts that read no source, one entry per kind. REST reads its corpus (its default is the code
+    reference's stdlib, minutes to encode with another tokenizer and unlike its text): it runs when given one, as an
+    entry given a source."""
     kinds = {label: registry.get(entry.name) for label, entry in cfg.available.items()}
-    return [label for label, kind in kinds.items()
+    free = [label for label, kind in kinds.items()
             if not kind.has_weights and not kind.has_parts and not kind.reads_source]
+    # one entry per kind, its first: a variant (lookup24: prompt lookup's n-grams 4 to 2) is run when named
+    return [label for i, label in enumerate(free) if kinds[label].name not in {kinds[f].name for f in free[:i]}]
 
 
 def tree_specs_of(cfg) -> list[dict]:

@@ -158,8 +158,9 @@ def self_distill(target, tokens: torch.Tensor, *, n_prompts: int, prompt_tokens:
     prompt + continuation sequences joined by EOS, cached under ``cache_dir`` in the file
     ``distill_cache_file`` names (keyed by these arguments, the token stream and the target's weights);
     the file holds one tensor, "tokens"."""
+    # temperature as a float: ``temperature=0`` and ``0.0`` (a command line's and a yaml's) are one cache file
     params = {"n_prompts": n_prompts, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-              "temperature": temperature, "batch_size": batch_size, "seed": seed, "eos_token_id": eos_token_id}
+              "temperature": float(temperature), "batch_size": batch_size, "seed": seed, "eos_token_id": eos_token_id}
     cache_path = distill_cache_file(target, tokens, cache_dir, **params)
     if cache_path.is_file():
         try:

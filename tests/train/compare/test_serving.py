@@ -12,7 +12,7 @@ from treespec.dynamic_tree import DynamicTree
 from treespec.heads import registry
 from treespec.reference import resolve
 from treespec.train.compare.categories import make_line
-from treespec.train.compare.entries import entry_record, made
+from treespec.train.compare.entries import entry_record, made, max_depth_of
 from treespec.train.compare.serving import markdown, run_settings, settings
 
 from tests.helpers import compose_cfg
@@ -170,3 +170,13 @@ def test_prompt_lookups_n_gram_sizes_reach_the_drafter_its_record_and_the_stacks
         registry.make("suffix", None, settings={"max_ngram": 4})
     with pytest.raises(ValueError, match="'prompt_lookup' takes max_ngram, min_ngram, got alpha"):
         registry.make("prompt_lookup", None, settings={"alpha": 4})
+
+
+def test_a_part_on_a_tree_of_its_own_does_not_bound_the_step_tree():
+    """lookup_dflash: prompt lookup drafts the step's chain (any depth), the block its own 7-node tree; with the block
+    on the step's tree too, the block's depth bounds it."""
+    cfg = compose_cfg("compare", ["drafters=[lookup_dflash]"])
+    parts = [None, SimpleNamespace(block_size=8)]  # prompt lookup has no module; a block of 8 fills depth <= 7
+    assert max_depth_of(cfg, "lookup_dflash", parts) is None
+    cfg.available.lookup_dflash.part_trees = None
+    assert max_depth_of(cfg, "lookup_dflash", parts) == 7

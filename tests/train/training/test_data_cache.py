@@ -122,6 +122,8 @@ def test_self_distill_cache_is_keyed_by_weights_and_tokens(tmp_path, monkeypatch
     assert len(generated) == 1 and len(list(tmp_path.glob("distill-*.safetensors"))) == 1
     assert torch.equal(self_distill(target, tokens, cache_dir=tmp_path, **DISTILL), stream)
     assert len(generated) == 1  # served from the cache
+    self_distill(target, tokens, cache_dir=tmp_path, **{**DISTILL, "temperature": 0})  # a command line's 0
+    assert len(generated) == 1  # the same file: temperature 0 and 0.0 are one setting
 
     with torch.no_grad():  # one weight of the target changes: a new cache entry
         target.model.norm.weight[0] += 0.5
