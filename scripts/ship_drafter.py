@@ -12,7 +12,7 @@ the target's greedy tokens on held-out text (``head_accuracy.json``, the input o
     python scripts/ship_drafter.py eagle3 --target smollm2 --run-dir runs/heads/eagle3   # → models/smollm2/eagle3
     python scripts/ship_drafter.py eagle3 --target smollm2 --skip-copy --cost-curve      # re-time it on this machine
     python scripts/ship_drafter.py draft --target smollm2 --run-dir runs/heads/draft   # a distilled draft model
-    python scripts/ship_drafter.py dflash --run-dir runs/dflash_miss2 --as dflash_fallback   # reference:dflash_fallback
+    python scripts/ship_drafter.py dflash --run-dir runs/dflash_miss --as dflash_fallback --bf16   # a second block
 
 For another target than the code reference (``--target smollm2``), the drafter goes to treespec/models/<target>/
 <name>, and keeps the head_accuracy.json its export measured on the run's held-out conversations (the stdlib
@@ -67,7 +67,8 @@ def main() -> None:
         parser.error(f"the code reference's {args.name} model is a reference model: scripts/ship_reference.py writes "
                      "it (--skip-copy measures its head_accuracy.json)")
     folder = args.folder or args.name
-    if folder in (*reference.NAMES, *reference.GGUF_TARGETS) or "/" in folder or folder.startswith("."):
+    if args.folder is not None and (folder in (*reference.NAMES, *reference.GGUF_TARGETS) or "/" in folder
+                                    or folder.startswith(".")):
         parser.error(f"--as {folder!r}: a reference model's or target's folder, or not a plain name")
     out = reference.MODELS_DIR / (folder if reference_target else f"{args.target}/{folder}")
     if not args.skip_copy:

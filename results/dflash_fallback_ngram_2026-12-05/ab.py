@@ -80,9 +80,9 @@ def configurations(name: str, target, tokenizer) -> dict:
                 **{f"fb 1-4, {k} agree": (pairing(lookup(1, 4, AgreedPromptLookup, k=k)), C7) for k in (2, 3)}}
     if name == "miss":
         module = registry.load_module("dflash", target, os.environ["BLOCK"])
-        miss, miss_fr = (registry.make("dflash", module, "topk", v) for v in (None, frequent(tokenizer, 2048)))
-        shipped_fr = registry.make("dflash", registry.load_module("dflash", target, "reference:dflash"), "topk",
-                                   frequent(tokenizer, 2048))
+        fr = frequent(tokenizer, 2048)
+        miss, miss_fr = (registry.make("dflash", module, "topk", v) for v in (None, fr))
+        shipped_fr = registry.make("dflash", registry.load_module("dflash", target, "reference:dflash"), "topk", fr)
         pl = lookup(2, 4)
         return {"pl 1-4": (lookup(1, 4), C7), "fb 2-4": (pairing(pl), C7), "fb 2-4, FR": (pairing(pl, shipped_fr), C7),
                 "fb 2-4, block chain": (pairing(pl, dflash, Tree.chain(7)), C7),

@@ -50,10 +50,12 @@ def model_free(cfg) -> list[str]:
     reference's stdlib, minutes to encode with another tokenizer and unlike its text): it runs when given one, as an
     entry given a source."""
     kinds = {label: registry.get(entry.name) for label, entry in cfg.available.items()}
-    free = [label for label, kind in kinds.items()
-            if not kind.has_weights and not kind.has_parts and not kind.reads_source]
-    # one entry per kind, its first: a variant (lookup24: prompt lookup's n-grams 4 to 2) is run when named
-    return [label for i, label in enumerate(free) if kinds[label].name not in {kinds[f].name for f in free[:i]}]
+    # kind → its first entry; a variant (lookup24: prompt lookup's n-grams 4 to 2) runs when named
+    first: dict[str, str] = {}
+    for label, kind in kinds.items():
+        if not kind.has_weights and not kind.has_parts and not kind.reads_source:
+            first.setdefault(kind.name, label)
+    return list(first.values())
 
 
 def tree_specs_of(cfg) -> list[dict]:
