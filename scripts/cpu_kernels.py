@@ -2,8 +2,9 @@
 and, for a grouped-query target, attention's (treespec/gqa_attention.py).
 
 For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; the few-row
-kernel; the native kernel where it builds (treespec/native_linear.py); each with treespec's in-place GQA attention on
-a grouped-query target: treespec's default on CPUs is the native kernel, else the few-row one, with it): the
+kernel; the native kernel and, on AVX-512, the packed one where they build (treespec/native_linear.py); each with
+treespec's in-place GQA attention on a grouped-query target: treespec's default on CPUs is the packed kernel, else the
+native one, else the few-row one, with it): the
 target's cost curve T(N) (one forward over N new tokens after 256 cached ones) and
 T(N)/T(1); then the matrix products of its shapes alone per linear kernel (each weight read from memory: enough
 distinct copies to overflow the caches). Settings alternate round by round, so a slow spell of a shared machine
@@ -27,7 +28,8 @@ from treespec.gqa_attention import NAME as GQA_SDPA
 from treespec.linear_kernels import use_linear_kernel
 from treespec.planning.autotree import measure_cost_curve
 
-KERNELS = ("native", "fewrow", "onednn", "torch") if native_linear.available() else ("fewrow", "onednn", "torch")
+KERNELS = (*(["packed"] if native_linear.packed_available() else []),
+           *(["native"] if native_linear.available() else []), "fewrow", "onednn", "torch")
 # name: (linear kernel, attention)
 SETTINGS = {f"{kernel} + {attention}": (kernel, attention) for attention in ("sdpa", GQA_SDPA)
             for kernel in ("torch", *KERNELS[:-1][::-1]) if attention == "sdpa" or kernel != "torch"}
@@ -76,7 +78,8 @@ def main() -> None:
                 use_linear_kernel(model, kernel)
                 model.set_attn_implementation(attention)
                 for n, t in measure_cost_curve(model, sizes, past_len=256, repeats=args.repeats).items():
-                    curves[name][n].append(t * 1e3)
+                    if n in curves[name]:  # not the sizes it adds beside a kernel's path change
+                        curves[name][n].append(t * 1e3)
     curve = {k: {n: statistics.median(v) for n, v in by_n.items()} for k, by_n in curves.items()}
     print(f"{args.model}, {args.threads} threads: one forward after 256 cached tokens, median of {args.rounds} rounds")
     print("| linear + attention | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in sizes[1:]) + " |")

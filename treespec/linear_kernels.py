@@ -28,13 +28,20 @@ registers, at a fixed cost per call near ``F.linear``'s), and every other call d
 rows, other widths: the reordered copy stays); what it does to SmolLM2's passes: docs/results.md, "A tree pass on
 CPU".
 
-``"auto"`` is ``"native"`` where it builds and torch has oneDNN, else ``"fewrow"`` where torch has oneDNN, for layers
-of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN call has a fixed cost above ``F.linear``'s, several times a tiny
-layer's whole time and nothing beside a memory-bound read of a large one. Every layer of the reference target and
-SmolLM2 is above it; a tiny test model's are below. ``treespec.reference.load_model`` applies ``DEFAULT`` ("auto";
-``linear_kernel="torch"`` there switches it off, ``"fewrow"`` leaves the native kernel out, ``"onednn"`` keeps the
-plain oneDNN kernel and the memory). Inside a compiled graph (``compile=True``) the few-row and native kernels are
-oneDNN's plain one: the reordered copy, its version check and a ctypes call are not something a graph can hold.
+``"packed"`` (AVX-512 CPUs) sends every float32 call, whatever its rows and width, to treespec's packed kernel
+(treespec/native_linear.py, treespec/packed_linear.c): the layer keeps its weight packed once into panels of 16
+output rows beside it (**twice the linear layers' memory**, as the reordered copy, which it never makes), and up to 16
+rows multiply each panel while it streams from memory. On SmolLM2 it made one-token passes faster than any other
+kernel and a 16-token pass cost less over a one-token one (docs/results.md, "A tree pass on CPU").
+
+``"auto"`` is ``"packed"`` where it builds (and torch has oneDNN), else ``"native"`` where it builds, else
+``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN or ctypes call
+has a fixed cost above ``F.linear``'s, several times a tiny layer's whole time and nothing beside a memory-bound
+read of a large one. Every layer of the reference target and SmolLM2 is above it; a tiny test model's are below.
+``treespec.reference.load_model`` applies ``DEFAULT`` ("auto"; ``linear_kernel="torch"`` there switches it off,
+``"native"`` or ``"fewrow"`` leave the packed kernel out, ``"onednn"`` keeps the plain oneDNN kernel and the
+memory). Inside a compiled graph (``compile=True``) the packed, few-row and native kernels are oneDNN's plain one:
+a held copy, its version check and a ctypes call are not something a graph can hold.
 
 Results differ from MKL's in the last bits (summation order), as any two BLAS do; greedy decoding stays equal
 to transformers' on the same loaded model, since both then run the same kernel.
@@ -50,7 +57,7 @@ from torch import nn
 
 from treespec import native_linear
 
-KERNELS = ("auto", "native", "fewrow", "onednn", "torch")
+KERNELS = ("auto", "packed", "native", "fewrow", "onednn", "torch")
 DEFAULT = "auto"  # the loader's (module docstring)
 # "auto" keeps torch's kernel below this many weights (256 x 256): where the two kernels' times per token met
 # (results/linear_kernels/*.json, products_ms; docs/usage.md, "CPU kernels for few-token passes")
@@ -114,6 +121,15 @@ def _native_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return native_linear.linear(x, weight, bias)
 
 
+def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's forward through the packed kernel (module docstring), else oneDNN's or ``F.linear``."""
+    bias = self.bias
+    if _takes_f_linear(self, x) or torch.compiler.is_compiling() or (bias is not None and bias.dtype != torch.float32):
+        return _onednn_forward(self, x)
+    return native_linear.packed_linear(x, packed_weight(self), self.weight.shape[0],
+                                       None if bias is None else bias.contiguous())
+
+
 def reorder_weight(weight: torch.Tensor) -> torch.Tensor:
     """A float32 CPU weight [out, in] in oneDNN's blocked layout (an opaque tensor for ``blocked_linear``)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
@@ -129,18 +145,38 @@ def reordered_weight(layer: nn.Module) -> torch.Tensor:
     blocked layout, made on first use and again whenever the weight was replaced or changed in place
     (``load_state_dict`` copies into it: its version counter moves). Held beside the layer, not in it: an opaque
     oneDNN tensor cannot be deep-copied or saved, and a copy of the layer makes its own on first use."""
+    return _held_copy(layer, _REORDERED, reorder_weight)
+
+
+def packed_weight(layer: nn.Module) -> torch.Tensor:
+    """The ``weight`` of ``layer`` packed for the packed kernel ([⌈out / 16⌉, in, 16]: ``native_linear.pack``), held
+    and remade as ``reordered_weight``'s copy is."""
+    return _held_copy(layer, _PACKED, native_linear.pack)
+
+
+def few_row_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] (float32, CPU, no gradients) through ``layer``'s weight on the copy it already holds, packed or
+    reordered; where it holds none, the packed kernel where built, else oneDNN's blocked one (a drafter's vocabulary
+    projection sharing a target's head: heads/drafting/lean.py)."""
+    if layer in _PACKED or (layer not in _REORDERED and native_linear.packed_available()):
+        return native_linear.packed_linear(x, packed_weight(layer), layer.weight.shape[0], bias)
+    return blocked_linear(x, reordered_weight(layer), bias)
+
+
+def _held_copy(layer: nn.Module, held_copies: weakref.WeakKeyDictionary, make) -> torch.Tensor:
     weight = layer.weight
-    held = _REORDERED.get(layer)
+    held = held_copies.get(layer)
     if held is None or held[0] is not weight or held[1] != weight._version:
         with torch.no_grad():
-            held = (weight, weight._version, reorder_weight(weight))
-        _REORDERED[layer] = held
+            held = (weight, weight._version, make(weight))
+        held_copies[layer] = held
     return held[2]
 
 
-#: each few-row layer's (or lean projection's) reordered weight: (the weight it was made from, its version then, the
-#: reordered tensor)
+#: each few-row layer's (or lean projection's) reordered weight, and each packed layer's packed one: (the weight it
+#: was made from, its version then, the copy)
 _REORDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_kernel(kernel) -> None:
@@ -151,16 +187,16 @@ def check_kernel(kernel) -> None:
 
 def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     """Run every ``nn.Linear`` in ``model`` through ``kernel`` (``KERNELS``); returns how many modules it set.
-    "auto" is "native" where it builds, else "fewrow", where this torch has oneDNN, for layers of at least
-    ``AUTO_MIN_WEIGHTS`` weights (above ``AUTO_NATIVE_MAX_WEIGHTS``: "fewrow"), else "torch"; "onednn", "fewrow" or
-    "native" on a torch without oneDNN, or "native" where it does not build, is an error naming the way back."""
+    "auto" is "packed" where it builds, else "native" where it builds, else "fewrow", where this torch has oneDNN, for
+    layers of at least ``AUTO_MIN_WEIGHTS`` weights ("native": above ``AUTO_NATIVE_MAX_WEIGHTS``, "fewrow"), else
+    "torch"; a oneDNN kernel on a torch without one, or "packed" or "native" where it does not build, is an error
+    naming the way back."""
     check_kernel(kernel)
     if not isinstance(model, nn.Module):
         raise TypeError(f"use_linear_kernel sets a torch module's linear layers, got {type(model).__name__}")
     min_weights, max_native = 0, None
     if kernel == "auto":
-        kernel, min_weights = (("native" if native_linear.available() else "fewrow", AUTO_MIN_WEIGHTS)
-                               if onednn_available() else ("torch", 0))
+        kernel, min_weights = ((auto_kernel(), AUTO_MIN_WEIGHTS) if onednn_available() else ("torch", 0))
         max_native = AUTO_NATIVE_MAX_WEIGHTS
     if kernel in FORWARDS and not onednn_available():
         raise ValueError(f"linear_kernel={kernel!r} needs a torch built with oneDNN (torch.backends.mkldnn); this "
@@ -168,21 +204,33 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
     if kernel == "native" and not native_linear.available():
         raise ValueError(f"linear_kernel='native' is not available here: {native_linear.why_unavailable()}; use "
                          "linear_kernel='fewrow'")
+    if kernel == "packed" and not native_linear.packed_available():
+        why = native_linear.why_unavailable() or "this CPU has no AVX-512"
+        raise ValueError(f"linear_kernel='packed' is not available here: {why}; use linear_kernel='native' or 'fewrow'")
     count = 0
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        # a reordered copy frees its memory, kept by the kernels that use it (checked against the weight)
-        if kernel not in ("fewrow", "native"):
-            _REORDERED.pop(module, None)
         size = module.weight.numel()
-        if kernel in FORWARDS and size >= min_weights:
-            own = "fewrow" if kernel == "native" and max_native is not None and size > max_native else kernel
+        own = kernel if kernel in FORWARDS and size >= min_weights else "torch"
+        if own == "native" and max_native is not None and size > max_native:
+            own = "fewrow"
+        # a held copy frees its memory, kept by the kernels that use it (checked against the weight)
+        if own not in ("fewrow", "native"):
+            _REORDERED.pop(module, None)
+        if own != "packed":
+            _PACKED.pop(module, None)
+        if own in FORWARDS:
             module.forward = FORWARDS[own].__get__(module)  # an instance attribute: the class stays stock
         else:
             module.__dict__.pop("forward", None)
         count += 1
     return count
+
+
+def auto_kernel() -> str:
+    """What "auto" gives a large layer on this machine with oneDNN: "packed", "native" or "fewrow"."""
+    return "packed" if native_linear.packed_available() else "native" if native_linear.available() else "fewrow"
 
 
 def follow_target_kernel(module, target) -> None:
@@ -204,6 +252,8 @@ def path_changes(model) -> set[int]:
         forward = getattr(module.__dict__.get("forward"), "__func__", None) if isinstance(module, nn.Linear) else None
         if forward is _fewrow_forward:
             rows.add(MKL_ROWS)
+        elif forward is _packed_forward:
+            rows.add(native_linear.PANEL)  # a 17th row starts a second group over each panel
         elif forward is _native_forward:
             rows.add(native_linear.MAX_ROWS if module.weight.numel() < native_linear.LARGE_WEIGHTS
                      else native_linear.LARGE_ROWS)
@@ -220,4 +270,4 @@ def linear_kernel_of(model: nn.Module) -> str | None:
 
 
 # the kernels that replace a layer's forward
-FORWARDS = {"native": _native_forward, "fewrow": _fewrow_forward, "onednn": _onednn_forward}
+FORWARDS = {"packed": _packed_forward, "native": _native_forward, "fewrow": _fewrow_forward, "onednn": _onednn_forward}

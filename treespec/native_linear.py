@@ -1,5 +1,5 @@
-"""A few-row linear kernel compiled on this machine: ``treespec/skinny_linear.c``, for the "native" CPU kernel of
-treespec/linear_kernels.py.
+"""Few-row linear kernels compiled on this machine: ``treespec/skinny_linear.c`` for the "native" CPU kernel of
+treespec/linear_kernels.py, and ``treespec/packed_linear.c`` for its "packed" one on AVX-512 CPUs.
 
 A decoding or tree pass of a small model on a CPU multiplies 1-16 rows by each weight, and the weights come from
 memory once per pass. torch's BLAS kernels are built for large products: MKL reads a weight near the memory's
@@ -13,6 +13,14 @@ It is compiled on first use with the system's C compiler (``$CC``, else ``gcc``,
 compiler and the CPU, and loaded with ctypes: no torch headers to compile. Where there is no
 compiler, no AVX2 and FMA, or the build fails, ``available()`` is False, ``why_unavailable()`` says why, and the
 "auto" kernel takes the few-row one instead. It needs float32 rows whose width is a multiple of 8.
+
+The packed kernel (``packed_available``, ``pack``, ``packed_linear``) is built into the same library where the CPU
+has AVX-512. Its weight is packed once into panels of 16 output rows, k-major, so that each weight is read in one
+sequential stream per call while up to 16 input rows multiply it from registers: the two kernels above read a
+weight once per call too, but do the arithmetic of a tree pass after the read rather than under it (a 16-token pass
+of SmolLM2 cost about its memory time plus its arithmetic: results/notes/2026-12-05-tree-pass-breakdown.md). It
+takes any width, any number of rows (more than 16 in groups of 16) and gives each row the same bits whatever the
+rows beside it. What it does to SmolLM2's passes: docs/results.md, "A tree pass on CPU".
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 
 from treespec.gguf_models import cache_root
 
-SOURCE = Path(__file__).with_name("skinny_linear.c")
+SOURCES = (Path(__file__).with_name("skinny_linear.c"), Path(__file__).with_name("packed_linear.c"))
 #: the most rows a call takes; more go to the caller's other kernel (the C kernel re-reads each weight block from L1
 #: once per six rows, and past 16 rows oneDNN's blocked kernel is faster: docs/results.md)
 MAX_ROWS = 16
@@ -64,13 +72,13 @@ def _build() -> ctypes.CDLL:
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, gcc or cc) to build the native kernel")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
+    key = hashlib.sha256("\n".join([*(source.read_text() for source in SOURCES), compiler, version, " ".join(FLAGS),
                                     " ".join(sorted(flags))]).encode()).hexdigest()[:16]
     path = cache_root() / "native" / f"skinny_linear-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # then renamed: another process never loads half
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(tmp)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             tmp.unlink(missing_ok=True)
@@ -79,6 +87,9 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))  # its OpenMP is the libgomp torch already loaded (one soname, one thread pool)
     lib.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.skinny_linear.restype = None
+    lib.packed_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.packed_linear.restype = ctypes.c_int
+    lib.packed_linear_built.restype = ctypes.c_int
     return lib
 
 
@@ -132,3 +143,47 @@ def _function():
         raise RuntimeError(f"the native kernel is not available: {why_unavailable()}")
     _state["fn"] = lib.skinny_linear
     return _state["fn"]
+
+
+#: output rows per panel of a packed weight (``PANEL`` in treespec/packed_linear.c)
+PANEL = 16
+
+
+def packed_available() -> bool:
+    """Whether the packed kernel is built here: the native library builds and the CPU has AVX-512."""
+    lib = _library()
+    return lib is not None and bool(lib.packed_linear_built())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [O, K] → its panels [⌈O / 16⌉, K, 16] for ``packed_linear`` (zero rows past O)."""
+    out_features, k = weight.shape
+    panels = -(-out_features // PANEL)
+    padded = weight.detach().new_zeros(panels * PANEL, k)
+    padded[:out_features] = weight.detach()
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()  # [P, K, 16]
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``packed = pack(weight)``: x [..., K] float32 on the CPU → [..., O]."""
+    kernel = _state.get("packed") or _packed_function()
+    k = x.shape[-1]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = torch.empty(*x.shape[:-1], out_features)  # [..., O]
+    if y.numel() == 0:
+        return y
+    failed = kernel(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                      y.data_ptr(), x.numel() // k, k, out_features, torch.get_num_threads())
+    if failed:
+        raise RuntimeError("the packed kernel is not built here (no AVX-512)" if failed == -2
+                           else "the packed kernel ran out of memory")
+    return y
+
+
+def _packed_function():
+    if not packed_available():
+        raise RuntimeError(f"the packed kernel is not available: {why_unavailable() or 'this CPU has no AVX-512'}")
+    _state["packed"] = _state["lib"].packed_linear
+    return _state["packed"]

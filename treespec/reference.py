@@ -81,8 +81,8 @@ def load_model(spec: str | Path, *, dtype: torch.dtype | str = torch.float32, at
                linear_kernel: str = linear_kernels.DEFAULT):
     """(model in eval mode, tokenizer) from any spec ``resolve`` takes (``reference:<name>``, ``smollm2``, a
     ``.gguf`` file, a transformers model folder), its linear layers on ``linear_kernel`` (treespec/linear_kernels.py:
-    "auto": the native kernel where it builds, else the few-row kernel, on CPUs where torch has oneDNN; "torch" for
-    ``F.linear``). ``attn_implementation`` None is "sdpa",
+    "auto": the packed kernel where it builds (AVX-512), else the native one, else the few-row one, on CPUs where torch
+    has oneDNN; "torch" for ``F.linear``). ``attn_implementation`` None is "sdpa",
     and on a CPU a grouped-query model's is treespec's (treespec/gqa_attention.py), which reads the grouped heads in
     place under a mask; any name is passed to transformers as given. A folder that transformers cannot read, weight
     files that are missing, truncated, integer-typed or outside the folder (``check_weight_files``), a tensor the model

@@ -16,9 +16,10 @@ scripts/speed_checks.py`` measures both paths on the shipped reference models.
   returns None).
 * ``LeanProjection``: a vocabulary projection for the few rows of a draft depth or block on CPUs, where MKL's
   gemm against nn.Linear's [V, h] layout is slow and erratic over 1-16 rows. With oneDNN (float32, as torch's CPU
-  builds have) it runs on the weight reordered into oneDNN's blocked layout (treespec/linear_kernels.py,
-  ``reordered_weight``: shared with a target layer on the few-row kernel, remade when the weight changes), which
-  read both reference targets' heads faster than MKL on a transposed copy at every row count measured
+  builds have) it runs on the copy of the weight the target's layer already holds (treespec/linear_kernels.py,
+  ``few_row_linear``: packed for the packed kernel, else reordered into oneDNN's blocked layout; shared with the
+  target's layer, remade when the weight changes); oneDNN's read both reference targets' heads faster than MKL on a
+  transposed copy at every row count measured
   (docs/results.md, "Parallel drafting"; ``scripts/speed_checks.py`` times a block's head). Without
   oneDNN the weight is a transposed snapshot ([h, V], contiguous), which MKL's gemm reads faster than [V, h] for
   a row or two. Its results differ from nn.Linear's in the last bits (summation order), which can reorder
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 
 from treespec.compat import cache_arg
-from treespec.linear_kernels import blocked_linear, onednn_available, reordered_weight
+from treespec.linear_kernels import few_row_linear, onednn_available
 from treespec.static_pass import StaticKV
 from treespec.visibility import causal_mask
 
@@ -147,7 +148,7 @@ class LeanProjection(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocked and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad and \
                 not torch.compiler.is_compiling():  # a compiled static pass holds F.linear, not the opaque copy
-            return blocked_linear(x, reordered_weight(self._holder()), self.bias)  # [..., V]
+            return few_row_linear(self._holder(), x, self.bias)  # [..., V]
         if not self.transposed:
             return nn.functional.linear(x, self.weight, self.bias)
         y = x @ self.weight  # [..., V]

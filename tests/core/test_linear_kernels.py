@@ -29,9 +29,11 @@ from treespec.train.checks.architectures import FAMILIES, TREES, build, draft_of
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
 needs_native = pytest.mark.skipif(not (onednn_available() and native_linear.available()),
                                   reason=f"no native kernel here: {native_linear.why_unavailable()}")
-KERNELS = ["onednn", "fewrow", pytest.param("native", marks=needs_native)]
+needs_packed = pytest.mark.skipif(not (onednn_available() and native_linear.packed_available()),
+                                  reason="no packed kernel here (AVX-512 and a C compiler)")
+KERNELS = ["onednn", "fewrow", pytest.param("native", marks=needs_native), pytest.param("packed", marks=needs_packed)]
 # what "auto" gives a large layer here
-AUTO = "native" if onednn_available() and native_linear.available() else "fewrow" if onednn_available() else "torch"
+AUTO = linear_kernels.auto_kernel() if onednn_available() else "torch"
 
 
 @needs_onednn
@@ -88,12 +90,14 @@ def test_native_refused_by_name_where_it_cannot_build(monkeypatch):
 
 
 @needs_onednn
-def test_the_reordered_weight_follows_the_weight():
-    """The few-row kernel's reordered copy is made again after the weight changes in place (load_state_dict) or is
-    replaced: never a stale product; the layer deep-copies (an opaque oneDNN tensor would not)."""
+@pytest.mark.parametrize("kernel", ["fewrow", pytest.param("packed", marks=needs_packed)])
+def test_the_held_weight_copy_follows_the_weight(kernel):
+    """The few-row kernel's reordered copy (the packed kernel's packed one) is made again after the weight changes in
+    place (load_state_dict) or is replaced: never a stale product; the layer deep-copies (an opaque oneDNN tensor
+    would not)."""
     torch.manual_seed(0)
     layer, other = nn.Linear(24, 40), nn.Linear(24, 40)
-    use_linear_kernel(layer, "fewrow")
+    use_linear_kernel(layer, kernel)
     x = torch.randn(5, 24)
     with torch.no_grad():
         layer(x)
@@ -146,8 +150,9 @@ def test_auto_keeps_torch_below_the_size_where_onednn_pays():
 @needs_native
 def test_auto_keeps_a_vocabulary_sized_layer_off_the_native_kernel(monkeypatch):
     """Above ``AUTO_NATIVE_MAX_WEIGHTS`` (SmolLM2's head: MKL and oneDNN stream it faster) "auto" takes the few-row
-    kernel; "native" by name takes every layer."""
+    kernel; "native" by name takes every layer (the packed kernel, where there is one, takes both)."""
     monkeypatch.setattr(linear_kernels, "AUTO_NATIVE_MAX_WEIGHTS", AUTO_MIN_WEIGHTS)
+    monkeypatch.setattr(native_linear, "packed_available", lambda: False)
     layer, head = nn.Linear(256, AUTO_MIN_WEIGHTS // 256), nn.Linear(256, 2 * AUTO_MIN_WEIGHTS // 256)
     model = nn.Sequential(layer, head)
     use_linear_kernel(model, "auto")

@@ -65,8 +65,8 @@ def measure_cost_curve(model, sizes=DEFAULT_SIZES, past_len: int = 256, repeats:
     Spread} when given. ``before``: a drafting call to run (untimed) ahead of each forward, so the curve is what
     verification costs while that drafter alternates with the target (its weights push the target's out of the
     caches). Where a linear kernel changes path within the sizes' range (``linear_kernels.path_changes``: after 16
-    rows of the native kernel, say), the sizes on both sides of that row count are measured too: interpolating across
-    such a jump predicted batches too cheap (docs/batch.md)."""
+    rows of the native or packed kernel, say), the sizes on both sides of that row count are measured too:
+    interpolating across such a jump predicted batches too cheap (docs/batch.md)."""
     sizes = sorted({int(n) for n in sizes})
     if sizes:
         sizes = sorted(set(sizes) | {n for rows in path_changes(model) for n in (rows // batch, rows // batch + 1)

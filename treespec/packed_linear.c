@@ -1,0 +1,81 @@
+/* y [N, O] = x [N, K] · w [O, K]ᵀ (+ b [O]) on an AVX-512 CPU, from a weight packed once into panels of 16 output
+ * rows: wp [P, K, 16], P = ⌈O / 16⌉, wp[p, k, i] = w[16p + i, k] (zero past O). treespec/native_linear.py packs it
+ * and calls ``packed_linear``; why it exists: that module's docstring.
+ *
+ * Each thread takes whole panels. For each k it loads the panel's 16 weights (one cache line) and adds them, times
+ * x[n, k] broadcast, into one 16-wide accumulator per input row: up to 16 rows in 16 of the 32 AVX-512 registers,
+ * no horizontal sums. So every weight is read from memory once per call in one sequential stream (the next lines
+ * prefetched), and the arithmetic of up to 16 rows runs while it streams, instead of after it as in a kernel that
+ * re-reads a weight block once per handful of rows (the breakdown: results/notes/2026-12-05-tree-pass-breakdown.md).
+ * More than 16 rows go in groups of 16 over the same panel, which is then in L1.
+ *
+ * Each output is the sum over k in order 0 .. K − 1 of one FMA chain, whatever N is and whichever group the row is
+ * in: a row's result has the same bits in a one-token pass, a tree pass and a prefill. */
+#include <stdlib.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+#define PANEL 16     /* output rows per panel: one 512-bit register of float32 */
+#define PF_LINES 32  /* the panel's k-lines prefetched ahead (2 KB): measured against 0, 8, 16, 64 and 128 */
+
+/* a group of C rows, transposed to xt [K, C] (one base address, constant offsets), against panel p → y [C, O] */
+#define PANEL_ROWS(C)                                                                                          \
+    static void panel_##C(const float *xt, const float *wp, const float *b, float *y, long K, long O, long p, \
+                          __mmask16 keep) {                                                                   \
+        const float *w = wp + p * K * PANEL;                                                                  \
+        __m512 acc[C];                                                                                        \
+        _Pragma("GCC unroll 16") for (int j = 0; j < C; j++) acc[j] = _mm512_setzero_ps();                  \
+        for (long k = 0; k < K; k++) {                                                                        \
+            _mm_prefetch((const char *)(w + (k + PF_LINES) * PANEL), _MM_HINT_T0);                           \
+            __m512 ws = _mm512_loadu_ps(w + k * PANEL);                                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < C; j++)                                              \
+                acc[j] = _mm512_fmadd_ps(ws, _mm512_set1_ps(xt[k * C + j]), acc[j]);                          \
+        }                                                                                                     \
+        __m512 bias = b ? _mm512_maskz_loadu_ps(keep, b + p * PANEL) : _mm512_setzero_ps();                  \
+        _Pragma("GCC unroll 16") for (int j = 0; j < C; j++)                                                  \
+            _mm512_mask_storeu_ps(y + j * O + p * PANEL, keep, _mm512_add_ps(acc[j], bias));                  \
+    }
+
+PANEL_ROWS(1) PANEL_ROWS(2) PANEL_ROWS(3) PANEL_ROWS(4) PANEL_ROWS(5) PANEL_ROWS(6) PANEL_ROWS(7) PANEL_ROWS(8)
+PANEL_ROWS(9) PANEL_ROWS(10) PANEL_ROWS(11) PANEL_ROWS(12) PANEL_ROWS(13) PANEL_ROWS(14) PANEL_ROWS(15)
+PANEL_ROWS(16)
+
+typedef void (*panel_fn)(const float *, const float *, const float *, float *, long, long, long, __mmask16);
+static const panel_fn PANELS[PANEL + 1] = {0,        panel_1,  panel_2,  panel_3,  panel_4,  panel_5,
+                                           panel_6,  panel_7,  panel_8,  panel_9,  panel_10, panel_11,
+                                           panel_12, panel_13, panel_14, panel_15, panel_16};
+
+int packed_linear_built(void) { return 1; }
+
+/* the entry point: x, wp, y contiguous float32, b NULL or [O]; returns 0, or −1 where memory ran out */
+int packed_linear(const float *x, const float *wp, const float *b, float *y, long N, long K, long O, int threads) {
+    long panels = (O + PANEL - 1) / PANEL, groups = (N + PANEL - 1) / PANEL;
+    float *xt = malloc(sizeof(float) * N * K); /* group g at xt + g·16K, as [K, rows of the group] */
+    if (!xt) return -1;
+    for (long g = 0; g < groups; g++) {
+        long rows = N - g * PANEL < PANEL ? N - g * PANEL : PANEL;
+        for (long j = 0; j < rows; j++)
+            for (long k = 0; k < K; k++) xt[g * PANEL * K + k * rows + j] = x[(g * PANEL + j) * K + k];
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (long p = 0; p < panels; p++) {
+        long left = O - p * PANEL;
+        __mmask16 keep = left >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        for (long g = 0; g < groups; g++) {
+            long rows = N - g * PANEL < PANEL ? N - g * PANEL : PANEL;
+            PANELS[rows](xt + g * PANEL * K, wp, b, y + g * PANEL * O, K, O, p, keep);
+        }
+    }
+    free(xt);
+    return 0;
+}
+
+#else /* no AVX-512 here: the library still loads, and says so */
+int packed_linear_built(void) { return 0; }
+
+int packed_linear(const float *x, const float *wp, const float *b, float *y, long N, long K, long O, int threads) {
+    (void)x, (void)wp, (void)b, (void)y, (void)N, (void)K, (void)O, (void)threads;
+    return -2;
+}
+#endif
