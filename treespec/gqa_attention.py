@@ -10,14 +10,17 @@ largest costs a few-token pass adds over a one-token one (docs/results.md, "A tr
 the cache.
 
 Registered with transformers' attention and mask interfaces under ``NAME`` on import, as cascade attention is
-(treespec/cascade.py); every case it does not improve (no mask, no grouping, a GPU, a position bias, a softcap,
-a single query, which transformers already packs onto the key/value heads without a copy) goes to transformers'
-own ``sdpa_attention_forward`` unchanged. ``treespec.reference.load_model`` loads a GQA
-model on it by default on a CPU (an explicit ``attn_implementation="sdpa"`` there keeps transformers' own).
+(treespec/cascade.py). A bool mask (transformers' own, for a chain of new tokens) is turned into SDPA's additive one
+once per pass rather than inside every layer's SDPA (``additive_once``). Every case it does not improve (no mask, no
+grouping, a GPU, a position bias, a softcap, a single query, which transformers already packs onto the key/value
+heads without a copy) goes to transformers' own ``sdpa_attention_forward`` unchanged.
+``treespec.reference.load_model`` loads a GQA model on it by default on a CPU (an explicit
+``attn_implementation="sdpa"`` there keeps transformers' own).
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -37,10 +40,28 @@ def sdpa_gqa_in_place(module, query, key, value, attention_mask, dropout: float 
             or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if attention_mask.dtype == torch.bool:
+        attention_mask = additive_once(attention_mask, query.dtype)
     # with a mask, transformers' sdpa is not causal either (is_causal = q > 1 and mask is None and ...)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=True)  # [b, h, q, d]
     return out.transpose(1, 2).contiguous(), None
+
+
+def additive_once(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True: seen) as the additive one SDPA makes of it (0 / −inf, ``dtype``), made once per pass: every
+    layer of a pass gets the same mask object, and SDPA converted it again in each (a ``where`` per layer in the
+    profile of a 16-token SmolLM2 pass). The last conversion is kept, keyed by the mask object, its in-place version
+    and the dtype."""
+    global _last_additive
+    held = _last_additive  # one read: another thread may replace it meanwhile
+    if held is None or held[0] is not mask or held[1] != (mask._version, dtype):
+        converted = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        held = _last_additive = (mask, (mask._version, dtype), converted)
+    return held[2]
+
+
+_last_additive: tuple | None = None  # (bool mask, (its version, dtype), additive mask)
 
 
 def wanted(model) -> bool:

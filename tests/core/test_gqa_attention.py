@@ -11,7 +11,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from treespec import Tree, generate
-from treespec.gqa_attention import NAME, sdpa_gqa_in_place, use_in_place_gqa
+from treespec.gqa_attention import NAME, additive_once, sdpa_gqa_in_place, use_in_place_gqa
 from treespec.heads import DraftModel
 from treespec.reference import load
 from treespec.train.checks.architectures import FAMILIES, build, draft_of, prompt
@@ -33,6 +33,20 @@ def test_the_same_bits_as_transformers_sdpa_under_a_mask(mask_dtype, queries):
     got, _ = sdpa_gqa_in_place(module, q, k, v, mask, scaling=0.25)
     assert got.shape == expected.shape == (2, queries, heads, dim)
     assert torch.equal(got, expected)
+
+
+def test_a_bool_mask_is_converted_once_per_mask_and_again_when_it_changes():
+    """Every layer of a pass gets the same bool mask: it is made additive once (the same tensor back), again for a
+    new mask, a mask changed in place or another dtype, and always as SDPA would make it (0 where seen, −inf not)."""
+    seen = torch.rand(1, 1, 4, 9, generator=torch.Generator().manual_seed(0)) > 0.4
+    first = additive_once(seen, torch.float32)
+    assert additive_once(seen, torch.float32) is first
+    assert torch.equal(first, torch.where(seen, 0.0, float("-inf")))
+    seen[..., 0] = ~seen[..., 0]  # in place: its version moves
+    again = additive_once(seen, torch.float32)
+    assert again is not first and torch.equal(again, torch.where(seen, 0.0, float("-inf")))
+    assert additive_once(seen.clone(), torch.float32) is not again
+    assert additive_once(seen, torch.float64).dtype == torch.float64
 
 
 def test_the_loader_picks_it_for_grouped_cpu_models_only():
