@@ -4,11 +4,10 @@ and, for a grouped-query target, attention's (treespec/gqa_attention.py).
 For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; the few-row
 kernel; the native kernel and, on AVX-512, the packed one where they build (treespec/native_linear.py); each with
 treespec's in-place GQA attention on a grouped-query target: treespec's default on CPUs is the packed kernel, else the
-native one, else the few-row one, with it): the
-target's cost curve T(N) (one forward over N new tokens after 256 cached ones) and
-T(N)/T(1); then the matrix products of its shapes alone per linear kernel (each weight read from memory: enough
-distinct copies to overflow the caches). Settings alternate round by round, so a slow spell of a shared machine
-falls on all; every number is a median over rounds.
+native one, else the few-row one, with it): the target's cost curve T(N) (one forward over N new tokens after 256
+cached ones) and T(N)/T(1); then the matrix products of its shapes alone per linear kernel (each weight read from
+memory: enough distinct copies to overflow the caches). Settings alternate round by round, so a slow spell of a
+shared machine falls on all; every number is a median over rounds.
 
     python scripts/cpu_kernels.py --model smollm2 --threads 2 --out results/linear_kernels/smollm2.json
     python scripts/cpu_kernels.py --model target            # the code reference

@@ -31,8 +31,8 @@ CPU".
 ``"packed"`` (AVX-512 CPUs) sends every float32 call, whatever its rows and width, to treespec's packed kernel
 (treespec/native_linear.py, treespec/packed_linear.c): the layer keeps its weight packed once into panels of 16
 output rows beside it (**twice the linear layers' memory**, as the reordered copy, which it never makes), and up to 16
-rows multiply each panel while it streams from memory. On SmolLM2 it made one-token passes faster than any other
-kernel and a 16-token pass cost less over a one-token one (docs/results.md, "A tree pass on CPU").
+rows multiply each panel while it streams from memory. On SmolLM2 it made one-token and 16-token passes cheaper than
+any other kernel here (docs/results.md, "A tree pass on CPU").
 
 ``"auto"`` is ``"packed"`` where it builds (and torch has oneDNN), else ``"native"`` where it builds, else
 ``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN or ctypes call

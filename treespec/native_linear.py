@@ -151,8 +151,10 @@ PANEL = 16
 
 def packed_available() -> bool:
     """Whether the packed kernel is built here: the native library builds and the CPU has AVX-512."""
-    lib = _library()
-    return lib is not None and bool(lib.packed_linear_built())
+    if "packed_built" not in _state:
+        lib = _library()
+        _state["packed_built"] = lib is not None and bool(lib.packed_linear_built())
+    return _state["packed_built"]
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -174,11 +176,9 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     y = torch.empty(*x.shape[:-1], out_features)  # [..., O]
     if y.numel() == 0:
         return y
-    failed = kernel(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                                      y.data_ptr(), x.numel() // k, k, out_features, torch.get_num_threads())
-    if failed:
-        raise RuntimeError("the packed kernel is not built here (no AVX-512)" if failed == -2
-                           else "the packed kernel ran out of memory")
+    if kernel(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+              x.numel() // k, k, out_features, torch.get_num_threads()):
+        raise RuntimeError("the packed kernel could not allocate its copy of the input rows (out of memory)")
     return y
 
 

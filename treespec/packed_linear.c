@@ -84,6 +84,7 @@ int packed_linear(const float *x, const float *wp, const float *b, float *y, lon
 #else /* no AVX-512 here: the library still loads, and says so */
 int packed_linear_built(void) { return 0; }
 
+/* never called: native_linear.packed_available() is False; the symbol is there for the loader */
 int packed_linear(const float *x, const float *wp, const float *b, float *y, long N, long K, long O, int threads) {
     (void)x, (void)wp, (void)b, (void)y, (void)N, (void)K, (void)O, (void)threads;
     return -2;
