@@ -1,5 +1,6 @@
 """Where a few-token pass spends its time on this CPU, by kernel: the linear layers' (treespec/linear_kernels.py)
-and, for a grouped-query target, attention's (treespec/gqa_attention.py).
+and, for a grouped-query target, attention's (treespec/gqa_attention.py: torch's flash kernel reading the grouped
+heads in place, and the native few-query kernel where it builds).
 
 For each setting (torch's F.linear/MKL with transformers' sdpa: the stock model; oneDNN's linear; the few-row
 kernel; the native kernel and, on AVX-512, the packed one where they build (treespec/native_linear.py); each with
@@ -24,13 +25,17 @@ from torch import nn
 
 from treespec import native_linear, reference
 from treespec.gqa_attention import NAME as GQA_SDPA
+from treespec.gqa_attention import native_available, use_native_attention
 from treespec.linear_kernels import use_linear_kernel
 from treespec.planning.autotree import measure_cost_curve
 
 KERNELS = (*(["packed"] if native_linear.packed_available() else []),
            *(["native"] if native_linear.available() else []), "fewrow", "onednn", "torch")
-# name: (linear kernel, attention)
-SETTINGS = {f"{kernel} + {attention}": (kernel, attention) for attention in ("sdpa", GQA_SDPA)
+# an attention setting: (attn_implementation, whether the native few-query kernel runs)
+ATTENTION = {"sdpa": ("sdpa", False), f"{GQA_SDPA} flash": (GQA_SDPA, False),
+             **({f"{GQA_SDPA} native": (GQA_SDPA, True)} if native_available() else {})}
+# name: (linear kernel, attention setting)
+SETTINGS = {f"{kernel} + {attention}": (kernel, attention) for attention in ATTENTION
             for kernel in ("torch", *KERNELS[:-1][::-1]) if attention == "sdpa" or kernel != "torch"}
 
 
@@ -69,13 +74,14 @@ def main() -> None:
     model, _ = reference.load(args.model, attn_implementation="sdpa")
     shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)})
     grouped = model.config.num_key_value_heads < model.config.num_attention_heads
-    settings = {name: s for name, s in SETTINGS.items() if grouped or s[1] != GQA_SDPA}
+    settings = {name: s for name, s in SETTINGS.items() if grouped or s[1] == "sdpa"}
     curves = {k: {n: [] for n in sizes} for k in settings}
     with torch.no_grad():
         for _ in range(args.rounds):
             for name, (kernel, attention) in settings.items():
                 use_linear_kernel(model, kernel)
-                model.set_attn_implementation(attention)
+                model.set_attn_implementation(ATTENTION[attention][0])
+                use_native_attention(model, ATTENTION[attention][1])
                 for n, t in measure_cost_curve(model, sizes, past_len=256, repeats=args.repeats).items():
                     if n in curves[name]:  # not the sizes it adds beside a kernel's path change
                         curves[name][n].append(t * 1e3)

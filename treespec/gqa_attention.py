@@ -16,6 +16,14 @@ grouping, a GPU, a position bias, a softcap, a single query, which transformers 
 heads without a copy) goes to transformers' own ``sdpa_attention_forward`` unchanged.
 ``treespec.reference.load_model`` loads a GQA model on it by default on a CPU (an explicit
 ``attn_implementation="sdpa"`` there keeps transformers' own).
+
+On a CPU with AVX-512, a float32 pass over 2-``NATIVE_QUERIES`` new tokens goes to treespec's own kernel
+(treespec/few_query_attention.c, built with the native linear kernels: treespec/native_linear.py). torch's flash
+kernel tiles for long queries; at a tree pass's few it cost SmolLM2 3-4× a one-token pass's attention. The native one
+puts one query row per lane, so a key's scores for 16 rows are one register and the softmax needs no horizontal
+sums; it reads each grouped key/value head once per 16 rows. Not the same bits as torch's (another order of sums, its
+own exp): agreement within float32 rounding and greedy equality are tested (tests/core/test_few_query_attention.py),
+and what it saves is in results/few_query_attention/. Off per model: ``use_native_attention(model, False)``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from treespec import native_linear
 
 NAME = "treespec_sdpa"
 
@@ -42,6 +52,8 @@ def sdpa_gqa_in_place(module, query, key, value, attention_mask, dropout: float 
                                       is_causal=is_causal, **kwargs)
     if attention_mask.dtype == torch.bool:
         attention_mask = additive_once(attention_mask, query.dtype)
+    if dropout == 0.0 and native_takes(module, query, key, value, attention_mask):
+        return native_attention(query, key, value, attention_mask, scaling), None
     # with a mask, transformers' sdpa is not causal either (is_causal = q > 1 and mask is None and ...)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=True)  # [b, h, q, d]
@@ -62,6 +74,79 @@ def additive_once(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 _last_additive: tuple | None = None  # (bool mask, (its version, dtype), additive mask)
+
+#: the most new tokens per row the native few-query kernel takes; longer passes (a prefill) go to torch's flash kernel,
+#: which tiles for them
+NATIVE_QUERIES = 64
+#: whether a model's attention layers use it where it builds: ``use_native_attention`` sets it per layer
+NATIVE_DEFAULT = True
+
+
+def native_available() -> bool:
+    """Whether the native few-query kernel (treespec/few_query_attention.c) is built here (AVX-512)."""
+    if "attention_built" not in _native:
+        lib = native_linear.library()
+        _native["attention_built"] = lib is not None and bool(lib.few_query_attention_built())
+    return _native["attention_built"]
+
+
+_native: dict = {}
+
+
+def use_native_attention(model, enabled: bool = True) -> None:
+    """Switch the native few-query kernel on or off for ``model``'s attention layers (on by default where it builds);
+    off, ``treespec_sdpa`` runs torch's flash kernel with ``enable_gqa``."""
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups"):
+            module.treespec_native_attention = enabled
+
+
+def native_takes(module, query, key, value, mask) -> bool:
+    """Whether the native kernel computes this call: float32 rows on an AVX-512 build, 2-``NATIVE_QUERIES`` queries,
+    a head size of 16, 32, 64, 128 or 256, unit strides along it, a mask shared by the heads, and no gradient to
+    carry (the kernel has no backward: training goes to torch's)."""
+    dim = query.shape[-1]
+    return (getattr(module, "treespec_native_attention", NATIVE_DEFAULT) and query.dtype is torch.float32
+            and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
+            and key.dtype is torch.float32 and value.dtype is torch.float32 and mask.dtype is torch.float32
+            and 1 < query.shape[2] <= NATIVE_QUERIES and dim in (16, 32, 64, 128, 256) and value.shape[-1] == dim
+            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1 and mask.dim() == 4
+            and mask.shape[0] in (1, query.shape[0]) and mask.shape[1] == 1 and mask.shape[2] == query.shape[2]
+            and mask.shape[3] == key.shape[2]
+            and query.shape[1] % key.shape[1] == 0 and native_available())
+
+
+def native_attention(query, key, value, mask, scaling) -> torch.Tensor:
+    """The native kernel: query [b, h, q, d], key/value [b, kv, t, d], additive mask [b or 1, 1, q, t] → out [b, q, h,
+    d]."""
+    batch, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    mask_t = transposed_once(mask)  # [b or 1, t, q]
+    out = torch.empty(batch, queries, heads, dim)
+    scale = dim ** -0.5 if scaling is None else scaling
+    code = native_linear.library().few_query_attention(
+        query.data_ptr(), *query.stride()[:3], key.data_ptr(), *key.stride()[:3], value.data_ptr(), *value.stride()[:3],
+        mask_t.data_ptr(), mask_t.stride(0) if mask_t.shape[0] > 1 else 0, out.data_ptr(), batch, heads, kv_heads,
+        queries, keys, dim, scale, torch.get_num_threads())
+    if code:
+        raise RuntimeError("the native attention kernel could not allocate its buffers (out of memory)")
+    return out
+
+
+def transposed_once(mask: torch.Tensor) -> torch.Tensor:
+    """An additive mask [b, 1, q, t] as the native kernel reads it, [b, t, q] contiguous, made once per pass
+    (every layer of a pass gets the same mask; a layer with a sliding window gets its own), keyed as
+    ``additive_once``'s."""
+    held = _transposed  # [(additive mask, its version, [b, t, q])]: the last two (full and sliding-window layers)
+    for mask_held, version, converted in tuple(held):  # a copy: another thread may change the list meanwhile
+        if mask_held is mask and version == mask._version:
+            return converted
+    converted = mask[:, 0].transpose(1, 2).contiguous()
+    held[:] = [(mask, mask._version, converted), *held[:1]]
+    return converted
+
+
+_transposed: list = []
 
 
 def wanted(model) -> bool:

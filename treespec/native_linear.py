@@ -37,7 +37,8 @@ import torch
 
 from treespec.gguf_models import cache_root
 
-SOURCES = (Path(__file__).with_name("skinny_linear.c"), Path(__file__).with_name("packed_linear.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_linear.c", "packed_linear.c",
+                                                             "few_query_attention.c"))
 #: the most rows a call takes; more go to the caller's other kernel (the C kernel re-reads each weight block from L1
 #: once per six rows, and past 16 rows oneDNN's blocked kernel is faster: docs/results.md)
 MAX_ROWS = 16
@@ -90,6 +91,11 @@ def _build() -> ctypes.CDLL:
     lib.packed_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.packed_linear.restype = ctypes.c_int
     lib.packed_linear_built.restype = ctypes.c_int
+    P, L = ctypes.c_void_p, ctypes.c_long  # few_query_attention: its wrapper is treespec/gqa_attention.py's
+    lib.few_query_attention.argtypes = [P, L, L, L, P, L, L, L, P, L, L, L, P, L, P, *[L] * 6, ctypes.c_float,
+                                        ctypes.c_int]
+    lib.few_query_attention.restype = ctypes.c_int
+    lib.few_query_attention_built.restype = ctypes.c_int
     return lib
 
 
@@ -100,6 +106,11 @@ def _library() -> ctypes.CDLL | None:
         except (RuntimeError, OSError, subprocess.SubprocessError) as err:
             _state["why"] = str(err)
     return _state.get("lib")
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded native library (built on first use), or None where it cannot build (``why_unavailable``)."""
+    return _library()
 
 
 def available() -> bool:

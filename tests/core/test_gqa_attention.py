@@ -1,6 +1,7 @@
 """In-place grouped-query attention (treespec/gqa_attention.py): the same bits as transformers' sdpa under tree
-masks, chosen by the loader for grouped CPU models only, and greedy tree decoding on it equal to transformers'
-greedy on stock sdpa."""
+masks on torch's flash kernel, chosen by the loader for grouped CPU models only, and greedy tree decoding on it (with
+the native few-query kernel where it builds: tests/core/test_few_query_attention.py) equal to transformers' greedy on
+stock sdpa."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from treespec.train.checks.lossless import hf_greedy
 def test_the_same_bits_as_transformers_sdpa_under_a_mask(mask_dtype, queries):
     gen = torch.Generator().manual_seed(queries)
     heads, kv, keys, dim = 9, 3, 40, 16
-    module = types.SimpleNamespace(num_key_value_groups=heads // kv, is_causal=True, training=False)
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv, is_causal=True, training=False,
+                                   treespec_native_attention=False)  # torch's flash kernel (the native one: next file)
     q = torch.randn(2, heads, queries, dim, generator=gen)
     k, v = torch.randn(2, kv, keys, dim, generator=gen), torch.randn(2, kv, keys, dim, generator=gen)
     seen = torch.rand(2, 1, queries, keys, generator=gen) > 0.3
