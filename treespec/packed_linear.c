@@ -10,8 +10,17 @@
  * More than 16 rows go in groups of 16 over the same panel, which is then in L1.
  *
  * Each output is the sum over k in order 0 .. K − 1 of one FMA chain, whatever N is and whichever group the row is
- * in: a row's result has the same bits in a one-token pass, a tree pass and a prefill. */
+ * in: a row's result has the same bits in a one-token pass, a tree pass and a prefill.
+ *
+ * Two threads of this VM are sometimes on one core complex, sometimes on two (a cache line passes between them in
+ * ~30 ns or ~170 ns one way; memory streams 30-34 or 40-43 GB/s: results/smollm2_states/). Apart, every activation
+ * one thread wrote and the other reads crosses between the complexes slowly, line by line, and a 16-token pass
+ * makes hundreds of such hand-offs. So up to 16 rows, each thread transposes the input rows itself rather than
+ * half of them for both; and whole panels of output go to memory with streaming stores rather than into the
+ * writer's cache, from where the next op (torch's, on the main thread) would fetch half of them across. Both cost
+ * nothing measurable when the threads are together and took about 4 ms off SmolLM2's 16-token pass apart. */
 #include <stdlib.h>
+#include <omp.h>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -20,10 +29,11 @@
 #define PF_LINES 32  /* the panel's k-lines prefetched into L1 ahead (2 KB): measured against 0, 8, 16, 64 and 128 */
 #define PF_L2_LINES 256 /* ... and into L2 further ahead (16 KB): faster at 1-16 rows than without (and than 128, 512) */
 
-/* a group of C rows, transposed to xt [K, C] (one base address, constant offsets), against panel p → y [C, O] */
+/* a group of C rows, transposed to xt [K, C] (one base address, constant offsets), against panel p → y [C, O];
+ * ``stream``: whole panels with streaming stores (y 64-byte aligned, O a multiple of 16) */
 #define PANEL_ROWS(C)                                                                                          \
     static void panel_##C(const float *xt, const float *wp, const float *b, float *y, long K, long O, long p, \
-                          __mmask16 keep) {                                                                   \
+                          __mmask16 keep, int stream) {                                                       \
         const float *w = wp + p * K * PANEL;                                                                  \
         __m512 acc[C];                                                                                        \
         _Pragma("GCC unroll 16") for (int j = 0; j < C; j++) acc[j] = _mm512_setzero_ps();                  \
@@ -35,37 +45,51 @@
                 acc[j] = _mm512_fmadd_ps(ws, _mm512_set1_ps(xt[k * C + j]), acc[j]);                          \
         }                                                                                                     \
         __m512 bias = b ? _mm512_maskz_loadu_ps(keep, b + p * PANEL) : _mm512_setzero_ps();                  \
-        _Pragma("GCC unroll 16") for (int j = 0; j < C; j++)                                                  \
-            _mm512_mask_storeu_ps(y + j * O + p * PANEL, keep, _mm512_add_ps(acc[j], bias));                  \
+        if (stream && keep == (__mmask16)0xFFFF) {                                                            \
+            _Pragma("GCC unroll 16") for (int j = 0; j < C; j++)                                              \
+                _mm512_stream_ps(y + j * O + p * PANEL, _mm512_add_ps(acc[j], bias));                         \
+        } else {                                                                                              \
+            _Pragma("GCC unroll 16") for (int j = 0; j < C; j++)                                              \
+                _mm512_mask_storeu_ps(y + j * O + p * PANEL, keep, _mm512_add_ps(acc[j], bias));              \
+        }                                                                                                     \
     }
 
 PANEL_ROWS(1) PANEL_ROWS(2) PANEL_ROWS(3) PANEL_ROWS(4) PANEL_ROWS(5) PANEL_ROWS(6) PANEL_ROWS(7) PANEL_ROWS(8)
 PANEL_ROWS(9) PANEL_ROWS(10) PANEL_ROWS(11) PANEL_ROWS(12) PANEL_ROWS(13) PANEL_ROWS(14) PANEL_ROWS(15)
 PANEL_ROWS(16)
 
-typedef void (*panel_fn)(const float *, const float *, const float *, float *, long, long, long, __mmask16);
+typedef void (*panel_fn)(const float *, const float *, const float *, float *, long, long, long, __mmask16, int);
 static const panel_fn PANELS[PANEL + 1] = {0,        panel_1,  panel_2,  panel_3,  panel_4,  panel_5,
                                            panel_6,  panel_7,  panel_8,  panel_9,  panel_10, panel_11,
                                            panel_12, panel_13, panel_14, panel_15, panel_16};
 
 int packed_linear_built(void) { return 1; }
 
+/* x [rows, K] → xt [K, rows] for k in [k0, k1) */
+static void transpose(const float *x, float *xt, long rows, long K, long k0, long k1) {
+    for (long k = k0; k < k1; k++)
+        for (long j = 0; j < rows; j++) xt[k * rows + j] = x[j * K + k];
+}
+
 /* the entry point: x, wp, y contiguous float32, b NULL or [O]; returns 0, or −1 where memory ran out */
 int packed_linear(const float *x, const float *wp, const float *b, float *y, long N, long K, long O, int threads) {
     long panels = (O + PANEL - 1) / PANEL, groups = (N + PANEL - 1) / PANEL;
-    float *xt = malloc(sizeof(float) * N * K); /* group g at xt + g·16K, as [K, rows of the group] */
-    if (!xt) return -1;
+    int own = groups == 1, stream = N > 1 && O % PANEL == 0 && ((size_t)y & 63) == 0; /* one row: a few lines */
+    /* group g at xt + g·16K, as [K, rows of the group]; up to 16 rows, one such copy per thread */
+    float *xts = malloc(sizeof(float) * N * K * (own ? threads : 1));
+    if (!xts) return -1;
 #pragma omp parallel num_threads(threads)
     {
-        /* the transposition split over the threads too: done by one, it showed in a 16-row call's time */
+        float *xt = xts;
+        if (own) { /* one group: this thread's own copy (the module comment) */
+            xt = xts + omp_get_thread_num() * N * K;
+            transpose(x, xt, N, K, 0, K);
+        } else { /* a prefill's groups: split over the threads (done by one, it showed in a call's time) */
 #pragma omp for schedule(static)
-        for (long k0 = 0; k0 < K; k0 += 64) {
-            long k1 = k0 + 64 < K ? k0 + 64 : K;
-            for (long g = 0; g < groups; g++) {
-                long rows = N - g * PANEL < PANEL ? N - g * PANEL : PANEL;
-                for (long k = k0; k < k1; k++)
-                    for (long j = 0; j < rows; j++) xt[g * PANEL * K + k * rows + j] = x[(g * PANEL + j) * K + k];
-            }
+            for (long k0 = 0; k0 < K; k0 += 64)
+                for (long g = 0; g < groups; g++)
+                    transpose(x + g * PANEL * K, xt + g * PANEL * K, N - g * PANEL < PANEL ? N - g * PANEL : PANEL,
+                              K, k0, k0 + 64 < K ? k0 + 64 : K);
         }
 #pragma omp for schedule(static)
         for (long p = 0; p < panels; p++) {
@@ -73,11 +97,12 @@ int packed_linear(const float *x, const float *wp, const float *b, float *y, lon
             __mmask16 keep = left >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
             for (long g = 0; g < groups; g++) {
                 long rows = N - g * PANEL < PANEL ? N - g * PANEL : PANEL;
-                PANELS[rows](xt + g * PANEL * K, wp, b, y + g * PANEL * O, K, O, p, keep);
+                PANELS[rows](xt + g * PANEL * K, wp, b, y + g * PANEL * O, K, O, p, keep, stream);
             }
         }
+        if (stream) _mm_sfence(); /* the streamed lines are visible before the caller reads y */
     }
-    free(xt);
+    free(xts);
     return 0;
 }
 
