@@ -68,6 +68,28 @@ def clock(observer: StepTimer | None) -> float:
     return time.perf_counter() if observer is None else observer.clock()
 
 
+def clocked(call: Callable, name: str, spent: dict[str, float]) -> Callable:
+    """``call`` with a clock around it that adds its seconds to ``spent[name]`` (where a pass's time goes, by call:
+    the results scripts that split a pass)."""
+    def timed_call(*args, **kwargs):
+        start = time.perf_counter()
+        out = call(*args, **kwargs)
+        spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+        return out
+    return timed_call
+
+
+def clocked_passes(step: Callable[[], object], spent: dict[str, float], passes: int = 8) -> dict[str, float]:
+    """Milliseconds per call of ``step`` under each name its ``clocked`` calls add to ``spent``, and the whole call's
+    ("whole pass"), over ``passes`` calls."""
+    spent.clear()
+    start = time.perf_counter()
+    for _ in range(passes):
+        step()
+    spent["whole pass"] = time.perf_counter() - start
+    return {name: seconds / passes * 1e3 for name, seconds in spent.items()}
+
+
 def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
                 before: Callable[[], object] | None = None) -> float:
     """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. ``before()``, untimed, runs

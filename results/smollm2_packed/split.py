@@ -7,7 +7,6 @@ around each call (which adds a little to every number). Medians over ``rounds`` 
 
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 from transformers import AttentionInterface
 
 from treespec import gqa_attention, reference
-from treespec.timing import forward_steps
+from treespec.timing import clocked, clocked_passes, forward_steps
 
 rounds = int(dict(a.split("=", 1) for a in sys.argv[1:]).get("rounds", 4))
 torch.set_num_threads(2)
@@ -24,31 +23,17 @@ spent = defaultdict(float)
 MODULES = ("LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm")
 
 
-def clocked(call, name):
-    def timed(*args, **kwargs):
-        start = time.perf_counter()
-        out = call(*args, **kwargs)
-        spent[name] += time.perf_counter() - start
-        return out
-    return timed
-
-
 for module in target.modules():
     kind = "linear" if isinstance(module, nn.Linear) else type(module).__name__
     if kind == "linear" or kind in MODULES:
-        module.forward = clocked(module.forward, kind)
-AttentionInterface.register(gqa_attention.NAME, clocked(gqa_attention.sdpa_gqa_in_place, "attention function"))
+        module.forward = clocked(module.forward, kind, spent)
+AttentionInterface.register(gqa_attention.NAME, clocked(gqa_attention.sdpa_gqa_in_place, "attention function", spent))
 steps = forward_steps(target, [1, 16], past_len=256)
 per_pass = {n: defaultdict(list) for n in steps}
 for _ in range(rounds):
     for n, step in steps.items():
         step(), step()
-        spent.clear()
-        start = time.perf_counter()
-        for _ in range(8):
-            step()
-        spent["whole pass"] = time.perf_counter() - start
-        for name, seconds in spent.items():
-            per_pass[n][name].append(seconds / 8 * 1e3)
+        for name, ms in clocked_passes(step, spent).items():
+            per_pass[n][name].append(ms)
 for n, by_name in per_pass.items():
     print(f"{n} token(s): " + ", ".join(f"{name} {statistics.median(v):.2f}" for name, v in by_name.items()))
