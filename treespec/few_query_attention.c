@@ -20,28 +20,10 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 
+#include "vector_exp.h"
+
 #define LANES 16
 #define KEYS 8 /* keys per score step: 8 accumulators, 9 loads per 8 FMAs */
-
-/* e^x, x ≤ 0 (a score minus its row's max), the Cephes expf polynomial on [−ln2/2, ln2/2] scaled by 2^n; 0 below
- * −87.3 (where float32's e^x is denormal or zero), so masked keys (−inf or float32's min) weigh exactly 0 */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 lowest = _mm512_set1_ps(-87.33654f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ); /* false for −inf and NaN too */
-    x = _mm512_max_ps(x, lowest);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
 
 /* P · V for C = D / 16 registers per row, for R rows (R · C = 16 accumulators) of a block from its row t0: p [S, 16]
  * (lane = row of the block), each row's output to out at its (query, head) with 1 / sum applied */
@@ -102,7 +84,7 @@ static void weights(const float *qt, const float *kb, long kss, const float *mb,
     }
     __m512 total = _mm512_setzero_ps();
     for (j = 0; j < S; j++) {
-        __m512 w = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(p + j * LANES), best));
+        __m512 w = exp512(_mm512_sub_ps(_mm512_load_ps(p + j * LANES), best));
         _mm512_store_ps(p + j * LANES, w);
         total = _mm512_add_ps(total, w);
     }

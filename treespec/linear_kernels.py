@@ -32,7 +32,9 @@ CPU".
 (treespec/native_linear.py, treespec/packed_linear.c): the layer keeps its weight packed once into panels of 16
 output rows beside it (**twice the linear layers' memory**, as the reordered copy, which it never makes), and up to 16
 rows multiply each panel while it streams from memory. On SmolLM2 it made one-token and 16-token passes cheaper than
-any other kernel here (docs/results.md, "A tree pass on CPU").
+any other kernel here (docs/results.md, "A tree pass on CPU"). A gated MLP whose gate and up products run it
+(``fusable_mlp``) gets a forward that computes both and the SiLU in one call (``_gated_mlp_forward``): the module's
+forward is replaced in place as a linear layer's is, and put back with any other kernel.
 
 ``"auto"`` is ``"packed"`` where it builds (and torch has oneDNN), else ``"native"`` where it builds, else
 ``"fewrow"`` where torch has oneDNN, for layers of at least ``AUTO_MIN_WEIGHTS`` weights: a oneDNN or ctypes call
@@ -54,6 +56,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import activations as transformers_activations
 
 from treespec import native_linear
 
@@ -128,6 +131,33 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return _onednn_forward(self, x)
     return native_linear.packed_linear(x, packed_weight(self), self.weight.shape[0],
                                        None if bias is None else bias.contiguous())
+
+
+def _gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's forward (``down_proj(silu(gate_proj(x)) * up_proj(x))``, ``fusable_mlp``) with the gate and up
+    products and the SiLU in one packed call (``native_linear.packed_gated``): the two products' outputs are never
+    written out and read back, and two element-wise ops and a call go (what that saves: docs/results.md, "A tree
+    pass on CPU"). Any call the packed kernel would not take runs the module's own forward."""
+    gate, up = self.gate_proj, self.up_proj
+    if (_takes_f_linear(gate, x) or _takes_f_linear(up, x) or torch.compiler.is_compiling()
+            or not (gate.__dict__.get("forward") is not None and up.__dict__.get("forward") is not None)):
+        return type(self).forward(self, x)
+    hidden = native_linear.packed_gated(x, packed_weight(gate), packed_weight(up), gate.weight.shape[0])
+    return self.down_proj(hidden)
+
+
+# SiLU modules: torch's, and transformers' own ("silu" in ACT2FN; older releases gave nn.SiLU)
+SILU = (nn.SiLU, *(cls for cls in [getattr(transformers_activations, "SiLUActivation", None)] if cls is not None))
+
+
+def fusable_mlp(module: nn.Module) -> bool:
+    """Whether ``module`` is a gated MLP the packed kernel can fuse: bias-free ``gate_proj`` and ``up_proj`` of one
+    shape, a ``down_proj``, and SiLU as ``act_fn`` (Llama's, Mistral's, Qwen's, OLMo's MLPs and their drafters')."""
+    gate, up = getattr(module, "gate_proj", None), getattr(module, "up_proj", None)
+    down, act = getattr(module, "down_proj", None), getattr(module, "act_fn", None)
+    return (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
+            and isinstance(act, SILU) and gate.bias is None and up.bias is None
+            and gate.weight.shape == up.weight.shape)
 
 
 def reorder_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -225,7 +255,17 @@ def use_linear_kernel(model: nn.Module, kernel: str = DEFAULT) -> int:
         else:
             module.__dict__.pop("forward", None)
         count += 1
+    for module in model.modules():  # gated MLPs whose gate and up products went to the packed kernel
+        if fusable_mlp(module) and _forward_of(module.gate_proj) is _packed_forward is _forward_of(module.up_proj):
+            module.forward = _gated_mlp_forward.__get__(module)
+        elif _forward_of(module) is _gated_mlp_forward:
+            module.__dict__.pop("forward", None)
     return count
+
+
+def _forward_of(module: nn.Module):
+    """The kernel forward set on ``module`` (its function), or None where it runs its class's."""
+    return getattr(module.__dict__.get("forward"), "__func__", None)
 
 
 def auto_kernel() -> str:

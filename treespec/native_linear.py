@@ -39,6 +39,7 @@ from treespec.gguf_models import cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_linear.c", "packed_linear.c",
                                                              "few_query_attention.c"))
+HEADERS = (Path(__file__).with_name("vector_exp.h"),)  # included by the sources: part of the build's key
 #: the most rows a call takes; more go to the caller's other kernel (the C kernel re-reads each weight block from L1
 #: once per six rows, and past 16 rows oneDNN's blocked kernel is faster: docs/results.md)
 MAX_ROWS = 16
@@ -73,7 +74,7 @@ def _build() -> ctypes.CDLL:
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, gcc or cc) to build the native kernel")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\n".join([*(source.read_text() for source in SOURCES), compiler, version, " ".join(FLAGS),
+    key = hashlib.sha256("\n".join([*(f.read_text() for f in (*SOURCES, *HEADERS)), compiler, version, " ".join(FLAGS),
                                     " ".join(sorted(flags))]).encode()).hexdigest()[:16]
     path = cache_root() / "native" / f"skinny_linear-{key}.so"
     if not path.exists():
@@ -90,6 +91,8 @@ def _build() -> ctypes.CDLL:
     lib.skinny_linear.restype = None
     lib.packed_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.packed_linear.restype = ctypes.c_int
+    lib.packed_gated.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.packed_gated.restype = ctypes.c_int
     lib.packed_linear_built.restype = ctypes.c_int
     P, L = ctypes.c_void_p, ctypes.c_long  # few_query_attention: its wrapper is treespec/gqa_attention.py's
     lib.few_query_attention.argtypes = [P, L, L, L, P, L, L, L, P, L, L, L, P, L, P, *[L] * 6, ctypes.c_float,
@@ -180,21 +183,36 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``packed = pack(weight)``: x [..., K] float32 on the CPU → [..., O]."""
-    kernel = _state.get("packed") or _packed_function()
+    return _packed_call("packed", x, packed, bias, out_features)
+
+
+def packed_gated(x: torch.Tensor, packed_gate: torch.Tensor, packed_up: torch.Tensor,
+                 out_features: int) -> torch.Tensor:
+    """A gated MLP's hidden rows ``silu(x · gateᵀ) · (x · upᵀ)`` in one call, for ``packed_gate = pack(gate)`` and
+    ``packed_up = pack(up)`` (no biases): x [..., K] float32 on the CPU → [..., O]. Each thread computes a panel's
+    gate and up products and multiplies them in registers, so neither is written out and read back."""
+    return _packed_call("gated", x, packed_gate, packed_up, out_features)
+
+
+def _packed_call(entry: str, x: torch.Tensor, packed: torch.Tensor, third: torch.Tensor | None,
+                 out_features: int) -> torch.Tensor:
+    """One call of the packed library's ``entry``: (x, panels, ``third`` (a bias, or the up product's panels), y, rows,
+    width, outputs, threads)."""
+    kernel = _state.get(entry) or _packed_function(entry)
     k = x.shape[-1]
     if not x.is_contiguous():
         x = x.contiguous()
     y = torch.empty(*x.shape[:-1], out_features)  # [..., O]
     if y.numel() == 0:
         return y
-    if kernel(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+    if kernel(x.data_ptr(), packed.data_ptr(), 0 if third is None else third.data_ptr(), y.data_ptr(),
               x.numel() // k, k, out_features, torch.get_num_threads()):
         raise RuntimeError("the packed kernel could not allocate its copy of the input rows (out of memory)")
     return y
 
 
-def _packed_function():
+def _packed_function(entry: str = "packed"):
     if not packed_available():
         raise RuntimeError(f"the packed kernel is not available: {why_unavailable() or 'this CPU has no AVX-512'}")
-    _state["packed"] = _state["lib"].packed_linear
-    return _state["packed"]
+    _state[entry] = getattr(_state["lib"], {"packed": "packed_linear", "gated": "packed_gated"}[entry])
+    return _state[entry]

@@ -90,6 +90,29 @@ def clocked_passes(step: Callable[[], object], spent: dict[str, float], passes: 
     return {name: seconds / passes * 1e3 for name, seconds in spent.items()}
 
 
+def memory_probe(megabytes: int = 256) -> Callable[[], float]:
+    """A call that measures this machine's memory streaming rate now, in GB/s: one row multiplied against
+    ``megabytes`` of distinct weights (each read from memory once), through the packed kernel where it builds, else
+    ``F.linear``. The results scripts tag each round with it (results/smollm2_states/: this project's VM streams
+    30-34 GB/s with its two CPUs on one core complex, 40-43 on two)."""
+    from treespec import native_linear  # a measuring helper: the kernel library only when asked for
+
+    packed = native_linear.packed_available()
+    count = max(1, int(megabytes * 1e6 // (1536 * 576 * 4)))
+    weights = [torch.randn(1536, 576) for _ in range(count)]
+    if packed:
+        weights = [native_linear.pack(w) for w in weights]
+    row = torch.randn(1, 576)
+
+    def rate() -> float:
+        start = time.perf_counter()
+        for weight in weights:
+            native_linear.packed_linear(row, weight, 1536) if packed else torch.nn.functional.linear(row, weight)
+        return count * 1536 * 576 * 4 / (time.perf_counter() - start) / 1e9
+
+    return rate
+
+
 def median_time(fn: Callable[[], object], repeats: int = 30, warmup: int = 2,
                 before: Callable[[], object] | None = None) -> float:
     """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. ``before()``, untimed, runs

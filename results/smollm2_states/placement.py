@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from treespec import native_linear, reference
-from treespec.timing import forward_steps, median_time
+from treespec import reference
+from treespec.timing import forward_steps, median_time, memory_probe
 
 rounds = int(dict(a.split("=", 1) for a in sys.argv[1:]).get("rounds", 30))
 torch.set_num_threads(2)
@@ -29,15 +29,7 @@ round_trip = ctypes.CDLL(str(library)).round_trip
 round_trip.restype, round_trip.argtypes = ctypes.c_double, [ctypes.c_int]
 target, _ = reference.load("smollm2")
 steps = forward_steps(target, [1, 16], past_len=256)
-cold = [native_linear.pack(torch.randn(1536, 576)) for _ in range(int(256e6 // (1536 * 576 * 4)))]
-one = torch.randn(1, 576)
-
-
-def stream_rate() -> float:
-    start = time.perf_counter()
-    for weight in cold:
-        native_linear.packed_linear(one, weight, 1536)
-    return sum(w.numel() * 4 for w in cold) / (time.perf_counter() - start) / 1e9
+stream_rate = memory_probe(256)
 
 
 rows = []

@@ -20,3 +20,10 @@ def test_clocked_passes_reports_milliseconds_per_pass_by_name():
     ms = clocked_passes(nap, spent, passes=3)
     assert set(ms) == {"nap", "whole pass"}  # what an earlier pass left is cleared
     assert 5.0 <= ms["nap"] <= ms["whole pass"] < 500
+
+
+def test_memory_probe_gives_a_positive_rate_each_call():
+    from treespec.timing import memory_probe
+
+    rate = memory_probe(8)
+    assert rate() > 0 and rate() > 0
