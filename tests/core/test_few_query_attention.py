@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from treespec import Tree, generate
 from treespec.gqa_attention import (
     NATIVE_QUERIES,
+    native_attention,
     native_available,
     native_takes,
     sdpa_gqa_in_place,
@@ -126,15 +127,20 @@ def test_use_native_attention_switches_a_model():
     assert all(m.treespec_native_attention is True for m in layers)
 
 
-def test_greedy_tree_decoding_on_smollm2_equals_transformers():
-    """SmolLM2-135M (9 query heads over 3 key/value heads, head size 64) through the native kernel, against
-    transformers' greedy on stock sdpa: 24 tokens of a chat prompt."""
-    from treespec import reference
+def test_greedy_tree_decoding_on_smollm2_equals_transformers(monkeypatch):
+    """SmolLM2-135M (9 query heads over 3 key/value heads, head size 64) on treespec's CPU kernels, tree passes through
+    the native kernel, against transformers' greedy on the same weights with stock sdpa and ``F.linear``."""
+    from treespec import gqa_attention, reference
     from treespec.heads import PromptLookup
+    from treespec.linear_kernels import use_linear_kernel
 
-    stock, tokenizer = reference.load("smollm2", attn_implementation="sdpa", linear_kernel="torch")
-    ids = tokenizer("def fibonacci(n):\n    ", return_tensors="pt").input_ids
-    want = hf_greedy(stock, ids, 24)
-    target, _ = reference.load("smollm2")
-    out = generate(target, ids, drafter=PromptLookup(), tree=Tree.full(2, 3), max_new_tokens=24)
-    assert torch.equal(out.sequences, want)
+    calls = []
+    monkeypatch.setattr(gqa_attention, "native_attention",
+                        lambda *args: calls.append(args[0].shape[2]) or native_attention(*args))
+    target, tokenizer = reference.load("smollm2")
+    ids = tokenizer("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", return_tensors="pt").input_ids  # prompt lookup finds its drafts
+    out = generate(target, ids, drafter=PromptLookup(), tree=Tree.full(2, 3), max_new_tokens=20)
+    assert calls and max(calls) > 1  # tree passes went through the native kernel
+    use_linear_kernel(target, "torch")
+    target.set_attn_implementation("sdpa")
+    assert torch.equal(out.sequences, hf_greedy(target, ids, 20))
