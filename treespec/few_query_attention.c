@@ -11,9 +11,8 @@
  * one row per lane of a 512-bit register. Scores: per key, one FMA per d of the block's transposed queries with the
  * key's element broadcast, so a block's 16 scores of a key land in one register with no horizontal sum, and the
  * softmax over keys is lane-wise (max, exp, sum). Then P · V with D in lanes: per key, V's row from L1 against up
- * to 16 / (D / 16) rows' broadcast probabilities. Keys and values are read once per block from L2 (a SmolLM2 layer's
- * cache of 272 tokens is 70 KB per head), where torch's flash kernel tiles for long queries (what it saves:
- * results/few_query_attention/). */
+ * to 16 / (D / 16) rows' broadcast probabilities. Keys and values are read once per block from L2, where torch's
+ * flash kernel tiles for long queries (what it saves: results/few_query_attention/). */
 #include <math.h>
 #include <stdlib.h>
 

@@ -18,15 +18,17 @@ heads without a copy) goes to transformers' own ``sdpa_attention_forward`` uncha
 ``attn_implementation="sdpa"`` there keeps transformers' own).
 
 On a CPU with AVX-512, a float32 pass over 2-``NATIVE_QUERIES`` new tokens goes to treespec's own kernel
-(treespec/few_query_attention.c, built with the native linear kernels: treespec/native_linear.py). torch's flash
-kernel tiles for long queries; at a tree pass's few it cost SmolLM2 3-4× a one-token pass's attention. The native one
-puts one query row per lane, so a key's scores for 16 rows are one register and the softmax needs no horizontal
-sums; it reads each grouped key/value head once per 16 rows. Not the same bits as torch's (another order of sums, its
-own exp): agreement within float32 rounding and greedy equality are tested (tests/core/test_few_query_attention.py),
-and what it saves is in results/few_query_attention/. Off per model: ``use_native_attention(model, False)``.
+(treespec/few_query_attention.c, built with the native linear kernels: treespec/native_linear.py). torch's flash kernel
+tiles for long queries, which a tree pass's few do not fill. The native one puts one query row per lane, so a key's
+scores for 16 rows are one register and the softmax needs no horizontal sums; it reads each grouped key/value head once
+per 16 rows. Not the same bits as torch's (another order of sums, its own exp): agreement within float32 rounding and
+greedy equality are tested (tests/core/test_few_query_attention.py), and what it saves is in
+results/few_query_attention/. Off per model: ``use_native_attention(model, False)``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -63,17 +65,25 @@ def sdpa_gqa_in_place(module, query, key, value, attention_mask, dropout: float 
 def additive_once(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask (True: seen) as the additive one SDPA makes of it (0 / −inf, ``dtype``), made once per pass: every
     layer of a pass gets the same mask object, and SDPA converted it again in each (a ``where`` per layer in the
-    profile of a 16-token SmolLM2 pass). The last conversion is kept, keyed by the mask object, its in-place version
-    and the dtype."""
-    global _last_additive
-    held = _last_additive  # one read: another thread may replace it meanwhile
-    if held is None or held[0] is not mask or held[1] != (mask._version, dtype):
-        converted = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        held = _last_additive = (mask, (mask._version, dtype), converted)
-    return held[2]
+    profile of a 16-token SmolLM2 pass)."""
+    return _once(_additive, mask, dtype,
+                 lambda: torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf")))
 
 
-_last_additive: tuple | None = None  # (bool mask, (its version, dtype), additive mask)
+def _once(held: list, mask: torch.Tensor, variant, make) -> torch.Tensor:
+    """``make()``'s tensor for ``mask``, made once per pass: the last two are kept (a pass's full and sliding-window
+    layers get different masks), keyed by the mask object, its in-place version and ``variant``."""
+    key = (mask._version, variant)
+    for mask_held, key_held, made in tuple(held):  # a copy: another thread may change the list meanwhile
+        if mask_held is mask and key_held == key:
+            return made
+    made = make()
+    held[:] = [(mask, key, made), *held[:1]]
+    return made
+
+
+_additive: list = []  # [(bool mask, (its version, dtype), additive mask)]
+_transposed: list = []  # [(additive mask, (its version, None), [b, t, q])]
 
 #: the most new tokens per row the native few-query kernel takes; longer passes (a prefill) go to torch's flash kernel,
 #: which tiles for them
@@ -82,15 +92,11 @@ NATIVE_QUERIES = 64
 NATIVE_DEFAULT = True
 
 
+@functools.cache
 def native_available() -> bool:
     """Whether the native few-query kernel (treespec/few_query_attention.c) is built here (AVX-512)."""
-    if "attention_built" not in _native:
-        lib = native_linear.library()
-        _native["attention_built"] = lib is not None and bool(lib.few_query_attention_built())
-    return _native["attention_built"]
-
-
-_native: dict = {}
+    lib = native_linear.library()
+    return lib is not None and bool(lib.few_query_attention_built())
 
 
 def use_native_attention(model, enabled: bool = True) -> None:
@@ -134,19 +140,8 @@ def native_attention(query, key, value, mask, scaling) -> torch.Tensor:
 
 
 def transposed_once(mask: torch.Tensor) -> torch.Tensor:
-    """An additive mask [b, 1, q, t] as the native kernel reads it, [b, t, q] contiguous, made once per pass
-    (every layer of a pass gets the same mask; a layer with a sliding window gets its own), keyed as
-    ``additive_once``'s."""
-    held = _transposed  # [(additive mask, its version, [b, t, q])]: the last two (full and sliding-window layers)
-    for mask_held, version, converted in tuple(held):  # a copy: another thread may change the list meanwhile
-        if mask_held is mask and version == mask._version:
-            return converted
-    converted = mask[:, 0].transpose(1, 2).contiguous()
-    held[:] = [(mask, mask._version, converted), *held[:1]]
-    return converted
-
-
-_transposed: list = []
+    """An additive mask [b, 1, q, t] as the native kernel reads it, [b, t, q] contiguous, made once per pass."""
+    return _once(_transposed, mask, None, lambda: mask[:, 0].transpose(1, 2).contiguous())
 
 
 def wanted(model) -> bool:

@@ -140,7 +140,7 @@ def _gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     pass on CPU"). Any call the packed kernel would not take runs the module's own forward."""
     gate, up = self.gate_proj, self.up_proj
     if (_takes_f_linear(gate, x) or _takes_f_linear(up, x) or torch.compiler.is_compiling()
-            or not (gate.__dict__.get("forward") is not None and up.__dict__.get("forward") is not None)):
+            or not (_forward_of(gate) is _packed_forward is _forward_of(up))):  # one moved to another kernel since
         return type(self).forward(self, x)
     hidden = native_linear.packed_gated(x, packed_weight(gate), packed_weight(up), gate.weight.shape[0])
     return self.down_proj(hidden)
@@ -289,7 +289,7 @@ def path_changes(model) -> set[int]:
     both sides of each rather than interpolating across (treespec/planning/autotree.py, ``measure_cost_curve``)."""
     rows = set()
     for module in model.modules() if isinstance(model, nn.Module) else ():
-        forward = getattr(module.__dict__.get("forward"), "__func__", None) if isinstance(module, nn.Linear) else None
+        forward = _forward_of(module) if isinstance(module, nn.Linear) else None
         if forward is _fewrow_forward:
             rows.add(MKL_ROWS)
         elif forward is _packed_forward:
@@ -304,7 +304,7 @@ def linear_kernel_of(model: nn.Module) -> str | None:
     """The kernel ``model``'s linear layers run ("native", "fewrow", "onednn", "torch"), "mixed", or None where it has
     none."""
     by_forward = {f: name for name, f in FORWARDS.items()}
-    kinds = {by_forward.get(getattr(m.__dict__.get("forward"), "__func__", None), "torch")
+    kinds = {by_forward.get(_forward_of(m), "torch")
              for m in model.modules() if isinstance(m, nn.Linear)}
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
 

@@ -102,7 +102,9 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
-def _library() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """The loaded native library (built once per process on first use), or None where it cannot build
+    (``why_unavailable``)."""
     if not _state:
         try:
             _state["lib"] = _build()
@@ -111,19 +113,14 @@ def _library() -> ctypes.CDLL | None:
     return _state.get("lib")
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded native library (built on first use), or None where it cannot build (``why_unavailable``)."""
-    return _library()
-
-
 def available() -> bool:
     """Whether the native kernel is built (or builds now) and loads on this machine."""
-    return _library() is not None
+    return library() is not None
 
 
 def why_unavailable() -> str | None:
     """Why the native kernel is not available here, or None when it is."""
-    _library()
+    library()
     return _state.get("why")
 
 
@@ -152,7 +149,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _function():
-    lib = _library()
+    lib = library()
     if lib is None:
         raise RuntimeError(f"the native kernel is not available: {why_unavailable()}")
     _state["fn"] = lib.skinny_linear
@@ -166,7 +163,7 @@ PANEL = 16
 def packed_available() -> bool:
     """Whether the packed kernel is built here: the native library builds and the CPU has AVX-512."""
     if "packed_built" not in _state:
-        lib = _library()
+        lib = library()
         _state["packed_built"] = lib is not None and bool(lib.packed_linear_built())
     return _state["packed_built"]
 

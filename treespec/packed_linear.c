@@ -12,14 +12,11 @@
  * Each output is the sum over k in order 0 .. K − 1 of one FMA chain, whatever N is and whichever group the row is
  * in: a row's result has the same bits in a one-token pass, a tree pass and a prefill.
  *
- * Two threads of a VM are sometimes on one core complex, sometimes on two (on this project's machine a cache line's
- * round trip between them takes ~55-100 or ~310-600 ns, memory streams 30-34 or 40-43 GB/s: results/smollm2_states/).
- * Apart, every activation one thread wrote and the other reads crosses between the complexes slowly, line by line,
- * and a 16-token pass makes hundreds of such hand-offs. So up to 16 rows, each thread transposes the input rows
- * itself rather than half of them for both; and over one row, whole panels of output go to memory with streaming
- * stores rather than into the writer's cache, from where the next op (torch's, on the main thread) would fetch half
- * of them across. Both cost nothing measurable when the threads are together and took about 2.5 ms off SmolLM2's
- * 16-token pass apart. */
+ * A VM's two threads may sit on one core complex or on two. Apart, every activation one thread wrote and the other
+ * reads crosses between the complexes slowly, line by line, and a 16-token pass makes hundreds of such hand-offs.
+ * So up to 16 rows, each thread transposes the input rows itself rather than half of them for both; and over one
+ * row, whole panels of output go to memory with streaming stores rather than into the writer's cache, from where the
+ * next op (torch's, on the main thread) would fetch half of them across (measured: results/smollm2_states/). */
 #include <stdlib.h>
 #include <omp.h>
 

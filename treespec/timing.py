@@ -93,21 +93,23 @@ def clocked_passes(step: Callable[[], object], spent: dict[str, float], passes: 
 def memory_probe(megabytes: int = 256) -> Callable[[], float]:
     """A call that measures this machine's memory streaming rate now, in GB/s: one row multiplied against
     ``megabytes`` of distinct weights (each read from memory once), through the packed kernel where it builds, else
-    ``F.linear``. The results scripts tag each round with it (results/smollm2_states/: this project's VM streams
-    30-34 GB/s with its two CPUs on one core complex, 40-43 on two)."""
+    ``F.linear``. The results scripts tag each round with it: a VM's memory streams faster with its two CPUs on two
+    core complexes than on one (results/smollm2_states/)."""
     from treespec import native_linear  # a measuring helper: the kernel library only when asked for
 
     packed = native_linear.packed_available()
     count = max(1, int(megabytes * 1e6 // (1536 * 576 * 4)))
     weights = [torch.randn(1536, 576) for _ in range(count)]
-    if packed:
-        weights = [native_linear.pack(w) for w in weights]
+    weights = [native_linear.pack(w) for w in weights] if packed else weights
     row = torch.randn(1, 576)
+
+    def multiply(weight: torch.Tensor) -> torch.Tensor:
+        return native_linear.packed_linear(row, weight, 1536) if packed else torch.nn.functional.linear(row, weight)
 
     def rate() -> float:
         start = time.perf_counter()
         for weight in weights:
-            native_linear.packed_linear(row, weight, 1536) if packed else torch.nn.functional.linear(row, weight)
+            multiply(weight)
         return count * 1536 * 576 * 4 / (time.perf_counter() - start) / 1e9
 
     return rate
